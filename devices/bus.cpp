@@ -1,0 +1,52 @@
+// Bus implementation: sorted ranges, binary search, unknown-access accounting.
+#include "devices/bus.h"
+
+#include <algorithm>
+
+namespace deja {
+
+Result<> Bus::add(uint64_t base, uint64_t length, Device* device) {
+  if (length == 0 || base + length < base) {
+    return fail(ErrorKind::kInvalidArgument, "{} bus: empty or wrapping range at {:#x} for {}", name_, base,
+                device->name());
+  }
+  for (const auto& r : ranges_) {
+    if (base < r.base + r.length && r.base < base + length) {
+      return fail(ErrorKind::kInvalidArgument, "{} bus: {} at [{:#x}, +{:#x}) overlaps {} at [{:#x}, +{:#x})", name_,
+                  device->name(), base, length, r.device->name(), r.base, r.length);
+    }
+  }
+  ranges_.push_back({base, length, device});
+  std::sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.base < b.base; });
+  return {};
+}
+
+const Bus::Range* Bus::find(uint64_t address, uint64_t size) const {
+  auto it = std::upper_bound(ranges_.begin(), ranges_.end(), address,
+                             [](uint64_t a, const Range& r) { return a < r.base; });
+  if (it == ranges_.begin()) return nullptr;
+  --it;
+  if (address - it->base + size > it->length) return nullptr;
+  return &*it;
+}
+
+bool Bus::read(uint64_t address, std::span<uint8_t> data) {
+  if (const Range* r = find(address, data.size())) {
+    r->device->read(address - r->base, data);
+    return true;
+  }
+  std::fill(data.begin(), data.end(), uint8_t{0xff});
+  ++unknown_[address].reads;
+  return false;
+}
+
+bool Bus::write(uint64_t address, std::span<const uint8_t> data) {
+  if (const Range* r = find(address, data.size())) {
+    r->device->write(address - r->base, data);
+    return true;
+  }
+  ++unknown_[address].writes;
+  return false;
+}
+
+}  // namespace deja

@@ -1,0 +1,52 @@
+// CPU model: identity is deja's own, untrappable features are hidden, out-of-range leaves follow KVM.
+#include "vmm/cpu_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+namespace deja {
+namespace {
+
+TEST(CpuModel, VendorIsDejasOwn) {
+  auto r = CpuModel::current().cpuid(0, 0);
+  char vendor[13] = {};
+  std::memcpy(vendor, &r.ebx, 4);
+  std::memcpy(vendor + 4, &r.edx, 4);
+  std::memcpy(vendor + 8, &r.ecx, 4);
+  EXPECT_STREQ(vendor, "DejaVuReplay");
+}
+
+TEST(CpuModel, HidesWhatKvmCannotTrap) {
+  const auto& m = CpuModel::current();
+  EXPECT_EQ(m.cpuid(1, 0).ecx & (1u << 30), 0u) << "RDRAND";
+  EXPECT_EQ(m.cpuid(7, 0).ebx & (1u << 18), 0u) << "RDSEED";
+  EXPECT_EQ(m.cpuid(7, 0).ecx & (1u << 22), 0u) << "RDPID";
+  EXPECT_EQ(m.cpuid(0x80000001, 0).edx & (1u << 27), 0u) << "RDTSCP";
+  EXPECT_EQ(m.cpuid(1, 0).ecx & (1u << 26), 0u) << "XSAVE";
+}
+
+TEST(CpuModel, OutOfRangeLeafReadsAsHighestBasicLeaf) {
+  const auto& m = CpuModel::current();
+  EXPECT_EQ(m.cpuid(0x1234, 0), m.cpuid(7, 0));
+  EXPECT_EQ(m.cpuid(0x80000009, 0), m.cpuid(7, 0));
+  EXPECT_EQ(m.cpuid(0x40000005, 0), m.cpuid(7, 0));
+  // In range but absent: zeros. Indexed leaf 4 beyond the last cache: the null entry.
+  EXPECT_EQ(m.cpuid(3, 0), CpuidResult{});
+  EXPECT_EQ(m.cpuid(4, 9), CpuidResult{});
+  EXPECT_NE(m.cpuid(4, 0).eax, 0u);
+}
+
+TEST(CpuModel, BrandString) {
+  const auto& m = CpuModel::current();
+  std::string brand;
+  for (uint32_t leaf = 0x80000002; leaf <= 0x80000004; ++leaf) {
+    auto r = m.cpuid(leaf, 0);
+    for (uint32_t reg : {r.eax, r.ebx, r.ecx, r.edx}) brand.append(reinterpret_cast<const char*>(&reg), 4);
+  }
+  EXPECT_EQ(std::string(brand.c_str()), "deja virtual CPU v1");
+}
+
+}  // namespace
+}  // namespace deja

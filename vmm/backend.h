@@ -1,0 +1,92 @@
+// The vCPU backend interface: a vCPU that runs until a typed exit. KVM (kvm/) and the software CPU (interp/) implement it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "vmm/cpu_state.h"
+#include "vmm/error.h"
+
+namespace deja {
+
+enum class ExitKind : uint8_t {
+  kIoIn,              // port read: the VMM sets `value` (size bytes, zero-extended) before the next run()
+  kIoOut,             // port write of `value`
+  kMmioRead,          // read of `address` outside RAM: VMM sets `value`
+  kMmioWrite,         // write of `value` to `address`
+  kHlt,               // HLT executed with no interrupt deliverable; RIP is past the HLT
+  kRdtsc,             // RDTSC (or RDTSCP, see `is_rdtscp`): VMM sets `value` (the 64-bit TSC)
+  kRdrand,            // RDRAND/RDSEED (see `is_rdseed`): VMM sets `value` and `ok` (CF)
+  kMsrRead,           // RDMSR of an MSR the backend does not own: VMM sets `value`, or `fault` for #GP
+  kMsrWrite,          // WRMSR of `value` to such an MSR: VMM may set `fault` for #GP
+  kInterruptWindow,   // the guest can now accept an interrupt (requested with request_interrupt_window)
+  kKicked,            // run() returned because kick() was called or the instruction budget ran out
+  kCoordinateReached, // the stop coordinate set with set_stop() was reached exactly
+  kDebug,             // single-step or breakpoint (time-travel debugging)
+  kShutdown,          // triple fault: the VM cannot continue
+  kFault,             // failed entry, internal error, or unimplemented state: `detail` says what
+};
+
+std::string_view exit_kind_name(ExitKind kind);
+
+struct VcpuExit {
+  ExitKind kind = ExitKind::kFault;
+  uint16_t port = 0;       // kIoIn / kIoOut
+  uint8_t size = 0;        // access size in bytes: 1, 2, 4 (or 8 for MMIO)
+  uint64_t address = 0;    // kMmioRead / kMmioWrite: guest-physical address
+  uint32_t msr = 0;        // kMsrRead / kMsrWrite
+  uint64_t value = 0;      // data written by the guest, or to be returned to it
+  bool ok = true;          // kRdrand: the CF the guest sees
+  bool fault = false;      // kMsrRead / kMsrWrite: the VMM answers #GP
+  bool is_rdtscp = false;  // kRdtsc came from RDTSCP (the backend loads TSC_AUX into ECX itself)
+  bool is_rdseed = false;  // kRdrand came from RDSEED
+  std::string detail;      // kShutdown / kFault: what happened, for the diagnostic
+};
+
+// Where an asynchronous event lands (see docs/coordinates.md). `branches` counts retired
+// conditional branches on this vCPU since reset; the registers make the point unique.
+struct Coordinate {
+  uint32_t vcpu = 0;
+  uint64_t branches = 0;
+  uint64_t rip = 0;
+  uint64_t rcx = 0;
+  bool operator==(const Coordinate&) const = default;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+
+  // Runs the vCPU until the next exit. The returned exit stays valid, and the VMM fills its
+  // response fields (value / ok / fault), until the next run(). Errors are host failures only;
+  // guest-caused stops are exits (kShutdown, kFault).
+  virtual Result<VcpuExit*> run() = 0;
+
+  virtual Result<CpuState> get_state() = 0;
+  virtual Result<> set_state(const CpuState& state) = 0;
+
+  // Interrupts. deja has no in-kernel irqchip: the VMM's PIC chooses a vector and injects it.
+  // True when an external interrupt injected now would be delivered before the next instruction
+  // (RFLAGS.IF set, no STI/MOV SS shadow, no event already pending).
+  virtual bool can_inject_interrupt() = 0;
+  virtual Result<> inject_interrupt(uint8_t vector) = 0;
+  // Ask for a kInterruptWindow exit as soon as can_inject_interrupt() would become true.
+  virtual void request_interrupt_window(bool enable) = 0;
+
+  // Makes a current or the next run() return kKicked soon. Thread- and async-signal-safe.
+  virtual void kick() = 0;
+
+  // Exact progress, where the backend has it (interp always; KVM with a usable PMU).
+  virtual std::optional<uint64_t> branch_count() const = 0;
+  virtual std::optional<uint64_t> instruction_count() const = 0;
+  // Stop with kCoordinateReached when the vCPU is exactly at `target` (before executing the
+  // instruction at target.rip, with target.branches branches retired and RCX equal). Backends
+  // without exact progress return kUnsupported.
+  virtual Result<> set_stop(std::optional<Coordinate> target) = 0;
+};
+
+}  // namespace deja

@@ -1,0 +1,66 @@
+// Guest RAM: one memfd-backed mapping, with bounds- and overflow-checked guest-physical access.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "vmm/error.h"
+#include "vmm/types.h"
+
+namespace deja {
+
+class GuestMemory {
+ public:
+  // Creates `size` bytes of zeroed RAM at guest-physical 0 (size a multiple of 4 KiB, >= 1 MiB).
+  static Result<GuestMemory> create(uint64_t size);
+
+  GuestMemory(GuestMemory&& other) noexcept;
+  GuestMemory& operator=(GuestMemory&& other) noexcept;
+  GuestMemory(const GuestMemory&) = delete;
+  GuestMemory& operator=(const GuestMemory&) = delete;
+  ~GuestMemory();
+
+  uint64_t size() const { return size_; }
+  int fd() const { return fd_; }            // the memfd, for KVM slots and copy-on-write checkpoints
+  uint8_t* host_base() const { return base_; }
+
+  // True when [gpa, gpa+len) lies inside RAM (overflow-safe).
+  bool contains(Gpa gpa, uint64_t len) const {
+    return gpa.value <= size_ && len <= size_ - gpa.value;
+  }
+
+  // Checked views: fail (with the range in the message) when the range leaves RAM.
+  Result<std::span<uint8_t>> span(Gpa gpa, uint64_t len);
+  Result<std::span<const uint8_t>> span(Gpa gpa, uint64_t len) const;
+
+  // Writes by the VMM itself (loaders, devices doing DMA) go through here so that
+  // dirty tracking (decode caches, checkpoints) sees them.
+  Result<> write(Gpa gpa, std::span<const uint8_t> data);
+  Result<> read(Gpa gpa, std::span<uint8_t> out) const;
+
+  template <typename T>
+  Result<> write_obj(Gpa gpa, const T& value) {
+    return write(gpa, std::span(reinterpret_cast<const uint8_t*>(&value), sizeof(T)));
+  }
+
+  // Pages written by the VMM (not the guest) since the last call; the interp backend drops
+  // decoded code for them, checkpoints store them.
+  std::vector<uint64_t> take_vmm_dirty_pages();
+
+ private:
+  GuestMemory(int fd, uint8_t* base, uint64_t size) : fd_(fd), base_(base), size_(size) {}
+  void release();
+
+  int fd_ = -1;
+  uint8_t* base_ = nullptr;
+  uint64_t size_ = 0;
+  std::vector<uint64_t> vmm_dirty_;
+};
+
+// Parses a size such as "256M", "1G", "65536", "512K" (binary units).
+Result<uint64_t> parse_size(const std::string& text);
+
+}  // namespace deja
