@@ -13,7 +13,7 @@ constexpr uint64_t kArithFlags = kCf | kPf | kAf | kZf | kSf | kOf;
 // results are returned zero-extended (callers do the register-merge rules for 8/16-bit writes and
 // the zero-extension of 32-bit writes). `flags` in and out is the whole RFLAGS: only the flags the
 // instruction defines are replaced; flags the SDM calls undefined get deja's fixed, documented value
-// (see docs/interp.md), never host-dependent garbage.
+// (see docs/interp-alu.md, "Undefined flags"), never host-dependent garbage.
 struct AluResult {
   uint64_t value = 0;
   uint64_t flags = 0;
@@ -64,12 +64,29 @@ enum class BitTestOp : uint8_t { kBt, kBts, kBtr, kBtc };
 // addressed operand (memory form). value = the operand after the set/reset/complement.
 AluResult alu_bit_test(BitTestOp op, uint64_t a, unsigned bit, unsigned width, uint64_t flags);
 
-// Flag helpers shared with the executor.
-bool parity_even(uint8_t low_byte);
-uint64_t sign_extend(uint64_t value, unsigned from_width);
-uint64_t width_mask(unsigned width);
+// Flag helpers shared with the executor. Defined inline: they sit on the interpreter's hot path.
+inline bool parity_even(uint8_t low_byte) { return (__builtin_popcount(low_byte) & 1) == 0; }
+inline uint64_t width_mask(unsigned width) { return width >= 64 ? ~uint64_t{0} : (uint64_t{1} << width) - 1; }
+inline uint64_t sign_extend(uint64_t value, unsigned from_width) {
+  const unsigned shift = 64 - from_width;
+  return from_width >= 64 ? value : static_cast<uint64_t>(static_cast<int64_t>(value << shift) >> shift);
+}
 
 // Condition codes (Jcc/SETcc/CMOVcc), encoded as the low nibble of the opcode (0 = O ... 15 = G).
-bool condition_holds(unsigned cc, uint64_t flags);
+inline bool condition_holds(unsigned cc, uint64_t flags) {
+  const bool cf = flags & kCf, zf = flags & kZf, sf = flags & kSf, of = flags & kOf, pf = flags & kPf;
+  bool holds = false;
+  switch ((cc >> 1) & 7) {
+    case 0: holds = of; break;               // O / NO
+    case 1: holds = cf; break;               // B / AE
+    case 2: holds = zf; break;               // E / NE
+    case 3: holds = cf || zf; break;         // BE / A
+    case 4: holds = sf; break;               // S / NS
+    case 5: holds = pf; break;               // P / NP
+    case 6: holds = sf != of; break;         // L / GE
+    default: holds = zf || (sf != of); break;  // LE / G
+  }
+  return (cc & 1) ? !holds : holds;
+}
 
 }  // namespace deja::interp
