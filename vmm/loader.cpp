@@ -1,0 +1,443 @@
+// Guest image loading: plan every byte (image, modules, GDT, boot info, page tables), validate it all, then write.
+#include "vmm/loader.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "vmm/cpu_model.h"
+#include "vmm/elf.h"
+#include "vmm/multiboot.h"
+
+namespace deja {
+namespace {
+
+using namespace boot_layout;
+
+constexpr uint64_t k4GiB = uint64_t{1} << 32;
+constexpr uint64_t k1GiB = uint64_t{1} << 30;
+constexpr uint64_t k2MiB = uint64_t{1} << 21;
+
+struct Region {
+  const char* what;
+  uint64_t start, end;
+};
+
+constexpr Region kGdtRegion{"the loader's GDT", kGdtBase, kGdtEnd};
+constexpr Region kInfoRegion{"the Multiboot information area", kInfoBase, kInfoEnd};
+constexpr Region kPageTableRegion{"the long-mode page tables", kPageTableBase, kPageTableEnd};
+constexpr Region kStackRegion{"the boot stack", kStackBase, kStackTop};
+constexpr Region kLegacyHole{"the legacy EBDA/VGA/BIOS hole", multiboot::kEbdaStart, multiboot::kHighMemoryStart};
+
+// One thing to write: `data` at `gpa`, then zeros up to `mem_size` (ELF .bss, a.out bss).
+struct Piece {
+  std::string what;
+  uint64_t gpa = 0;
+  std::span<const uint8_t> data;
+  uint64_t mem_size = 0;
+  uint64_t end() const { return gpa + mem_size; }
+};
+
+struct Plan {
+  std::string format;
+  uint64_t entry = 0;
+  bool long_mode = false;
+  std::vector<Piece> image_pieces;
+};
+
+bool overlaps(uint64_t a_start, uint64_t a_end, uint64_t b_start, uint64_t b_end) {
+  return a_start < b_end && b_start < a_end;
+}
+
+uint64_t align_up(uint64_t value, uint64_t alignment) { return (value + alignment - 1) / alignment * alignment; }
+
+std::vector<Region> reserved_regions(bool long_mode) {
+  std::vector<Region> regions{kGdtRegion, kInfoRegion};
+  if (long_mode) {
+    regions.push_back(kPageTableRegion);
+    regions.push_back(kStackRegion);
+  }
+  return regions;
+}
+
+// Checks that every image piece lies in RAM (and below 4 GiB for a 32-bit entry), clear of the
+// loader's structures and of every other piece.
+Result<> check_image_pieces(const std::string& name, const std::vector<Piece>& pieces, uint64_t ram_size,
+                            bool long_mode) {
+  const auto reserved = reserved_regions(long_mode);
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& piece = pieces[i];
+    if (piece.gpa > ram_size || piece.mem_size > ram_size - piece.gpa) {
+      return fail(ErrorKind::kBadImage,
+                  "guest image '{}': {} at guest-physical [{:#x}, +{:#x}) lies outside RAM (RAM size {:#x}; give "
+                  "the guest more memory or link the image lower)",
+                  name, piece.what, piece.gpa, piece.mem_size, ram_size);
+    }
+    if (!long_mode && piece.end() > k4GiB) {
+      return fail(ErrorKind::kBadImage,
+                  "guest image '{}': {} at [{:#x}, {:#x}) ends above 4 GiB, unreachable from the 32-bit Multiboot "
+                  "entry",
+                  name, piece.what, piece.gpa, piece.end());
+    }
+    for (const Region& region : reserved) {
+      if (overlaps(piece.gpa, piece.end(), region.start, region.end)) {
+        return fail(ErrorKind::kBadImage,
+                    "guest image '{}': {} at [{:#x}, {:#x}) overlaps {} at [{:#x}, {:#x}) (see docs/boot.md for the "
+                    "boot memory layout)",
+                    name, piece.what, piece.gpa, piece.end(), region.what, region.start, region.end);
+      }
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (overlaps(piece.gpa, piece.end(), pieces[j].gpa, pieces[j].end())) {
+        return fail(ErrorKind::kBadImage, "guest image '{}': {} at [{:#x}, {:#x}) overlaps {} at [{:#x}, {:#x})",
+                    name, piece.what, piece.gpa, piece.end(), pieces[j].what, pieces[j].gpa, pieces[j].end());
+      }
+    }
+  }
+  return {};
+}
+
+std::string segment_name(const ElfSegment& segment) { return fmt::format("segment {}", segment.index); }
+
+// The physical entry address: e_entry inside a segment's physical range, or inside its virtual
+// range (a higher-half kernel), translated the way GRUB does.
+Result<uint64_t> resolve_elf_entry(const std::string& name, const ElfImage& elf) {
+  if (elf.entry == 0) return fail(ErrorKind::kBadImage, "guest image '{}': entry point is 0", name);
+  for (const auto& segment : elf.segments) {
+    if (elf.entry >= segment.paddr && elf.entry - segment.paddr < segment.mem_size) return elf.entry;
+  }
+  for (const auto& segment : elf.segments) {
+    if (elf.entry >= segment.vaddr && elf.entry - segment.vaddr < segment.mem_size) {
+      return elf.entry - segment.vaddr + segment.paddr;
+    }
+  }
+  return fail(ErrorKind::kBadImage, "guest image '{}': entry point {:#x} is not inside any loaded segment", name,
+              elf.entry);
+}
+
+Result<Plan> plan_elf(const std::string& name, std::span<const uint8_t> image, bool multiboot) {
+  auto elf = parse_elf(image, name);
+  if (!elf) return std::unexpected(elf.error());
+  Plan plan;
+  const bool is64 = elf->elf_class == elf::kClass64;
+  const uint16_t wanted = is64 ? elf::kMachineX86_64 : elf::kMachine386;
+  if (!multiboot && !is64 && elf->machine == elf::kMachine386) {
+    return fail(ErrorKind::kBadImage,
+                "guest image '{}': 32-bit ELF without a Multiboot header: deja boots 32-bit images only through "
+                "Multiboot",
+                name);
+  }
+  if (elf->machine != wanted) {
+    return fail(ErrorKind::kBadImage, "guest image '{}' is an ELF{} image for {}, not {}", name, is64 ? 64 : 32,
+                elf_machine_name(elf->machine), elf_machine_name(wanted));
+  }
+  for (const auto& segment : elf->segments) {
+    plan.image_pieces.push_back(
+        Piece{segment_name(segment), segment.paddr, image.subspan(segment.file_offset, segment.file_size),
+              segment.mem_size});
+  }
+  auto entry = resolve_elf_entry(name, *elf);
+  if (!entry) return std::unexpected(entry.error());
+  plan.entry = *entry;
+  if (multiboot) {
+    plan.format = is64 ? "multiboot-elf64" : "multiboot-elf32";
+    if (plan.entry >= k4GiB) {
+      return fail(ErrorKind::kBadImage,
+                  "guest image '{}': entry point {:#x} is above 4 GiB, unreachable from the 32-bit Multiboot entry",
+                  name, plan.entry);
+    }
+  } else {
+    plan.format = "elf64-direct";
+    plan.long_mode = true;
+  }
+  return plan;
+}
+
+// Multiboot header bit 16: the header itself says which file bytes go where (no ELF parsing).
+Result<Plan> plan_aout_kludge(const std::string& name, std::span<const uint8_t> image, const MultibootHeader& h) {
+  if (h.load_addr > h.header_addr) {
+    return fail(ErrorKind::kBadImage,
+                "guest image '{}': Multiboot a.out kludge load_addr {:#x} is above header_addr {:#x}", name,
+                h.load_addr, h.header_addr);
+  }
+  const uint64_t header_distance = h.header_addr - h.load_addr;
+  if (header_distance > h.file_offset) {
+    return fail(ErrorKind::kBadImage,
+                "guest image '{}': Multiboot a.out kludge places the load start {:#x} bytes before the header, but "
+                "the header is only {:#x} bytes into the file",
+                name, header_distance, h.file_offset);
+  }
+  const uint64_t load_offset = h.file_offset - header_distance;
+  uint64_t load_size = image.size() - load_offset;
+  if (h.load_end_addr != 0) {
+    if (h.load_end_addr < h.load_addr) {
+      return fail(ErrorKind::kBadImage, "guest image '{}': Multiboot a.out kludge load_end_addr {:#x} is below load_addr {:#x}",
+                  name, h.load_end_addr, h.load_addr);
+    }
+    load_size = h.load_end_addr - h.load_addr;
+    if (load_size > image.size() - load_offset) {
+      return fail(ErrorKind::kBadImage,
+                  "guest image '{}' is truncated: the Multiboot a.out kludge loads {:#x} bytes from file offset {:#x}, "
+                  "beyond the end of the {}-byte file",
+                  name, load_size, load_offset, image.size());
+    }
+  }
+  uint64_t mem_size = load_size;
+  if (h.bss_end_addr != 0) {
+    if (h.bss_end_addr < h.load_addr + load_size) {
+      return fail(ErrorKind::kBadImage, "guest image '{}': Multiboot a.out kludge bss_end_addr {:#x} is below the load end {:#x}",
+                  name, h.bss_end_addr, h.load_addr + load_size);
+    }
+    mem_size = h.bss_end_addr - h.load_addr;
+  }
+  if (mem_size == 0) {
+    return fail(ErrorKind::kBadImage, "guest image '{}': the Multiboot a.out kludge loads nothing", name);
+  }
+  Plan plan;
+  plan.format = "multiboot-aout";
+  plan.image_pieces.push_back(Piece{"the a.out kludge load range", h.load_addr, image.subspan(load_offset, load_size), mem_size});
+  if (h.entry_addr == 0) return fail(ErrorKind::kBadImage, "guest image '{}': entry point is 0", name);
+  if (h.entry_addr < h.load_addr || h.entry_addr - h.load_addr >= mem_size) {
+    return fail(ErrorKind::kBadImage, "guest image '{}': entry point {:#x} is not inside the loaded range [{:#x}, {:#x})",
+                name, h.entry_addr, h.load_addr, h.load_addr + mem_size);
+  }
+  plan.entry = h.entry_addr;
+  return plan;
+}
+
+Result<Plan> plan_image(const std::string& name, std::span<const uint8_t> image) {
+  if (image.empty()) return fail(ErrorKind::kBadImage, "guest image '{}' is empty", name);
+  auto header = find_multiboot_header(image, name);
+  if (!header) return std::unexpected(header.error());
+  if (*header) {
+    if ((*header)->flags & multiboot::kAoutKludge) return plan_aout_kludge(name, image, **header);
+    if (!has_elf_magic(image)) {
+      return fail(ErrorKind::kBadImage,
+                  "guest image '{}' has a Multiboot header but is not an ELF file, and the header does not set the "
+                  "a.out kludge flag (bit 16) that would say where to load it",
+                  name);
+    }
+    return plan_elf(name, image, /*multiboot=*/true);
+  }
+  if (!has_elf_magic(image)) {
+    return fail(ErrorKind::kBadImage,
+                "guest image '{}' is not an ELF file (bad magic) and has no Multiboot header in its first {} bytes",
+                name, multiboot::kSearchLimit);
+  }
+  return plan_elf(name, image, /*multiboot=*/false);
+}
+
+// Places modules page-aligned above the image, stepping over the loader's areas and the legacy hole.
+Result<std::vector<Piece>> place_modules(const LoadOptions& options, std::span<const std::vector<uint8_t>> module_bytes,
+                                         uint64_t image_end, uint64_t ram_size, bool long_mode) {
+  auto avoid = reserved_regions(long_mode);
+  avoid.push_back(kLegacyHole);
+  std::vector<Piece> pieces;
+  uint64_t cursor = align_up(image_end, kPageSize);
+  for (size_t i = 0; i < module_bytes.size(); ++i) {
+    const uint64_t size = module_bytes[i].size();
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (const Region& region : avoid) {
+        if (cursor < region.end && overlaps(cursor, cursor + std::max<uint64_t>(size, 1), region.start, region.end)) {
+          cursor = align_up(region.end, kPageSize);
+          moved = true;
+        }
+      }
+    }
+    const std::string& path = options.modules[i].path;
+    if (cursor > ram_size || size > ram_size - cursor) {
+      return fail(ErrorKind::kBadImage,
+                  "boot module '{}' ({} bytes) does not fit: it would occupy [{:#x}, {:#x}) but RAM ends at {:#x}; "
+                  "give the guest more memory",
+                  path, size, cursor, cursor + size, ram_size);
+    }
+    if (cursor + size > k4GiB) {
+      return fail(ErrorKind::kBadImage,
+                  "boot module '{}' would end at {:#x}, above 4 GiB, which the 32-bit Multiboot module list cannot "
+                  "describe",
+                  path, cursor + size);
+    }
+    pieces.push_back(Piece{fmt::format("boot module '{}'", path), cursor, module_bytes[i], size});
+    cursor = align_up(cursor + size, kPageSize);
+  }
+  return pieces;
+}
+
+// GDT entries (accessed bit preset, so the CPU never writes them back): null, 64-bit code,
+// flat data, flat 32-bit code.
+std::vector<uint8_t> build_gdt() {
+  constexpr uint64_t kEntries[] = {0, 0x00af9b000000ffffull, 0x00cf93000000ffffull, 0x00cf9b000000ffffull};
+  std::vector<uint8_t> bytes(sizeof(kEntries));
+  std::memcpy(bytes.data(), kEntries, sizeof(kEntries));
+  return bytes;
+}
+
+// Identity map of max(4 GiB, RAM) with 2 MiB pages: PML4 -> one PDPT -> one PD per GiB.
+// Pages beyond RAM (the MMIO window below 4 GiB) are mapped uncached (PCD|PWT).
+std::vector<uint8_t> build_page_tables(uint64_t ram_size) {
+  constexpr uint64_t kPresent = 1, kWritable = 2, kPwt = 1 << 3, kPcd = 1 << 4, kLargePage = 1 << 7;
+  const uint64_t mapped = std::max(k4GiB, align_up(ram_size, k1GiB));
+  const uint64_t directories = mapped / k1GiB;
+  std::vector<uint64_t> table((2 + directories) * 512, 0);
+  const uint64_t pdpt = kPageTableBase + kPageSize;
+  table[0] = pdpt | kPresent | kWritable;
+  for (uint64_t d = 0; d < directories; ++d) {
+    table[512 + d] = (kPageTableBase + (2 + d) * kPageSize) | kPresent | kWritable;
+    for (uint64_t e = 0; e < 512; ++e) {
+      const uint64_t address = d * k1GiB + e * k2MiB;
+      uint64_t entry = address | kPresent | kWritable | kLargePage;
+      if (address >= ram_size) entry |= kPcd | kPwt;
+      table[(2 + d) * 512 + e] = entry;
+    }
+  }
+  std::vector<uint8_t> bytes(table.size() * 8);
+  std::memcpy(bytes.data(), table.data(), bytes.size());
+  return bytes;
+}
+
+SegmentReg flat_segment(uint16_t selector, uint8_t type, bool code64) {
+  SegmentReg s;
+  s.base = 0;
+  s.limit = 0xffffffff;
+  s.selector = selector;
+  s.type = type;
+  s.present = true;
+  s.s = true;
+  s.db = !code64;
+  s.l = code64;
+  s.g = true;
+  return s;
+}
+
+CpuState entry_state(const Plan& plan) {
+  CpuState st;
+  const bool long_mode = plan.long_mode;
+  st.cs = flat_segment(long_mode ? kCode64Selector : kCode32Selector, 0xb, long_mode);
+  st.ds = st.es = st.fs = st.gs = st.ss = flat_segment(kDataSelector, 0x3, false);
+  // TR and LDTR as after reset: VM entry needs a busy TSS type and a present LDT descriptor.
+  st.tr = SegmentReg{.base = 0, .limit = 0xffff, .selector = 0, .type = 0xb, .present = true};
+  st.ldt = SegmentReg{.base = 0, .limit = 0xffff, .selector = 0, .type = 0x2, .present = true};
+  st.gdt = TableReg{kGdtBase, kGdtLimit};
+  st.idt = TableReg{0, 0};  // no IDT: an exception before the guest sets one up triple-faults visibly
+  st.rflags = 0x2;
+  st.rip = plan.entry;
+  // x87 and SSE as after FNINIT / reset: all exceptions masked, so early SSE code does not fault.
+  const uint16_t fcw = 0x037f;
+  const uint32_t mxcsr = 0x1f80, mxcsr_mask = 0xffff;
+  std::memcpy(st.fxsave.data() + 0, &fcw, sizeof(fcw));
+  std::memcpy(st.fxsave.data() + 24, &mxcsr, sizeof(mxcsr));
+  std::memcpy(st.fxsave.data() + 28, &mxcsr_mask, sizeof(mxcsr_mask));
+  if (long_mode) {
+    st.cr0 = cr0::kPe | cr0::kMp | cr0::kEt | cr0::kNe | cr0::kWp | cr0::kPg;
+    st.cr3 = kPageTableBase;
+    st.cr4 = cr4::kPae | cr4::kOsfxsr | cr4::kOsxmmexcpt;
+    st.efer = efer::kLme | efer::kLma | efer::kSce;
+    // NXE only where the CPU model has NX, or setting it would be a reserved-bit violation.
+    if (CpuModel::current().cpuid(0x80000001, 0).edx & (1u << 20)) st.efer |= efer::kNxe;
+    st.gpr[kRsp] = kStackTop;
+    st.gpr[kRdi] = kInfoBase;
+    st.gpr[kRsi] = multiboot::kBootloaderMagic;
+  } else {
+    st.cr0 = cr0::kPe | cr0::kEt;
+    st.gpr[kRax] = multiboot::kBootloaderMagic;
+    st.gpr[kRbx] = kInfoBase;
+  }
+  return st;
+}
+
+Result<> write_piece(GuestMemory& memory, const Piece& piece) {
+  if (auto r = memory.write(Gpa{piece.gpa}, piece.data); !r) return r;
+  // Zero the rest explicitly: the memory may have been used before (reset, replay into a reused RAM).
+  static const std::vector<uint8_t> kZeros(64 * 1024, 0);
+  for (uint64_t at = piece.data.size(); at < piece.mem_size;) {
+    const uint64_t chunk = std::min<uint64_t>(kZeros.size(), piece.mem_size - at);
+    if (auto r = memory.write(Gpa{piece.gpa + at}, std::span(kZeros.data(), chunk)); !r) return r;
+    at += chunk;
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const uint8_t> image,
+                                           const std::string& name, const LoadOptions& options,
+                                           std::span<const std::vector<uint8_t>> module_bytes) {
+  if (module_bytes.size() != options.modules.size()) {
+    return fail(ErrorKind::kInvalidArgument, "guest image '{}': {} boot modules named but {} module contents given",
+                name, options.modules.size(), module_bytes.size());
+  }
+  auto plan = plan_image(name, image);
+  if (!plan) return std::unexpected(plan.error());
+  const uint64_t ram_size = memory.size();
+  if (auto ok = check_image_pieces(name, plan->image_pieces, ram_size, plan->long_mode); !ok) {
+    return std::unexpected(ok.error());
+  }
+  uint64_t image_end = 0;
+  for (const auto& piece : plan->image_pieces) image_end = std::max(image_end, piece.end());
+  auto modules = place_modules(options, module_bytes, image_end, ram_size, plan->long_mode);
+  if (!modules) return std::unexpected(modules.error());
+
+  std::vector<MultibootModule> module_list;
+  for (size_t i = 0; i < modules->size(); ++i) {
+    module_list.push_back({(*modules)[i].gpa, (*modules)[i].end(), options.modules[i].args});
+  }
+  auto info = build_multiboot_info(kInfoBase, kInfoEnd - kInfoBase, ram_size, options.cmdline, module_list);
+  if (!info) return std::unexpected(info.error());
+
+  std::vector<Piece> structures;
+  const auto gdt = build_gdt();
+  structures.push_back(Piece{"GDT", kGdtBase, gdt, gdt.size()});
+  structures.push_back(Piece{"boot information", kInfoBase, *info, info->size()});
+  std::vector<uint8_t> page_tables;
+  if (plan->long_mode) {
+    page_tables = build_page_tables(ram_size);
+    structures.push_back(Piece{"page tables", kPageTableBase, page_tables, page_tables.size()});
+  }
+
+  // Everything is validated; from here on only a host failure can stop the load.
+  LoadedImage loaded;
+  for (const auto* group : {&plan->image_pieces, &*modules, &structures}) {
+    for (const Piece& piece : *group) {
+      if (auto r = write_piece(memory, piece); !r) return std::unexpected(r.error());
+      loaded.loaded_ranges.emplace_back(piece.gpa, piece.mem_size);
+    }
+  }
+  loaded.format = plan->format;
+  loaded.entry = plan->entry;
+  loaded.initial_state = entry_state(*plan);
+  return loaded;
+}
+
+Result<std::vector<uint8_t>> read_boot_file(const std::string& path, const char* what) {
+  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!file) return fail(ErrorKind::kBadImage, "cannot open {} '{}': {}", what, path, std::strerror(errno));
+  std::vector<uint8_t> bytes;
+  uint8_t buffer[64 * 1024];
+  for (;;) {
+    const size_t got = std::fread(buffer, 1, sizeof(buffer), file.get());
+    bytes.insert(bytes.end(), buffer, buffer + got);
+    if (got < sizeof(buffer)) break;
+  }
+  if (std::ferror(file.get())) {
+    return fail(ErrorKind::kBadImage, "cannot read {} '{}': {}", what, path, std::strerror(errno));
+  }
+  return bytes;
+}
+
+Result<LoadedImage> load_guest_image(GuestMemory& memory, const std::string& image_path, const LoadOptions& options) {
+  auto image = read_boot_file(image_path, "guest image");
+  if (!image) return std::unexpected(image.error());
+  std::vector<std::vector<uint8_t>> module_bytes;
+  for (const auto& module : options.modules) {
+    auto bytes = read_boot_file(module.path, "boot module");
+    if (!bytes) return std::unexpected(bytes.error());
+    module_bytes.push_back(std::move(*bytes));
+  }
+  return load_guest_image_bytes(memory, *image, image_path, options, module_bytes);
+}
+
+}  // namespace deja

@@ -1,0 +1,67 @@
+// Guest image loaders: Multiboot v1 (ELF32, ELF64, a.out kludge) and ELF64 direct boot into long mode.
+//
+// Guest-physical layout of the loader's own structures. An image segment or module that overlaps
+// any structure its format uses is refused (never silently overwritten):
+//
+//   [0x00500, 0x00600)  GDT: 0x08 64-bit code, 0x10 flat data, 0x18 flat 32-bit code   (all formats)
+//   [0x07000, 0x09000)  Multiboot information block, memory map, module list, strings (all formats)
+//   [0x10000, 0x60000)  long-mode page tables: PML4, PDPT, up to 64 page directories   (elf64-direct)
+//   [0x70000, 0x80000)  boot stack, RSP = 0x80000 at entry                              (elf64-direct)
+//
+// Boot modules are placed page-aligned above the highest byte of the image, skipping these areas
+// and the legacy hole [0x9fc00, 0x100000). See docs/boot.md for entry states and every rejection.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "vmm/cpu_state.h"
+#include "vmm/error.h"
+#include "vmm/guest_memory.h"
+
+namespace deja {
+
+namespace boot_layout {
+constexpr uint64_t kGdtBase = 0x500, kGdtEnd = 0x600;
+constexpr uint64_t kInfoBase = 0x7000, kInfoEnd = 0x9000;
+constexpr uint64_t kPageTableBase = 0x10000, kPageTableEnd = 0x60000;
+constexpr uint64_t kStackBase = 0x70000, kStackTop = 0x80000;
+
+constexpr uint16_t kCode64Selector = 0x08, kDataSelector = 0x10, kCode32Selector = 0x18;
+constexpr uint16_t kGdtLimit = 4 * 8 - 1;
+}  // namespace boot_layout
+
+struct BootModule {
+  std::string path;
+  std::string args;
+};
+
+struct LoadOptions {
+  std::string cmdline;
+  std::vector<BootModule> modules;
+};
+
+struct LoadedImage {
+  CpuState initial_state;  // the vCPU state at the guest's entry
+  std::string format;      // "multiboot-elf32", "multiboot-elf64", "multiboot-aout", "elf64-direct"
+  uint64_t entry = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> loaded_ranges;  // [gpa, size) of every segment/module/structure written
+};
+
+// Reads the image file and every module from disk, validates, writes into `memory`.
+Result<LoadedImage> load_guest_image(GuestMemory& memory, const std::string& image_path, const LoadOptions& options);
+
+// Same from bytes already in memory (for tests and for replay, which hashes the bytes it loads).
+// `module_bytes[i]` is the content of `options.modules[i]`. Nothing is written to `memory` unless
+// the whole image, every module and every loader structure fit.
+Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const uint8_t> image,
+                                           const std::string& name_for_errors, const LoadOptions& options,
+                                           std::span<const std::vector<uint8_t>> module_bytes = {});
+
+// Reads a whole file (image or module) for the loader; `what` names it in errors ("guest image", "boot module").
+Result<std::vector<uint8_t>> read_boot_file(const std::string& path, const char* what);
+
+}  // namespace deja
