@@ -1,0 +1,254 @@
+// inspect_trace: streams a trace (one chunk in memory) into a provenance / duration / counts / serial / timeline view.
+#include "logging/trace_inspect.h"
+
+#include <ctime>
+#include <map>
+#include <optional>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "logging/trace_reader.h"
+
+namespace deja {
+
+namespace {
+
+// Bytes >= 0x80 are escaped as \u00XX: serial output is arbitrary bytes, and the JSON must stay valid.
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c >= 0x7f) out += fmt::format("\\u{:04x}", c);
+        else out += static_cast<char>(c);
+    }
+  }
+  out += '"';
+  return out;
+}
+
+std::string proto_json(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(m, &out, options).ok()) return "null";
+  return out;
+}
+
+std::string utc_time(int64_t unix_ns) {
+  std::time_t seconds = static_cast<std::time_t>(unix_ns / 1000000000);
+  std::tm tm{};
+  if (unix_ns < 0 || gmtime_r(&seconds, &tm) == nullptr) return fmt::format("{} ns since the epoch", unix_ns);
+  char buffer[64];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:09}Z", buffer, unix_ns % 1000000000);
+}
+
+// Everything the summary needs, gathered in one streaming pass.
+struct Survey {
+  std::map<std::string, uint64_t> by_kind;
+  uint64_t events = 0;
+  uint64_t chunks = 0;
+  uint64_t serial_bytes = 0;
+  std::optional<trace::End> end;
+  uint64_t last_digest_instructions = 0;
+  uint64_t last_branches = 0;
+  bool complete = false;
+  bool truncated = false;
+  std::string end_description;
+  std::optional<Error> error;
+  std::optional<trace::Footer> footer;
+  uint64_t file_size = 0;
+};
+
+struct Duration {
+  uint64_t instructions = 0;
+  uint64_t branches = 0;
+  std::optional<uint64_t> wall_ns;
+  std::optional<int32_t> exit_status;
+  std::string reason;
+  bool lower_bound = false;  // the trace was cut short: these are only what was reached
+};
+
+Duration duration_of(const Survey& s) {
+  Duration d;
+  if (s.footer) {
+    d.instructions = s.footer->instructions();
+    d.branches = s.footer->branches();
+    d.wall_ns = s.footer->wall_ns();
+    d.exit_status = s.footer->exit_status();
+  }
+  if (s.end) {
+    if (d.instructions == 0) d.instructions = s.end->instructions();
+    if (d.branches == 0) d.branches = s.end->at().branches();
+    if (!d.exit_status) d.exit_status = s.end->exit_status();
+    d.reason = s.end->reason();
+  }
+  if (!s.footer && !s.end) {
+    d.instructions = s.last_digest_instructions;
+    d.branches = s.last_branches;
+    d.lower_bound = true;
+  }
+  return d;
+}
+
+Result<Survey> survey(const std::string& path) {
+  auto opened = TraceReader::open(path);
+  if (!opened) return std::unexpected(opened.error());
+  TraceReader& reader = **opened;
+  Survey s;
+  while (true) {
+    auto event = reader.next();
+    if (!event) {
+      s.error = event.error();
+      break;
+    }
+    if (!*event) break;
+    const trace::Event& e = **event;
+    ++s.by_kind[event_kind_name(e)];
+    if (e.has_serial_output()) s.serial_bytes += e.serial_output().data().size();
+    if (e.has_end()) s.end = e.end();
+    if (e.has_digest()) s.last_digest_instructions = e.digest().instructions();
+    if (const trace::Coordinate* c = event_coordinate(e)) s.last_branches = std::max(s.last_branches, c->branches());
+  }
+  s.events = reader.events_read();
+  s.chunks = reader.chunks_read();
+  s.complete = reader.complete();
+  s.truncated = reader.truncated();
+  s.end_description = reader.end_description();
+  if (reader.footer()) s.footer = *reader.footer();
+  s.file_size = reader.file_size();
+  return s;
+}
+
+// Calls `visit` for each event until the end or an error (already reported by the survey).
+template <typename Visit>
+Result<> for_each_event(const std::string& path, Visit visit) {
+  auto opened = TraceReader::open(path);
+  if (!opened) return std::unexpected(opened.error());
+  while (true) {
+    auto event = (*opened)->next();
+    if (!event || !*event) return {};
+    visit((*opened)->events_read() - 1, **event);
+  }
+}
+
+void print_text(const std::string& path, const trace::Header& h, const Survey& s, std::FILE* out) {
+  fmt::print(out, "trace        {} ({} bytes)\n", path, s.file_size);
+  if (s.error) fmt::print(out, "status       CORRUPT: {}\n", s.error->message);
+  else if (s.complete) fmt::print(out, "status       complete ({} chunks, verified)\n", s.chunks);
+  else fmt::print(out, "status       TRUNCATED: {}\n", s.end_description);
+  fmt::print(out, "format       version {}\n", h.format_version());
+  fmt::print(out, "recorded by  deja {} (build {})\n", h.deja_version(), h.build_id());
+  fmt::print(out, "host         {}\n", h.host());
+  fmt::print(out, "started      {}\n", utc_time(h.start_unix_ns()));
+  fmt::print(out, "models       cpu v{}, devices v{}\n", h.cpu_model_version(), h.device_model_version());
+  const trace::MachineConfig& c = h.config();
+  fmt::print(out, "machine      backend={} vcpus={} memory={} MiB progress={} tsc_hz={} rdtsc_trapped={} serial_input={}\n",
+             c.backend(), c.vcpus(), c.memory_bytes() >> 20, c.progress_mode(), c.tsc_hz(), c.rdtsc_trapped() ? "yes" : "no",
+             c.serial_input() ? "yes" : "no");
+  if (!c.cmdline().empty()) fmt::print(out, "cmdline      {}\n", json_string(c.cmdline()));
+  for (const auto& arg : c.module_args()) fmt::print(out, "module arg   {}\n", json_string(arg));
+  if (!c.device_semantics().empty()) fmt::print(out, "device sem.  {}\n", c.device_semantics());
+  for (const auto& in : h.inputs())
+    fmt::print(out, "input        {} {} ({} bytes) sha256={}\n", in.role(), in.path(), in.size(), hex(in.sha256()));
+
+  Duration d = duration_of(s);
+  fmt::print(out, "duration     {}{} instructions, {} branches", d.lower_bound ? "at least " : "", d.instructions,
+             d.branches);
+  if (d.wall_ns) fmt::print(out, ", wall time {:.3f} s", static_cast<double>(*d.wall_ns) / 1e9);
+  if (d.exit_status) fmt::print(out, ", exit status {}", *d.exit_status);
+  if (!d.reason.empty()) fmt::print(out, " ({})", d.reason);
+  fmt::print(out, "\n");
+  if (s.footer && !s.footer->final_digest().empty())
+    fmt::print(out, "final digest {}\n", hex(s.footer->final_digest()));
+  fmt::print(out, "events       {} total{}\n", s.events, s.complete ? "" : " (up to where the trace ends)");
+  for (const auto& [kind, count] : s.by_kind) fmt::print(out, "  {:<16} {}\n", kind, count);
+  fmt::print(out, "serial       {} bytes of guest output\n", s.serial_bytes);
+}
+
+}  // namespace
+
+Result<> inspect_trace(const std::string& path, const InspectOptions& options, std::FILE* out) {
+  auto surveyed = survey(path);
+  if (!surveyed) return std::unexpected(surveyed.error());
+  const Survey& s = *surveyed;
+  auto opened = TraceReader::open(path);
+  if (!opened) return std::unexpected(opened.error());
+  const trace::Header& h = (*opened)->header();
+
+  if (!options.json) {
+    print_text(path, h, s, out);
+    if (options.serial) {
+      fmt::print(out, "--- serial output ({} bytes) ---\n", s.serial_bytes);
+      auto r = for_each_event(path, [&](uint64_t, const trace::Event& e) {
+        if (e.has_serial_output()) std::fwrite(e.serial_output().data().data(), 1, e.serial_output().data().size(), out);
+      });
+      if (!r) return r;
+      fmt::print(out, "\n--- end of serial output{} ---\n", s.complete ? "" : " (trace ends early)");
+    }
+    if (options.events) {
+      fmt::print(out, "timeline:\n");
+      auto r = for_each_event(path, [&](uint64_t index, const trace::Event& e) {
+        fmt::print(out, "{:>10} {}\n", index, describe_event(e));
+      });
+      if (!r) return r;
+      fmt::print(out, "{:>10} {}\n", "--", s.error ? s.error->message : s.end_description);
+    }
+  } else {
+    Duration d = duration_of(s);
+    fmt::print(out, "{{\n  \"path\": {},\n  \"size\": {},\n", json_string(path), s.file_size);
+    fmt::print(out, "  \"status\": \"{}\",\n  \"end\": {},\n",
+               s.error ? "corrupt" : s.complete ? "complete" : "truncated",
+               json_string(s.error ? s.error->message : s.end_description));
+    fmt::print(out, "  \"header\": {},\n", proto_json(h));
+    fmt::print(out, "  \"inputs\": [");
+    for (int i = 0; i < h.inputs_size(); ++i) {
+      const auto& in = h.inputs(i);
+      fmt::print(out, "{}{{\"role\": {}, \"path\": {}, \"size\": {}, \"sha256\": \"{}\"}}", i ? ", " : "",
+                 json_string(in.role()), json_string(in.path()), in.size(), hex(in.sha256()));
+    }
+    fmt::print(out, "],\n  \"footer\": {},\n", s.footer ? proto_json(*s.footer) : "null");
+    fmt::print(out, "  \"duration\": {{\"instructions\": {}, \"branches\": {}, \"lower_bound\": {}", d.instructions,
+               d.branches, d.lower_bound);
+    if (d.wall_ns) fmt::print(out, ", \"wall_ns\": {}", *d.wall_ns);
+    if (d.exit_status) fmt::print(out, ", \"exit_status\": {}", *d.exit_status);
+    fmt::print(out, ", \"reason\": {}}},\n", json_string(d.reason));
+    fmt::print(out, "  \"chunks\": {},\n  \"total_events\": {},\n  \"events_by_kind\": {{", s.chunks, s.events);
+    bool first = true;
+    for (const auto& [kind, count] : s.by_kind) {
+      fmt::print(out, "{}{}: {}", first ? "" : ", ", json_string(kind), count);
+      first = false;
+    }
+    fmt::print(out, "}},\n  \"serial_bytes\": {}", s.serial_bytes);
+    if (options.serial) {
+      fmt::print(out, ",\n  \"serial\": \"");
+      auto r = for_each_event(path, [&](uint64_t, const trace::Event& e) {
+        if (!e.has_serial_output()) return;
+        std::string quoted = json_string(e.serial_output().data());
+        std::fwrite(quoted.data() + 1, 1, quoted.size() - 2, out);  // drop the quotes: pieces are concatenated
+      });
+      if (!r) return r;
+      fmt::print(out, "\"");
+    }
+    if (options.events) {
+      fmt::print(out, ",\n  \"events\": [");
+      auto r = for_each_event(path, [&](uint64_t index, const trace::Event& e) {
+        fmt::print(out, "{}\n    {{\"index\": {}, \"vcpu\": {}, \"kind\": \"{}\", \"event\": {}}}", index ? "," : "",
+                   index, e.vcpu(), event_kind_name(e), proto_json(e));
+      });
+      if (!r) return r;
+      fmt::print(out, "\n  ]");
+    }
+    fmt::print(out, "\n}}\n");
+  }
+  if (s.error) return std::unexpected(*s.error);
+  return {};
+}
+
+}  // namespace deja

@@ -1,0 +1,83 @@
+// Reads a trace front to back, one chunk in memory at a time, verifying checksums and the hash chain as it goes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "logging/trace_format.h"
+
+typedef struct ZSTD_DCtx_s ZSTD_DCtx;
+
+namespace deja {
+
+class TraceReader {
+ public:
+  // Validates magic, version and header (checksum and protobuf).
+  static Result<std::unique_ptr<TraceReader>> open(const std::string& path);
+  ~TraceReader();
+  TraceReader(const TraceReader&) = delete;
+  TraceReader& operator=(const TraceReader&) = delete;
+
+  const trace::Header& header() const { return header_; }
+  // Next event in order; std::nullopt at the end of the valid data. A corrupt frame is a kBadTrace error naming
+  // the chunk, byte offset and check that failed; an incomplete final frame (truncation) just ends the stream.
+  // After an error every further call returns the same error.
+  Result<std::optional<trace::Event>> next();
+  // After the stream ended: a valid footer + trailer was found and matches what was read.
+  bool complete() const { return complete_; }
+  bool truncated() const { return truncated_; }
+  // Where and why the stream ended (or the error that stopped it).
+  std::string end_description() const;
+  const trace::Footer* footer() const { return footer_ ? &*footer_ : nullptr; }
+  uint64_t events_read() const { return events_read_; }
+  uint64_t chunks_read() const { return chunks_.size(); }
+  // End of the verified data: everything before this byte offset checked out.
+  uint64_t valid_bytes() const { return valid_end_; }
+  uint64_t file_size() const { return file_size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  TraceReader(int fd, std::string path, uint64_t file_size);
+  Result<> read_at(uint64_t offset, void* data, size_t size);
+  Result<> load_next_frame();  // sets ended_/truncated_/complete_ or loads the next chunk
+  Result<> read_footer_frame(const uint8_t* frame, uint64_t remaining);
+  Result<> check_footer_against_stream();
+  void end_truncated(std::string why);
+  std::unexpected<Error> corrupt(std::string what);
+
+  int fd_ = -1;
+  std::string path_;
+  uint64_t file_size_ = 0;
+  trace::Header header_;
+  ZSTD_DCtx* dctx_ = nullptr;
+
+  bool has_trailer_ = false;  // the last bytes look like a trailer: the file claims to be complete
+  uint64_t trailer_footer_offset_ = 0;
+
+  uint64_t offset_ = 0;     // next frame
+  uint64_t valid_end_ = 0;  // end of the last verified frame
+  Sha256 chain_{};
+  std::vector<uint8_t> compressed_;
+  std::vector<uint8_t> raw_;
+  size_t raw_pos_ = 0;
+  uint32_t chunk_remaining_ = 0;
+
+  bool ended_ = false;
+  bool complete_ = false;
+  bool truncated_ = false;
+  std::string end_why_;
+  std::optional<Error> error_;
+
+  uint64_t events_read_ = 0;
+  std::vector<trace::ChunkIndex> chunks_;  // what was actually read, to check the footer's index against
+  std::map<std::string, uint64_t> events_by_kind_;
+  std::unique_ptr<trace_detail::Sha256Stream> serial_sha_;
+  uint64_t serial_bytes_ = 0;
+  std::optional<trace::Footer> footer_;
+};
+
+}  // namespace deja

@@ -1,0 +1,66 @@
+// verify_trace: reads the whole trace through TraceReader and adds the semantic checks a reader does not need.
+#include "logging/trace_verify.h"
+
+#include "logging/trace_reader.h"
+
+namespace deja {
+
+VerifyReport verify_trace(const std::string& path) {
+  VerifyReport report;
+  auto opened = TraceReader::open(path);
+  if (!opened) {
+    report.first_problem = opened.error().message;
+    report.summary = fmt::format("FAILED: {}", report.first_problem);
+    return report;
+  }
+  TraceReader& reader = **opened;
+  uint64_t end_events = 0;
+  uint64_t first_end_index = 0;
+  bool last_is_end = false;
+  std::string problem;
+  while (true) {
+    auto event = reader.next();
+    if (!event) {
+      problem = event.error().message;
+      break;
+    }
+    if (!*event) break;
+    const trace::Event& e = **event;
+    if (e.kind_case() == trace::Event::KIND_NOT_SET && problem.empty())
+      problem = fmt::format("event {} has no kind (unknown to this deja, or empty)", reader.events_read() - 1);
+    if (e.has_end()) {
+      if (end_events++ == 0) first_end_index = reader.events_read() - 1;
+    }
+    last_is_end = e.has_end();
+  }
+  report.chunks = reader.chunks_read();
+  report.events = reader.events_read();
+  report.complete = reader.complete();
+  if (problem.empty()) {
+    if (reader.truncated()) {
+      problem = reader.end_description();
+    } else if (!last_is_end) {
+      problem = end_events == 0 ? "the trace has no End event (the recording did not finish cleanly)"
+                                : fmt::format("event {} is an End event but events follow it", first_end_index);
+    } else if (end_events > 1) {
+      problem = fmt::format("{} End events; the first is event {} (only one, the last, is allowed)", end_events,
+                            first_end_index);
+    }
+  }
+  report.first_problem = problem;
+  report.ok = problem.empty() && report.complete;
+  const trace::Header& h = reader.header();
+  if (report.ok) {
+    report.summary = fmt::format(
+        "OK: {} is complete and untampered: format v{}, {} chunks, {} events, {} bytes; recorded by deja {} "
+        "(build {}), cpu model v{}, device model v{}, {} input file(s)",
+        path, h.format_version(), report.chunks, report.events, reader.file_size(), h.deja_version(), h.build_id(),
+        h.cpu_model_version(), h.device_model_version(), h.inputs_size());
+  } else {
+    report.summary = fmt::format("FAILED: {}; {} chunks and {} events verified before that (valid through byte {} of {})",
+                                 problem, report.chunks, report.events, reader.valid_bytes(), reader.file_size());
+  }
+  return report;
+}
+
+}  // namespace deja

@@ -1,0 +1,234 @@
+// TraceWriter: frames events into hash-chained zstd chunks and writes them with write(2) as they fill.
+#include "logging/trace_writer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <zstd.h>
+
+namespace deja {
+
+using namespace trace_detail;
+
+namespace {
+
+void append_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+}  // namespace
+
+TraceWriter::TraceWriter(int fd, std::string path)
+    : fd_(fd), path_(std::move(path)), last_seal_(std::chrono::steady_clock::now()), cctx_(ZSTD_createCCtx()) {}
+
+TraceWriter::~TraceWriter() {
+  // An abandoned writer (error unwinding in the caller) still leaves every appended event readable:
+  // the result is a valid truncated trace, exactly as if the recorder had been killed after this chunk.
+  if (fd_ >= 0 && !finished_ && !failed_) (void)seal();
+  if (fd_ >= 0) ::close(fd_);
+  ZSTD_freeCCtx(cctx_);
+}
+
+Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path, const trace::Header& header) {
+  trace::Header h = header;
+  h.set_format_version(kTraceFormatVersion);
+  std::string header_bytes;
+  if (!h.SerializeToString(&header_bytes))
+    return fail(ErrorKind::kInvalidArgument, "cannot serialize the trace header for {}", path);
+  if (header_bytes.size() > kMaxHeaderBytes)
+    return fail(ErrorKind::kInvalidArgument, "trace header for {} is {} bytes, over the {} byte limit", path,
+                header_bytes.size(), kMaxHeaderBytes);
+
+  // 0600: traces carry guest input (keystrokes, network payloads) and must not be world-readable.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return fail(ErrorKind::kHost, "cannot create trace file {}: {}", path, std::strerror(errno));
+  // The mode argument only applies to new files; an existing file keeps its old mode unless forced.
+  if (::fchmod(fd, 0600) != 0) {
+    int err = errno;
+    ::close(fd);
+    return fail(ErrorKind::kHost, "cannot set mode 0600 on trace file {}: {}", path, std::strerror(err));
+  }
+  std::unique_ptr<TraceWriter> writer(new TraceWriter(fd, path));
+  if (writer->cctx_ == nullptr) return fail(ErrorKind::kHost, "cannot allocate a zstd compression context");
+
+  std::string preamble(kFileMagic);
+  uint8_t word[4];
+  put_u32(word, kTraceFormatVersion);
+  preamble.append(reinterpret_cast<const char*>(word), 4);
+  put_u32(word, static_cast<uint32_t>(header_bytes.size()));
+  preamble.append(reinterpret_cast<const char*>(word), 4);
+  preamble += header_bytes;
+  auto header_span = std::span(reinterpret_cast<const uint8_t*>(header_bytes.data()), header_bytes.size());
+  writer->chain_ = sha256_bytes(header_span);
+  preamble.append(reinterpret_cast<const char*>(writer->chain_.data()), writer->chain_.size());
+  if (auto r = writer->write_all(preamble.data(), preamble.size()); !r) return std::unexpected(r.error());
+  return writer;
+}
+
+Result<> TraceWriter::write_all(const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd_, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      failed_ = true;
+      return fail(ErrorKind::kHost, "cannot write trace file {} at byte {}: {}", path_, offset_, std::strerror(errno));
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+    offset_ += static_cast<uint64_t>(n);
+  }
+  return {};
+}
+
+Result<> TraceWriter::append(const trace::Event& event) {
+  if (finished_) return fail(ErrorKind::kInvalidArgument, "trace {} is already finished; cannot append", path_);
+  if (failed_) return fail(ErrorKind::kHost, "trace {} had a write error earlier; cannot append", path_);
+  size_t size = event.ByteSizeLong();
+  if (size + 10 > kMaxChunkRawBytes)
+    return fail(ErrorKind::kInvalidArgument, "{} event of {} bytes is too large for a trace chunk (limit {})",
+                event_kind_name(event), size, kMaxChunkRawBytes - 10);
+  if (raw_.size() + size + 10 > kMaxChunkRawBytes) {
+    if (auto r = seal(); !r) return r;
+  }
+  append_varint(raw_, size);
+  size_t at = raw_.size();
+  raw_.resize(at + size);
+  if (!event.SerializeToArray(raw_.data() + at, static_cast<int>(size)))
+    return fail(ErrorKind::kInvalidArgument, "cannot serialize {} event", event_kind_name(event));
+
+  if (chunk_events_ == 0) {
+    trace::ChunkIndex entry;
+    entry.set_first_event(events_written_);
+    index_.push_back(entry);  // offset/events are filled when the chunk is sealed
+  }
+  if (!chunk_has_coordinate_) {
+    if (const trace::Coordinate* c = event_coordinate(event)) {
+      chunk_first_at_ = *c;
+      chunk_has_coordinate_ = true;
+    }
+  }
+  ++chunk_events_;
+  ++events_written_;
+  ++events_by_kind_[event_kind_name(event)];
+  if (event.has_serial_output()) {
+    serial_sha_.update(event.serial_output().data().data(), event.serial_output().data().size());
+    serial_bytes_ += event.serial_output().data().size();
+  }
+
+  if (raw_.size() >= chunk_bytes_ || std::chrono::steady_clock::now() - last_seal_ >= flush_interval_) return seal();
+  return {};
+}
+
+Result<> TraceWriter::flush() {
+  if (finished_ || failed_) return {};
+  return seal();
+}
+
+Result<> TraceWriter::seal() {
+  last_seal_ = std::chrono::steady_clock::now();
+  if (chunk_events_ == 0) return {};
+  compressed_.resize(ZSTD_compressBound(raw_.size()));
+  size_t n = ZSTD_compressCCtx(cctx_, compressed_.data(), compressed_.size(), raw_.data(), raw_.size(),
+                               compression_level_);
+  if (ZSTD_isError(n)) {
+    failed_ = true;
+    return fail(ErrorKind::kHost, "zstd compression of a trace chunk for {} failed: {}", path_, ZSTD_getErrorName(n));
+  }
+  uint8_t frame[kFrameHeaderBytes];
+  put_u32(frame + 0, kChunkFrameMagic);
+  put_u32(frame + 4, static_cast<uint32_t>(n));
+  put_u32(frame + 8, static_cast<uint32_t>(raw_.size()));
+  put_u32(frame + 12, chunk_events_);
+  chain_ = chain_next(chain_, std::span(frame, kFrameFieldBytes), std::span(compressed_.data(), n));
+  std::memcpy(frame + kFrameFieldBytes, chain_.data(), chain_.size());
+
+  trace::ChunkIndex& entry = index_.back();
+  entry.set_offset(offset_);
+  entry.set_events(chunk_events_);
+  if (chunk_has_coordinate_) *entry.mutable_first_at() = chunk_first_at_;
+
+  if (auto r = write_all(frame, sizeof frame); !r) return r;
+  if (auto r = write_all(compressed_.data(), n); !r) return r;
+  if (sync_ && ::fdatasync(fd_) != 0) {
+    failed_ = true;
+    return fail(ErrorKind::kHost, "cannot fdatasync trace file {}: {}", path_, std::strerror(errno));
+  }
+  raw_.clear();
+  // A huge event once must not pin a huge buffer for the rest of the recording.
+  if (raw_.capacity() > 4 * chunk_bytes_ + 4096) raw_.shrink_to_fit();
+  if (compressed_.capacity() > 4 * chunk_bytes_ + 4096) {
+    compressed_.clear();
+    compressed_.shrink_to_fit();
+  }
+  chunk_events_ = 0;
+  chunk_has_coordinate_ = false;
+  chunk_first_at_.Clear();
+  return {};
+}
+
+Result<> TraceWriter::finish(trace::Footer footer) {
+  if (finished_) return fail(ErrorKind::kInvalidArgument, "trace {} is already finished", path_);
+  if (failed_) return fail(ErrorKind::kHost, "trace {} had a write error earlier; cannot finish it", path_);
+  if (auto r = seal(); !r) return r;
+
+  footer.clear_chunks();
+  for (const auto& entry : index_) *footer.add_chunks() = entry;
+  footer.clear_events_by_kind();
+  for (const auto& [kind, count] : events_by_kind_) (*footer.mutable_events_by_kind())[kind] = count;
+  footer.set_total_events(events_written_);
+  Sha256 serial = serial_sha_.finish();
+  footer.set_serial_output_sha256(serial.data(), serial.size());
+  footer.set_serial_output_bytes(serial_bytes_);
+
+  std::string bytes;
+  // Deterministic so the same recording always produces the same file bytes (map order is otherwise unspecified).
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    if (!footer.SerializeToCodedStream(&coded))
+      return fail(ErrorKind::kInvalidArgument, "cannot serialize the trace footer for {}", path_);
+  }
+  if (bytes.size() > kMaxFooterBytes)
+    return fail(ErrorKind::kInvalidArgument, "trace footer for {} is {} bytes, over the {} byte limit", path_,
+                bytes.size(), kMaxFooterBytes);
+
+  uint64_t footer_offset = offset_;
+  uint8_t frame[kFrameHeaderBytes];
+  put_u32(frame + 0, kFooterFrameMagic);
+  put_u32(frame + 4, static_cast<uint32_t>(bytes.size()));
+  put_u32(frame + 8, static_cast<uint32_t>(bytes.size()));
+  put_u32(frame + 12, static_cast<uint32_t>(index_.size()));
+  auto payload = std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  chain_ = chain_next(chain_, std::span(frame, kFrameFieldBytes), payload);
+  std::memcpy(frame + kFrameFieldBytes, chain_.data(), chain_.size());
+  if (auto r = write_all(frame, sizeof frame); !r) return r;
+  if (auto r = write_all(bytes.data(), bytes.size()); !r) return r;
+
+  uint8_t trailer[kTrailerBytes];
+  std::memcpy(trailer, kTrailerMagic.data(), 8);
+  put_u64(trailer + 8, footer_offset);
+  std::memcpy(trailer + 16, chain_.data(), chain_.size());
+  if (auto r = write_all(trailer, sizeof trailer); !r) return r;
+
+  finished_ = true;
+  if (sync_ && ::fdatasync(fd_) != 0)
+    return fail(ErrorKind::kHost, "cannot fdatasync trace file {}: {}", path_, std::strerror(errno));
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) return fail(ErrorKind::kHost, "cannot close trace file {}: {}", path_, std::strerror(errno));
+  return {};
+}
+
+}  // namespace deja

@@ -1,0 +1,74 @@
+// Writes a trace file: magic, header, hash-chained zstd chunks of events, footer index and trailer.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "logging/trace_format.h"
+
+typedef struct ZSTD_CCtx_s ZSTD_CCtx;
+
+namespace deja {
+
+// Only the current chunk is buffered, so memory stays bounded however long the recording runs; every sealed
+// chunk is on disk (write(2)) before append() returns, so a killed recorder leaves a readable prefix.
+class TraceWriter {
+ public:
+  // Creates/truncates `path` (mode 0600) and writes magic + header. Fails clearly (path + errno text).
+  static Result<std::unique_ptr<TraceWriter>> create(const std::string& path, const trace::Header& header);
+  ~TraceWriter();
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  // Buffers; a chunk is sealed and written when its raw size reaches chunk_bytes or flush_interval has passed.
+  Result<> append(const trace::Event& event);
+  // Seals the current chunk now (no-op when empty).
+  Result<> flush();
+  // Seals, fills footer.chunks / events_by_kind / total_events / serial_output_* itself, writes footer + trailer,
+  // closes the file.
+  Result<> finish(trace::Footer footer);
+
+  uint64_t events_written() const { return events_written_; }
+  uint64_t chunks_written() const { return index_.size(); }
+  void set_chunk_bytes(size_t n) { chunk_bytes_ = n == 0 ? 1 : n; }
+  void set_flush_interval(std::chrono::nanoseconds interval) { flush_interval_ = interval; }
+  // fdatasync after each chunk: survives a host crash, not just a killed recorder; costs a disk flush per chunk.
+  void set_sync(bool sync) { sync_ = sync; }
+  void set_compression_level(int level) { compression_level_ = level; }
+
+ private:
+  TraceWriter(int fd, std::string path);
+  Result<> write_all(const void* data, size_t size);
+  Result<> seal();
+
+  int fd_ = -1;
+  std::string path_;
+  uint64_t offset_ = 0;
+  Sha256 chain_{};
+  bool failed_ = false;
+  bool finished_ = false;
+  bool sync_ = false;
+  int compression_level_ = 3;
+  size_t chunk_bytes_ = kDefaultChunkBytes;
+  std::chrono::nanoseconds flush_interval_ = std::chrono::seconds(1);
+  std::chrono::steady_clock::time_point last_seal_;
+
+  std::string raw_;  // length-delimited events of the open chunk
+  uint32_t chunk_events_ = 0;
+  bool chunk_has_coordinate_ = false;
+  trace::Coordinate chunk_first_at_;
+  std::vector<uint8_t> compressed_;
+  ZSTD_CCtx* cctx_ = nullptr;
+
+  uint64_t events_written_ = 0;
+  std::vector<trace::ChunkIndex> index_;  // one small entry per chunk, needed for the footer
+  std::map<std::string, uint64_t> events_by_kind_;
+  trace_detail::Sha256Stream serial_sha_;
+  uint64_t serial_bytes_ = 0;
+};
+
+}  // namespace deja
