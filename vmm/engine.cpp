@@ -1,0 +1,379 @@
+// Engine implementation: each choke point records in record mode, answers from the trace (and checks) in replay.
+#include "vmm/engine.h"
+
+#include <fmt/format.h>
+
+#include "logging/trace_inspect.h"
+#include "vmm/cpu_model.h"
+
+namespace deja {
+
+namespace {
+constexpr size_t kRecentEvents = 8;
+
+uint64_t ns_to_tsc(uint64_t ns) {
+  return uint64_t((unsigned __int128)ns * CpuModel::kTscHz / 1'000'000'000u);
+}
+}  // namespace
+
+std::string_view progress_mode_name(ProgressMode mode) {
+  return mode == ProgressMode::kExact ? "exact" : "exit-sync";
+}
+
+trace::Coordinate to_proto(const Position& p) {
+  trace::Coordinate c;
+  c.set_vcpu(p.at.vcpu);
+  c.set_branches(p.at.branches);
+  c.set_rip(p.at.rip);
+  c.set_rcx(p.at.rcx);
+  c.set_gpr_digest(p.gpr_digest);
+  c.set_guest_exits(p.guest_exits);
+  return c;
+}
+
+Engine::Engine(Mode mode, ProgressMode progress) : mode_(mode), progress_(progress) {}
+Engine::~Engine() = default;
+
+uint64_t Engine::host_now_ns() {
+  uint64_t t = host_clock_.elapsed_ns();
+  if (t < last_now_) t = last_now_;  // virtual time never runs backwards
+  last_now_ = t;
+  return t;
+}
+
+void Engine::remember(const trace::Event& e) {
+  recent_.push_back(fmt::format("#{} {}", events_, describe_event(e)));
+  if (recent_.size() > kRecentEvents) recent_.pop_front();
+}
+
+void Engine::flush_output() {
+  if (pending_output_.empty() || !writer_) return;
+  trace::Event e;
+  e.mutable_serial_output()->set_data(pending_output_.data(), pending_output_.size());
+  pending_output_.clear();
+  if (auto r = writer_->append(e); !r) write_error_ = r.error().message;
+}
+
+void Engine::append(trace::Event event) {
+  flush_output();
+  remember(event);
+  ++events_;
+  if (writer_) {
+    if (auto r = writer_->append(event); !r && write_error_.empty()) write_error_ = r.error().message;
+  }
+}
+
+void Engine::record_event(trace::Event event) { append(std::move(event)); }
+
+const trace::Event* Engine::peek() {
+  while (!lookahead_ && !exhausted_ && reader_) {
+    auto next = reader_->next();
+    if (!next) {
+      trace_error_ = next.error().message;
+      exhausted_ = true;
+      break;
+    }
+    if (!*next) {
+      exhausted_ = true;
+      break;
+    }
+    if ((*next)->kind_case() == trace::Event::kSerialOutput) {
+      expected_output_ += (*next)->serial_output().data();
+      match_output();
+      continue;
+    }
+    lookahead_ = std::move(**next);
+  }
+  return lookahead_ ? &*lookahead_ : nullptr;
+}
+
+const trace::Event* Engine::expect(trace::Event::KindCase kind, const std::string& what) {
+  if (divergence_) return nullptr;
+  const trace::Event* e = peek();
+  if (!e) return nullptr;  // exhausted: the session reports where the trace ends
+  if (e->kind_case() != kind) {
+    diverge(fmt::format("the guest did: {}", what), describe_event(*e), what);
+    return nullptr;
+  }
+  current_ = std::move(*lookahead_);
+  lookahead_.reset();
+  remember(current_);
+  ++events_;
+  return &current_;
+}
+
+void Engine::diverge(const std::string& what, const std::string& expected, const std::string& actual) {
+  if (divergence_) return;
+  std::string report = fmt::format("replay diverged at event {}: {}\n", events_, what);
+  if (where_) {
+    Position p = where_();
+    report += fmt::format("  coordinate: vcpu {} branches {} rip {:#x} rcx {:#x} gpr-digest {:016x} guest-exits {}\n",
+                          p.at.vcpu, p.at.branches, p.at.rip, p.at.rcx, p.gpr_digest, p.guest_exits);
+  }
+  report += fmt::format("  recorded: {}\n  replayed: {}\n", expected, actual);
+  if (!recent_.empty()) {
+    report += "  preceding events:\n";
+    for (const auto& line : recent_) report += "    " + line + "\n";
+  }
+  divergence_ = Divergence{events_, report};
+}
+
+uint64_t Engine::now_ns() {
+  if (frozen_now_) return *frozen_now_;
+  switch (mode_) {
+    case Mode::kRun:
+      return host_now_ns();
+    case Mode::kRecord: {
+      uint64_t t = host_now_ns();
+      trace::Event e;
+      e.mutable_clock()->set_now_ns(t);
+      append(std::move(e));
+      return t;
+    }
+    case Mode::kReplay:
+      if (const auto* e = expect(trace::Event::kClock, "a device read the clock")) last_now_ = e->clock().now_ns();
+      return last_now_;
+  }
+  return last_now_;
+}
+
+uint64_t Engine::port_read(uint16_t port, unsigned size, uint64_t device_value, uint64_t rip) {
+  std::string what = fmt::format("port_read port={:#x} size={} value={:#x} rip={:#x}", port, size, device_value, rip);
+  if (mode_ == Mode::kRecord) {
+    trace::Event e;
+    auto* r = e.mutable_port_read();
+    r->set_port(port);
+    r->set_size(size);
+    r->set_value(device_value);
+    r->set_rip(rip);
+    append(std::move(e));
+  } else if (mode_ == Mode::kReplay) {
+    if (const auto* e = expect(trace::Event::kPortRead, what)) {
+      const auto& r = e->port_read();
+      if (r.port() != port || r.size() != size || r.rip() != rip || r.value() != device_value) {
+        diverge("port read differs", describe_event(*e), what);
+      }
+      return r.value();
+    }
+  }
+  return device_value;
+}
+
+uint64_t Engine::mmio_read(uint64_t address, unsigned size, uint64_t device_value, uint64_t rip) {
+  std::string what =
+      fmt::format("mmio_read address={:#x} size={} value={:#x} rip={:#x}", address, size, device_value, rip);
+  if (mode_ == Mode::kRecord) {
+    trace::Event e;
+    auto* r = e.mutable_mmio_read();
+    r->set_address(address);
+    r->set_size(size);
+    r->set_value(device_value);
+    r->set_rip(rip);
+    append(std::move(e));
+  } else if (mode_ == Mode::kReplay) {
+    if (const auto* e = expect(trace::Event::kMmioRead, what)) {
+      const auto& r = e->mmio_read();
+      if (r.address() != address || r.size() != size || r.rip() != rip || r.value() != device_value) {
+        diverge("MMIO read differs", describe_event(*e), what);
+      }
+      return r.value();
+    }
+  }
+  return device_value;
+}
+
+uint64_t Engine::rdtsc(uint64_t rip, bool rdtscp) {
+  std::string what = fmt::format("rdtsc rip={:#x}{}", rip, rdtscp ? " (rdtscp)" : "");
+  if (mode_ == Mode::kReplay) {
+    if (const auto* e = expect(trace::Event::kRdtsc, what)) {
+      if (e->rdtsc().rip() != rip || e->rdtsc().rdtscp() != rdtscp) diverge("RDTSC differs", describe_event(*e), what);
+      return e->rdtsc().value();
+    }
+    return 0;
+  }
+  uint64_t value = ns_to_tsc(host_now_ns()) + tsc_offset_;
+  if (mode_ == Mode::kRecord) {
+    trace::Event e;
+    e.mutable_rdtsc()->set_value(value);
+    e.mutable_rdtsc()->set_rip(rip);
+    e.mutable_rdtsc()->set_rdtscp(rdtscp);
+    append(std::move(e));
+  }
+  return value;
+}
+
+std::pair<uint64_t, bool> Engine::rdrand(uint64_t rip, bool rdseed) {
+  std::string what = fmt::format("{} rip={:#x}", rdseed ? "rdseed" : "rdrand", rip);
+  if (mode_ == Mode::kReplay) {
+    if (const auto* e = expect(trace::Event::kRdrand, what)) {
+      if (e->rdrand().rip() != rip || e->rdrand().rdseed() != rdseed) {
+        diverge("RDRAND differs", describe_event(*e), what);
+      }
+      return {e->rdrand().value(), e->rdrand().ok()};
+    }
+    return {0, false};
+  }
+  bool ok = false;
+  uint64_t value = host_random64(&ok);
+  if (mode_ == Mode::kRecord) {
+    trace::Event e;
+    auto* r = e.mutable_rdrand();
+    r->set_value(value);
+    r->set_ok(ok);
+    r->set_rip(rip);
+    r->set_rdseed(rdseed);
+    append(std::move(e));
+  }
+  return {value, ok};
+}
+
+uint64_t Engine::msr_read(uint32_t msr, uint64_t rip, uint64_t live_value) {
+  std::string what = fmt::format("msr_read msr={:#x} rip={:#x}", msr, rip);
+  if (mode_ == Mode::kReplay) {
+    if (const auto* e = expect(trace::Event::kMsrRead, what)) {
+      if (e->msr_read().msr() != msr || e->msr_read().rip() != rip) diverge("MSR read differs", describe_event(*e), what);
+      return e->msr_read().value();
+    }
+    return 0;
+  }
+  if (mode_ == Mode::kRecord) {
+    trace::Event e;
+    auto* r = e.mutable_msr_read();
+    r->set_msr(msr);
+    r->set_value(live_value);
+    r->set_rip(rip);
+    append(std::move(e));
+  }
+  return live_value;
+}
+
+uint64_t Engine::tsc_now() { return ns_to_tsc(host_now_ns()) + tsc_offset_; }
+
+static bool same_coordinate(const trace::Coordinate& recorded, const Position& p, ProgressMode progress) {
+  if (recorded.vcpu() != p.at.vcpu || recorded.rip() != p.at.rip || recorded.rcx() != p.at.rcx ||
+      recorded.gpr_digest() != p.gpr_digest) {
+    return false;
+  }
+  return progress == ProgressMode::kExact ? recorded.branches() == p.at.branches
+                                          : recorded.guest_exits() == p.guest_exits;
+}
+
+void Engine::interrupt(uint8_t vector, const Position& where) {
+  if (mode_ == Mode::kRecord) {
+    trace::Event e;
+    *e.mutable_interrupt()->mutable_at() = to_proto(where);
+    e.mutable_interrupt()->set_vector(vector);
+    append(std::move(e));
+  } else if (mode_ == Mode::kReplay) {
+    std::string what = fmt::format("interrupt vector={:#x} rip={:#x}", vector, where.at.rip);
+    if (const auto* e = expect(trace::Event::kInterrupt, what)) {
+      if (e->interrupt().vector() != vector || !same_coordinate(e->interrupt().at(), where, progress_)) {
+        diverge("interrupt differs", describe_event(*e), what);
+      }
+    }
+  }
+}
+
+void Engine::serial_output(std::span<const uint8_t> bytes) {
+  if (mode_ == Mode::kRecord) {
+    pending_output_.insert(pending_output_.end(), bytes.begin(), bytes.end());
+    if (pending_output_.size() >= 4096) flush_output();
+  } else if (mode_ == Mode::kReplay) {
+    produced_output_.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    match_output();
+  }
+}
+
+void Engine::match_output() {
+  size_t n = std::min(produced_output_.size(), expected_output_.size());
+  size_t i = 0;
+  while (i < n && produced_output_[i] == expected_output_[i]) ++i;
+  if (i < n) {
+    diverge("serial output differs",
+            fmt::format("output byte {:#04x} after {} matching bytes", uint8_t(expected_output_[i]),
+                        output_matched_ + i),
+            fmt::format("output byte {:#04x}", uint8_t(produced_output_[i])));
+  }
+  output_matched_ += i;
+  produced_output_.erase(0, i);
+  expected_output_.erase(0, i);
+}
+
+void Engine::check_output_complete() {
+  if (mode_ != Mode::kReplay) return;
+  match_output();
+  if (!produced_output_.empty()) {
+    diverge("the guest printed more than was recorded", "end of recorded output",
+            fmt::format("{} more bytes", produced_output_.size()));
+  } else if (!expected_output_.empty()) {
+    diverge("the guest printed less than was recorded", fmt::format("{} more bytes", expected_output_.size()),
+            "end of output");
+  }
+}
+
+void Engine::record_async(const Position& where, uint64_t now_ns, std::span<const uint8_t> input) {
+  trace::Event e;
+  auto* a = e.mutable_async();
+  *a->mutable_at() = to_proto(where);
+  a->set_now_ns(now_ns);
+  if (!input.empty()) a->set_serial_input(input.data(), input.size());
+  append(std::move(e));
+}
+
+const trace::Async* Engine::next_async() {
+  if (divergence_) return nullptr;
+  const trace::Event* e = peek();
+  return e && e->kind_case() == trace::Event::kAsync ? &e->async() : nullptr;
+}
+
+bool Engine::async_matches(const trace::Async& a, const Position& where) {
+  return same_coordinate(a.at(), where, progress_);
+}
+
+void Engine::consume_async() {
+  current_ = std::move(*lookahead_);
+  lookahead_.reset();
+  remember(current_);
+  ++events_;
+  last_now_ = current_.async().now_ns();
+}
+
+void Engine::begin_async(uint64_t now_ns) { frozen_now_ = now_ns; }
+void Engine::end_async() { frozen_now_.reset(); }
+
+void Engine::record_digest(const Position& where, std::span<const uint8_t> digest, uint64_t instructions) {
+  if (mode_ == Mode::kRecord) {
+    trace::Event e;
+    auto* d = e.mutable_digest();
+    *d->mutable_at() = to_proto(where);
+    d->set_digest(digest.data(), digest.size());
+    d->set_instructions(instructions);
+    append(std::move(e));
+  } else if (mode_ == Mode::kReplay) {
+    std::string got(reinterpret_cast<const char*>(digest.data()), digest.size());
+    std::string what = fmt::format("state digest at rip={:#x}", where.at.rip);
+    if (const auto* e = expect(trace::Event::kDigest, what)) {
+      if (e->digest().digest() != got || !same_coordinate(e->digest().at(), where, progress_)) {
+        diverge("machine state differs (registers, RAM or devices)", describe_event(*e),
+                fmt::format("digest {} at rip={:#x}", hex(digest), where.at.rip));
+      }
+    }
+  }
+}
+
+const trace::End* Engine::expect_end(const std::string& what) {
+  const trace::Event* e = expect(trace::Event::kEnd, what);
+  return e ? &e->end() : nullptr;
+}
+
+Result<> Engine::finish_record(trace::End end, trace::Footer footer) {
+  trace::Event e;
+  *e.mutable_end() = std::move(end);
+  append(std::move(e));
+  flush_output();
+  if (!write_error_.empty()) return fail(ErrorKind::kHost, "writing the trace failed: {}", write_error_);
+  if (!writer_) return {};
+  return writer_->finish(std::move(footer));
+}
+
+}  // namespace deja

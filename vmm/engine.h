@@ -1,0 +1,154 @@
+// The record/replay engine: one choke point per kind of nondeterministic input, in mode run / record / replay.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "devices/device.h"
+#include "logging/trace.pb.h"
+#include "logging/trace_reader.h"
+#include "logging/trace_writer.h"
+#include "vmm/backend.h"
+#include "vmm/host_io.h"
+
+namespace deja {
+
+enum class Mode { kRun, kRecord, kReplay };
+
+// How asynchronous events (time passing, serial input, and the interrupts they raise) are placed.
+enum class ProgressMode {
+  kExact,     // at any instruction boundary, by (branches, RIP, RCX): interp
+  kExitSync,  // only right after guest-caused exits (PIO, MMIO, HLT, MSR): KVM without a PMU
+};
+std::string_view progress_mode_name(ProgressMode mode);
+
+// What the engine knows about "where the guest is" when an event happens.
+struct Position {
+  Coordinate at;
+  uint64_t gpr_digest = 0;
+  uint64_t guest_exits = 0;
+};
+
+// Divergence: replay disagrees with the recording. Carries the report printed for the user.
+struct Divergence {
+  uint64_t event_index = 0;
+  std::string report;
+};
+
+class Engine : public Clock {
+ public:
+  Engine(Mode mode, ProgressMode progress);
+  ~Engine() override;
+
+  Mode mode() const { return mode_; }
+  ProgressMode progress() const { return progress_; }
+
+  void attach_writer(std::unique_ptr<TraceWriter> writer) { writer_ = std::move(writer); }
+  void attach_reader(std::unique_ptr<TraceReader> reader) { reader_ = std::move(reader); }
+  TraceReader* reader() { return reader_.get(); }
+
+  // ---- choke points --------------------------------------------------------------------------
+  // Device clock reads (Clock). While an asynchronous event is processed, time is frozen at the
+  // event's time so that device work inside it needs no further clock events.
+  uint64_t now_ns() override;
+  // Value of a port / MMIO read: `device_value` is what the device model answered. Recorded; in
+  // replay it is checked against the recording (a device-semantics change is a divergence).
+  uint64_t port_read(uint16_t port, unsigned size, uint64_t device_value, uint64_t rip);
+  uint64_t mmio_read(uint64_t address, unsigned size, uint64_t device_value, uint64_t rip);
+  // RDTSC/RDTSCP and the TSC MSR: virtual time scaled to the model's TSC frequency.
+  uint64_t rdtsc(uint64_t rip, bool rdtscp);
+  // RDRAND/RDSEED: host entropy when recording, the trace when replaying.
+  std::pair<uint64_t, bool> rdrand(uint64_t rip, bool rdseed);
+  // Reads of time-dependent MSRs (the TSC).
+  uint64_t msr_read(uint32_t msr, uint64_t rip, uint64_t live_value);
+  // An interrupt the PIC delivers now: recorded with its coordinate; checked in replay.
+  void interrupt(uint8_t vector, const Position& where);
+  // Serial output (not an input, but recorded so inspect can show it and replay can check it).
+  void serial_output(std::span<const uint8_t> bytes);
+
+  // The TSC as the guest would read it now (run/record), for the TSC MSR.
+  uint64_t tsc_now();
+
+  // ---- asynchronous events (time advancing, host input arriving) ------------------------------
+  // Record/run: what host time says now (virtual ns), without logging.
+  uint64_t host_now_ns();
+  // Host monotonic time at which virtual time 0 was (virtual time follows host time when recording).
+  uint64_t host_origin_ns() const { return host_clock_.origin_ns(); }
+  // Record: log an async event at `where` (the session brackets the device work with begin/end_async).
+  void record_async(const Position& where, uint64_t now_ns, std::span<const uint8_t> input);
+  // Replay: the next async event, if it is the next thing in the trace; whether it lands at `where`.
+  const trace::Async* next_async();
+  bool async_matches(const trace::Async& async, const Position& where);
+  void consume_async();
+  void begin_async(uint64_t now_ns);
+  void end_async();
+
+  // Replay: the next event (output events skipped and checked); nullptr at the end of the trace.
+  const trace::Event* peek();
+  const trace::End* expect_end(const std::string& what);
+  void record_event(trace::Event event);
+  // Record: log a state digest; replay: compare with the recorded one.
+  void record_digest(const Position& where, std::span<const uint8_t> digest, uint64_t instructions);
+
+  // Finishes a recording: End event + footer.
+  Result<> finish_record(trace::End end, trace::Footer footer);
+
+  // Where the guest is now (for divergence reports); set by the session.
+  void set_position_source(std::function<Position()> where) { where_ = std::move(where); }
+
+  // Set when replay diverged (the session stops at the next opportunity).
+  const std::optional<Divergence>& divergence() const { return divergence_; }
+  void report_divergence(const std::string& what, const std::string& recorded, const std::string& replayed) {
+    diverge(what, recorded, replayed);
+  }
+  // Replay reached the end of the readable trace (complete, truncated, or corrupt: see trace_error()).
+  bool replay_exhausted() const { return exhausted_; }
+  const std::string& trace_error() const { return trace_error_; }
+  // Events recorded or replayed (serial output excluded).
+  uint64_t events_processed() const { return events_; }
+
+  // Replay: serial output the trace and the replay disagree on at the very end.
+  void check_output_complete();
+
+ private:
+  void append(trace::Event event);
+  void flush_output();
+  void match_output();
+  // Replay: takes the next non-output event if it has kind `kind`, else reports divergence.
+  const trace::Event* expect(trace::Event::KindCase kind, const std::string& what);
+  void diverge(const std::string& what, const std::string& expected, const std::string& actual);
+  void remember(const trace::Event& e);
+
+  Mode mode_;
+  ProgressMode progress_;
+  HostClock host_clock_;
+  uint64_t last_now_ = 0;
+  std::optional<uint64_t> frozen_now_;
+  uint64_t tsc_offset_ = 0;
+  std::function<Position()> where_;
+
+  std::unique_ptr<TraceWriter> writer_;
+  std::vector<uint8_t> pending_output_;  // record: not yet logged
+  std::string write_error_;
+
+  std::unique_ptr<TraceReader> reader_;
+  std::optional<trace::Event> lookahead_;
+  trace::Event current_;
+  std::string expected_output_;  // replay: recorded output not yet produced
+  std::string produced_output_;  // replay: produced output not yet matched
+  uint64_t output_matched_ = 0;
+  std::string trace_error_;
+  uint64_t events_ = 0;
+  bool exhausted_ = false;
+  std::optional<Divergence> divergence_;
+  std::deque<std::string> recent_;  // the last events, for divergence reports
+};
+
+trace::Coordinate to_proto(const Position& p);
+
+}  // namespace deja

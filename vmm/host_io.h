@@ -1,0 +1,64 @@
+// The only code that touches the host's clock, entropy and input files; the engine decides when it is consulted.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "devices/device.h"
+#include "vmm/error.h"
+
+namespace deja {
+
+// Nanoseconds of host monotonic time since this object was created.
+class HostClock {
+ public:
+  HostClock();
+  uint64_t elapsed_ns() const;
+  // Host monotonic time (absolute), for sleeping until a deadline.
+  static uint64_t monotonic_ns();
+  uint64_t origin_ns() const { return origin_; }
+
+ private:
+  uint64_t origin_;
+};
+
+int64_t host_unix_time_ns();
+uint64_t host_random64(bool* ok);
+std::string host_description();
+
+// Serial input from a file or stdin, read without blocking.
+class FdInput : public HostInput {
+ public:
+  static Result<std::unique_ptr<FdInput>> open(const std::string& path);  // "-" = stdin
+  ~FdInput() override;
+  size_t read_available(std::span<uint8_t> out) override;
+  bool at_end() const override { return eof_; }
+  int fd() const { return fd_; }
+
+ private:
+  FdInput(int fd, bool owned) : fd_(fd), owned_(owned) {}
+  int fd_;
+  bool owned_;
+  bool eof_ = false;
+};
+
+// Serial output to stdout or a file, unbuffered so output interleaves correctly with deja's messages.
+class FileSink : public ByteSink {
+ public:
+  static Result<std::unique_ptr<FileSink>> open(const std::string& path);  // "-" = stdout
+  ~FileSink() override;
+  void write(std::span<const uint8_t> bytes) override;
+
+ private:
+  explicit FileSink(int fd, bool owned) : fd_(fd), owned_(owned) {}
+  int fd_;
+  bool owned_;
+};
+
+// Reads a whole file (guest images, modules); errors name the path.
+Result<std::vector<uint8_t>> read_file(const std::string& path);
+
+}  // namespace deja

@@ -1,0 +1,815 @@
+// The run loop shared by run, record and replay: exits go to the bus through the engine's choke points.
+#include "vmm/session.h"
+
+#include <poll.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "interp/interp_backend.h"
+#include "logging/trace_format.h"
+#include "logging/trace_inspect.h"
+#include "vmm/cpu_model.h"
+#include "vmm/digest.h"
+#include "vmm/exit_status.h"
+#include "vmm/host_io.h"
+
+namespace deja {
+namespace {
+
+std::atomic<bool> g_stop_requested{false};
+std::atomic<Backend*> g_kick_target{nullptr};
+
+void on_stop_signal(int) {
+  g_stop_requested.store(true);
+  if (Backend* b = g_kick_target.load()) b->kick();
+}
+
+template <typename... Args>
+void say(fmt::format_string<Args...> format, Args&&... args) {
+  std::string line = "deja: " + fmt::format(format, std::forward<Args>(args)...) + "\n";
+  std::fputs(line.c_str(), stderr);
+}
+
+// Serial output goes to the user's sink and, through the engine, into the trace.
+class TeeSink : public ByteSink {
+ public:
+  TeeSink(ByteSink& out, Engine& engine) : out_(out), engine_(engine) {}
+  void write(std::span<const uint8_t> bytes) override {
+    out_.write(bytes);
+    engine_.serial_output(bytes);
+    bytes_ += bytes.size();
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  ByteSink& out_;
+  Engine& engine_;
+  uint64_t bytes_ = 0;
+};
+
+struct Outcome {
+  int status = 0;
+  std::string reason;       // "guest exit", "triple fault", ...
+  bool guest_exit = false;  // ended through isa-debug-exit
+  bool recorded_end = false;  // replay reached the End of a recording that stopped here (e.g. interrupted)
+};
+
+class Session {
+ public:
+  Session(Mode mode, ProgressMode progress) : engine_(mode, progress) {}
+
+  Engine& engine() { return engine_; }
+
+  Result<> build(const MachineConfig& config, const std::string& serial_out, std::span<const uint8_t> image,
+                 const std::string& image_name, const LoadOptions& load,
+                 std::span<const std::vector<uint8_t>> modules) {
+    auto sink = FileSink::open(serial_out);
+    if (!sink) return std::unexpected(sink.error());
+    out_ = std::move(*sink);
+    tee_ = std::make_unique<TeeSink>(*out_, engine_);
+    auto machine = Machine::create(config, engine_, *tee_);
+    if (!machine) return std::unexpected(machine.error());
+    machine_ = std::move(*machine);
+    auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, load, modules);
+    if (!loaded) return std::unexpected(loaded.error());
+    if (auto s = machine_->backend().set_state(loaded->initial_state); !s) return std::unexpected(s.error());
+    engine_.set_position_source([this] { return position(); });
+    return {};
+  }
+
+  void attach_input(std::unique_ptr<FdInput> input) { input_ = std::move(input); }
+  Machine& machine() { return *machine_; }
+  uint64_t serial_bytes() const { return tee_ ? tee_->bytes() : 0; }
+  void set_digest_interval(uint64_t n) { digest_interval_ = n; }
+
+  Result<Outcome> run();
+  void print_stats() const;
+  Result<CpuState> state() { return machine_->backend().get_state(); }
+  Digest final_cpu_ram_digest();
+  Digest final_machine_digest();
+  uint64_t wall_ns() const { return wall_ns_; }
+  Position current_position() { return position(); }
+
+ private:
+  Position position();
+  bool guest_caused(ExitKind kind) const;
+  void poll_async();
+  void apply_async(uint64_t now_ns, std::span<const uint8_t> input);
+  void replay_async();
+  Result<> deliver_interrupts();
+  Result<std::optional<Outcome>> handle_exit(VcpuExit& exit);
+  Result<std::optional<Outcome>> wait_for_wake();
+  void maybe_digest();
+  void start_kicker();
+  void stop_kicker();
+  std::optional<Outcome> replay_end_here();
+
+  Engine engine_;
+  std::unique_ptr<FileSink> out_;
+  std::unique_ptr<TeeSink> tee_;
+  std::unique_ptr<Machine> machine_;
+  std::unique_ptr<FdInput> input_;
+  uint64_t guest_exits_ = 0;
+  uint64_t last_exit_rip_ = 0;
+  uint64_t digest_interval_ = 16384;
+  uint64_t next_digest_at_ = 16384;
+  std::map<ExitKind, uint64_t> exit_counts_;
+  std::optional<Coordinate> stop_set_;
+  uint64_t wall_ns_ = 0;
+  bool warned_spin_ = false;
+
+  std::thread kicker_;
+  std::atomic<bool> kicker_stop_{false};
+  std::atomic<uint64_t> kick_at_{UINT64_MAX};  // host monotonic ns
+};
+
+bool Session::guest_caused(ExitKind kind) const {
+  switch (kind) {
+    case ExitKind::kIoIn:
+    case ExitKind::kIoOut:
+    case ExitKind::kMmioRead:
+    case ExitKind::kMmioWrite:
+    case ExitKind::kHlt:
+    case ExitKind::kMsrRead:
+    case ExitKind::kMsrWrite:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Position Session::position() {
+  Position p;
+  p.guest_exits = guest_exits_;
+  if (engine_.progress() == ProgressMode::kExitSync) {
+    // Exit-synchronous coordinates: the n-th guest-caused exit and the instruction that caused it.
+    p.at.rip = last_exit_rip_;
+    return p;
+  }
+  auto st = machine_->backend().get_state();
+  if (st) {
+    p.at.rip = st->rip;
+    p.at.rcx = st->gpr[kRcx];
+    p.gpr_digest = gpr_digest(*st);
+  }
+  p.at.branches = machine_->backend().branch_count().value_or(0);
+  return p;
+}
+
+void Session::apply_async(uint64_t now_ns, std::span<const uint8_t> input) {
+  engine_.begin_async(now_ns);
+  machine_->advance_devices(now_ns);
+  if (!input.empty()) machine_->uart().receive(input);
+  engine_.end_async();
+}
+
+// Run / record: let host time and host input into the machine, if anything is due.
+void Session::poll_async() {
+  uint64_t now = engine_.host_now_ns();
+  auto deadline = machine_->next_deadline_ns();
+  bool due = deadline && *deadline <= now;
+  uint8_t buf[256];
+  size_t n = 0;
+  if (input_ && !input_->at_end()) {
+    size_t space = std::min(machine_->uart().rx_space(), sizeof(buf));
+    if (space > 0) n = input_->read_available(std::span(buf, space));
+  }
+  if (!due && n == 0) return;
+  if (engine_.mode() == Mode::kRecord) engine_.record_async(position(), now, std::span(buf, n));
+  apply_async(now, std::span(buf, n));
+}
+
+// Replay: apply every recorded async event that lands exactly here.
+void Session::replay_async() {
+  while (const trace::Async* a = engine_.next_async()) {
+    Position here = position();
+    if (!engine_.async_matches(*a, here)) {
+      // In exact mode the backend stops on the coordinate, so being past it means divergence.
+      bool passed = engine_.progress() == ProgressMode::kExact ? here.at.branches > a->at().branches()
+                                                               : here.guest_exits > a->at().guest_exits();
+      if (passed) {
+        engine_.report_divergence("the guest passed the point where an asynchronous event was recorded",
+                                  describe_event(*engine_.peek()), fmt::format("rip={:#x}", here.at.rip));
+      }
+      return;
+    }
+    uint64_t now = a->now_ns();
+    std::string input = a->serial_input();
+    engine_.consume_async();
+    apply_async(now, std::span(reinterpret_cast<const uint8_t*>(input.data()), input.size()));
+  }
+}
+
+Result<> Session::deliver_interrupts() {
+  Backend& cpu = machine_->backend();
+  if (!machine_->pic().interrupt_pending()) {
+    cpu.request_interrupt_window(false);
+    return {};
+  }
+  if (!cpu.can_inject_interrupt()) {
+    cpu.request_interrupt_window(true);
+    return {};
+  }
+  uint8_t vector = machine_->pic().acknowledge();
+  engine_.interrupt(vector, position());
+  cpu.request_interrupt_window(false);
+  return cpu.inject_interrupt(vector);
+}
+
+void Session::maybe_digest() {
+  if (engine_.mode() == Mode::kRun || engine_.events_processed() < next_digest_at_) return;
+  next_digest_at_ = engine_.events_processed() + digest_interval_;
+  Digest d = final_machine_digest();
+  engine_.record_digest(position(), d.bytes, machine_->backend().instruction_count().value_or(0));
+}
+
+Digest Session::final_cpu_ram_digest() {
+  auto st = machine_->backend().get_state();
+  return cpu_ram_digest(st ? *st : CpuState{}, machine_->memory());
+}
+
+Digest Session::final_machine_digest() {
+  auto st = machine_->backend().get_state();
+  auto devices = machine_->device_states();
+  return machine_digest(st ? *st : CpuState{}, machine_->memory(), devices);
+}
+
+// HLT in run/record: sleep (in host time) until a device event or input can wake the guest.
+Result<std::optional<Outcome>> Session::wait_for_wake() {
+  for (;;) {
+    if (machine_->pic().interrupt_pending()) return std::nullopt;
+    if (g_stop_requested.load()) return std::nullopt;
+    auto deadline = machine_->next_deadline_ns();
+    bool input_open = input_ && !input_->at_end();
+    if (!deadline && !input_open) {
+      return Outcome{exit_status::kGuestStopped, "the guest halted with no timer armed and no input attached", false};
+    }
+    uint64_t now = engine_.host_now_ns();
+    if (!deadline || *deadline > now) {
+      uint64_t wait_ns = deadline ? *deadline - now : 100'000'000;
+      int timeout_ms = int(std::min<uint64_t>((wait_ns + 999'999) / 1'000'000, 100));
+      pollfd pfd{input_open ? input_->fd() : -1, POLLIN, 0};
+      ::poll(&pfd, 1, timeout_ms);
+    }
+    poll_async();
+  }
+}
+
+std::optional<Outcome> Session::replay_end_here() {
+  const trace::Event* e = engine_.peek();
+  if (!e || e->kind_case() != trace::Event::kEnd) return std::nullopt;
+  const auto& end = e->end();
+  if (end.reason() == "guest exit") return std::nullopt;  // reached through the guest's own exit port write
+  Position here = position();
+  bool at = engine_.progress() == ProgressMode::kExact
+                ? end.at().branches() == here.at.branches && end.at().rip() == here.at.rip
+                : end.at().guest_exits() == here.guest_exits;
+  if (!at) return std::nullopt;
+  return Outcome{end.exit_status(), end.reason(), false, true};
+}
+
+Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
+  ++exit_counts_[exit.kind];
+  if (guest_caused(exit.kind)) {
+    ++guest_exits_;
+    last_exit_rip_ = exit.rip;
+  }
+  switch (exit.kind) {
+    case ExitKind::kIoIn: {
+      uint8_t data[8] = {};
+      machine_->pio().read(exit.port, std::span(data, exit.size));
+      exit.value = engine_.port_read(exit.port, exit.size, load_le(std::span(data, exit.size)), exit.rip);
+      break;
+    }
+    case ExitKind::kIoOut: {
+      uint8_t data[8];
+      store_le(std::span(data, exit.size), exit.value);
+      machine_->pio().write(exit.port, std::span(data, exit.size));
+      if (auto status = machine_->debug_exit().exit_status()) return Outcome{*status, "guest exit", true};
+      break;
+    }
+    case ExitKind::kMmioRead: {
+      uint8_t data[8] = {};
+      machine_->mmio().read(exit.address, std::span(data, exit.size));
+      exit.value = engine_.mmio_read(exit.address, exit.size, load_le(std::span(data, exit.size)), exit.rip);
+      break;
+    }
+    case ExitKind::kMmioWrite: {
+      uint8_t data[8];
+      store_le(std::span(data, exit.size), exit.value);
+      machine_->mmio().write(exit.address, std::span(data, exit.size));
+      break;
+    }
+    case ExitKind::kRdtsc:
+      exit.value = engine_.rdtsc(exit.rip, exit.is_rdtscp);
+      break;
+    case ExitKind::kRdrand: {
+      auto [value, ok] = engine_.rdrand(exit.rip, exit.is_rdseed);
+      exit.value = value;
+      exit.ok = ok;
+      break;
+    }
+    case ExitKind::kMsrRead:
+      // The TSC is the only MSR outside the vCPU that deja emulates; every other one is #GP,
+      // as on a CPU that lacks it.
+      if (exit.msr == msr::kTsc) {
+        exit.value = engine_.msr_read(exit.msr, exit.rip, engine_.mode() == Mode::kReplay ? 0 : engine_.tsc_now());
+        exit.fault = false;
+      } else {
+        exit.fault = true;
+      }
+      break;
+    case ExitKind::kMsrWrite:
+      exit.fault = true;
+      break;
+    case ExitKind::kHlt: {
+      auto st = machine_->backend().get_state();
+      if (!st) return std::unexpected(st.error());
+      if (!(st->rflags & rflags::kIf) && !machine_->pic().interrupt_pending()) {
+        return Outcome{exit_status::kGuestStopped,
+                       fmt::format("the guest halted with interrupts disabled at rip={:#x}", st->rip), false};
+      }
+      break;
+    }
+    case ExitKind::kInterruptWindow:
+    case ExitKind::kCoordinateReached:
+    case ExitKind::kDebug:
+      break;
+    case ExitKind::kKicked:
+      if (engine_.mode() == Mode::kRecord && engine_.progress() == ProgressMode::kExitSync && !warned_spin_) {
+        auto deadline = machine_->next_deadline_ns();
+        if (deadline && engine_.host_now_ns() > *deadline + 1'000'000'000) {
+          warned_spin_ = true;
+          say("warning: the guest has run for over a second without I/O while a timer event is due; without a PMU, "
+              "KVM recording delivers interrupts only at the guest's next I/O exit (use --backend interp for exact "
+              "timing)");
+        }
+      }
+      break;
+    case ExitKind::kShutdown:
+      return Outcome{exit_status::kGuestStopped, "triple fault: " + exit.detail, false};
+    case ExitKind::kFault:
+      return Outcome{exit_status::kGuestStopped, "vCPU stopped: " + exit.detail, false};
+  }
+  return std::nullopt;
+}
+
+void Session::start_kicker() {
+  Backend* backend = &machine_->backend();
+  g_kick_target.store(backend);
+  kicker_ = std::thread([this, backend] {
+    while (!kicker_stop_.load()) {
+      uint64_t now = HostClock::monotonic_ns();
+      uint64_t at = kick_at_.load();
+      if (now >= at) {
+        backend->kick();
+        kick_at_.store(now + 50'000'000);  // until the vCPU thread publishes the next deadline
+        continue;
+      }
+      std::this_thread::sleep_for(std::chrono::nanoseconds(std::min<uint64_t>(at - now, 5'000'000)));
+    }
+  });
+}
+
+void Session::stop_kicker() {
+  kicker_stop_.store(true);
+  if (kicker_.joinable()) kicker_.join();
+  g_kick_target.store(nullptr);
+}
+
+Result<Outcome> Session::run() {
+  Backend& cpu = machine_->backend();
+  const Mode mode = engine_.mode();
+  const bool exact = engine_.progress() == ProgressMode::kExact;
+  next_digest_at_ = digest_interval_;
+  uint64_t started = HostClock::monotonic_ns();
+  if (mode != Mode::kReplay) start_kicker();
+  struct KickerGuard {
+    Session* s;
+    ~KickerGuard() { s->stop_kicker(); }
+  } guard{this};
+
+  for (;;) {
+    if (mode == Mode::kReplay) {
+      replay_async();
+      if (auto end = replay_end_here()) return *end;
+    }
+    if (engine_.divergence()) return Outcome{exit_status::kDivergence, "divergence", false};
+    if (mode == Mode::kReplay && engine_.replay_exhausted() && !engine_.peek()) {
+      return Outcome{exit_status::kTraceEnded, "end of trace", false};
+    }
+    if (g_stop_requested.load()) return Outcome{exit_status::kInterrupted, "interrupted", false};
+    if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
+
+    if (mode == Mode::kReplay && exact) {
+      std::optional<Coordinate> target;
+      if (const trace::Event* next = engine_.peek()) {
+        const trace::Coordinate* at = nullptr;
+        if (next->kind_case() == trace::Event::kAsync) at = &next->async().at();
+        if (next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") at = &next->end().at();
+        if (at) target = Coordinate{at->vcpu(), at->branches(), at->rip(), at->rcx()};
+      }
+      if (target != stop_set_) {
+        if (auto r = cpu.set_stop(target); !r) return std::unexpected(r.error());
+        stop_set_ = target;
+      }
+    } else if (mode != Mode::kReplay) {
+      auto deadline = machine_->next_deadline_ns();
+      uint64_t kick = deadline ? engine_.host_origin_ns() + *deadline : UINT64_MAX;
+      if (input_ && !input_->at_end()) kick = std::min(kick, HostClock::monotonic_ns() + 10'000'000);
+      kick_at_.store(kick);
+    }
+
+    auto exit = cpu.run();
+    if (!exit) return std::unexpected(exit.error());
+    auto done = handle_exit(**exit);
+    if (!done) return std::unexpected(done.error());
+    if (*done) {
+      wall_ns_ = HostClock::monotonic_ns() - started;
+      return **done;
+    }
+    if (engine_.divergence()) continue;
+
+    bool boundary_or_exit = exact ? ((*exit)->kind == ExitKind::kKicked || (*exit)->kind == ExitKind::kHlt ||
+                                     (*exit)->kind == ExitKind::kInterruptWindow)
+                                  : guest_caused((*exit)->kind);
+    if (mode != Mode::kReplay && boundary_or_exit) poll_async();
+    if ((*exit)->kind == ExitKind::kHlt) {
+      if (mode == Mode::kReplay) {
+        replay_async();
+        if (auto end = replay_end_here()) return *end;
+        if (!machine_->pic().interrupt_pending() && !engine_.divergence() && engine_.peek()) {
+          engine_.report_divergence("the guest halted, but the recording has no event to wake it here",
+                                    describe_event(*engine_.peek()), "HLT");
+        }
+      } else {
+        auto woke = wait_for_wake();
+        if (!woke) return std::unexpected(woke.error());
+        if (*woke) {
+          wall_ns_ = HostClock::monotonic_ns() - started;
+          return **woke;
+        }
+      }
+    }
+    maybe_digest();
+  }
+}
+
+void Session::print_stats() const {
+  say("exits by kind:");
+  for (const auto& [kind, count] : exit_counts_) say("  {:<20} {}", exit_kind_name(kind), count);
+  if (auto n = machine_->backend().instruction_count()) say("instructions retired: {}", *n);
+  if (auto n = machine_->backend().branch_count()) say("conditional branches retired: {}", *n);
+  const auto& unknown = machine_->pio().unknown_accesses();
+  if (unknown.empty()) {
+    say("unknown ports: none");
+  } else {
+    say("unknown ports (read as all ones, writes ignored):");
+    for (const auto& [port, acc] : unknown) say("  port {:#06x}: {} reads, {} writes", port, acc.reads, acc.writes);
+  }
+  for (const auto& [addr, acc] : machine_->mmio().unknown_accesses()) {
+    say("  unmapped MMIO {:#x}: {} reads, {} writes", addr, acc.reads, acc.writes);
+  }
+  if (auto* interp = dynamic_cast<const InterpBackend*>(&machine_->backend())) {
+    auto counts = interp->unimplemented_counts();
+    if (counts.empty()) {
+      say("unimplemented instructions: none executed");
+    } else {
+      say("unimplemented instructions (raised #UD in the guest):");
+      for (const auto& [mnemonic, count] : counts) say("  {:<16} {}", mnemonic, count);
+    }
+  }
+}
+
+void install_signal_handlers() {
+  g_stop_requested.store(false);
+  struct sigaction sa{};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+int report_error(const Error& e) {
+  say("{}", e.message);
+  switch (e.kind) {
+    case ErrorKind::kInvalidArgument:
+    case ErrorKind::kBadImage:
+    case ErrorKind::kBadTrace:
+    case ErrorKind::kUnsupported:
+      return exit_status::kUsage;
+    case ErrorKind::kDivergence:
+      return exit_status::kDivergence;
+    case ErrorKind::kGuest:
+      return exit_status::kGuestStopped;
+    case ErrorKind::kHost:
+      return exit_status::kHostFailure;
+  }
+  return exit_status::kHostFailure;
+}
+
+void finish_outcome_message(const Outcome& o, Session& s) {
+  if (!o.guest_exit && o.status != exit_status::kDivergence && o.status != exit_status::kTraceEnded) {
+    say("{}", o.reason);
+    if (o.status == exit_status::kGuestStopped) {
+      if (auto st = s.state()) std::fputs(format_cpu_state(*st).c_str(), stderr);
+    }
+  }
+}
+
+struct Prepared {
+  std::vector<uint8_t> image;
+  std::vector<std::vector<uint8_t>> modules;
+};
+
+Result<Prepared> read_inputs(const std::string& image_path, const LoadOptions& load) {
+  Prepared p;
+  auto image = read_boot_file(image_path, "guest image");
+  if (!image) return std::unexpected(image.error());
+  p.image = std::move(*image);
+  for (const auto& m : load.modules) {
+    auto bytes = read_boot_file(m.path, "boot module");
+    if (!bytes) return std::unexpected(bytes.error());
+    p.modules.push_back(std::move(*bytes));
+  }
+  return p;
+}
+
+trace::InputFile input_file(const std::string& role, const std::string& path, std::span<const uint8_t> bytes) {
+  trace::InputFile f;
+  f.set_role(role);
+  f.set_path(path);
+  auto sha = sha256_bytes(bytes);
+  f.set_sha256(sha.data(), sha.size());
+  f.set_size(bytes.size());
+  return f;
+}
+
+int run_or_record(const SessionOptions& options, Mode mode) {
+  install_signal_handlers();
+  auto inputs = read_inputs(options.image_path, options.load);
+  if (!inputs) return report_error(inputs.error());
+
+  MachineConfig config = options.machine;
+  int64_t start_unix_ns = host_unix_time_ns();
+  config.rtc_epoch_unix_seconds = start_unix_ns / 1'000'000'000;
+
+  Session session(mode, options.progress);
+  std::unique_ptr<FdInput> input;
+  if (!options.serial_in.empty()) {
+    auto in = FdInput::open(options.serial_in);
+    if (!in) return report_error(in.error());
+    input = std::move(*in);
+  }
+  if (auto built = session.build(config, options.serial_out, inputs->image, options.image_path, options.load,
+                                 inputs->modules);
+      !built) {
+    return report_error(built.error());
+  }
+  session.attach_input(std::move(input));
+  session.set_digest_interval(options.digest_interval);
+
+  if (mode == Mode::kRecord) {
+    trace::Header header;
+    header.set_format_version(kTraceFormatVersion);
+    header.set_cpu_model_version(CpuModel::current().version());
+    header.set_device_model_version(kDeviceModelVersion);
+    header.set_build_id(DEJA_BUILD_ID);
+    header.set_deja_version(DEJA_VERSION);
+    header.set_host(host_description());
+    header.set_start_unix_ns(start_unix_ns);
+    *header.add_inputs() = input_file("image", options.image_path, inputs->image);
+    for (size_t i = 0; i < options.load.modules.size(); ++i) {
+      auto* f = header.add_inputs();
+      *f = input_file("module", options.load.modules[i].path, inputs->modules[i]);
+    }
+    if (!options.serial_in.empty() && options.serial_in != "-") {
+      if (auto sha = sha256_file(options.serial_in)) {
+        auto* f = header.add_inputs();
+        f->set_role("serial-in");
+        f->set_path(options.serial_in);
+        f->set_sha256(sha->data(), sha->size());
+      }
+    }
+    auto* c = header.mutable_config();
+    c->set_memory_bytes(config.memory_bytes);
+    c->set_cmdline(config.cmdline);
+    c->set_vcpus(1);
+    c->set_backend(config.backend);
+    c->set_progress_mode(std::string(progress_mode_name(options.progress)));
+    c->set_serial_input(!options.serial_in.empty());
+    for (const auto& m : options.load.modules) c->add_module_args(m.args);
+    c->set_rdtsc_trapped(config.backend == "interp");
+    c->set_tsc_hz(CpuModel::kTscHz);
+    c->set_device_semantics(config.device_semantics);
+    auto writer = TraceWriter::create(options.trace_path, header);
+    if (!writer) return report_error(writer.error());
+    session.engine().attach_writer(std::move(*writer));
+  }
+
+  auto outcome = session.run();
+  if (!outcome) {
+    int status = report_error(outcome.error());
+    if (mode == Mode::kRecord) {
+      trace::End end;
+      end.set_exit_status(status);
+      end.set_reason("host failure: " + outcome.error().message);
+      (void)session.engine().finish_record(end, trace::Footer{});
+    }
+    return status;
+  }
+  finish_outcome_message(*outcome, session);
+  if (options.stats) session.print_stats();
+  Digest cpu_ram = session.final_cpu_ram_digest();
+  if (options.print_digest) say("digest {}", cpu_ram.hex());
+
+  if (mode == Mode::kRecord) {
+    Digest full = session.final_machine_digest();
+    auto& backend = session.machine().backend();
+    trace::End end;
+    *end.mutable_at() = to_proto(session.current_position());
+    end.set_exit_status(outcome->status);
+    end.set_digest(full.bytes.data(), full.bytes.size());
+    end.set_instructions(backend.instruction_count().value_or(0));
+    end.set_reason(outcome->reason);
+    trace::Footer footer;
+    footer.set_final_digest(full.bytes.data(), full.bytes.size());
+    footer.set_instructions(backend.instruction_count().value_or(0));
+    footer.set_branches(backend.branch_count().value_or(0));
+    footer.set_wall_ns(session.wall_ns());
+    footer.set_exit_status(outcome->status);
+    if (auto r = session.engine().finish_record(std::move(end), std::move(footer)); !r) return report_error(r.error());
+    say("recorded {} events to {}", session.engine().events_processed(), options.trace_path);
+  }
+  return outcome->status;
+}
+
+std::string find_input(const trace::Header& h, const std::string& role, const InputFile** out) {
+  for (const auto& f : h.inputs()) {
+    if (f.role() == role) {
+      *out = &f;
+      return f.path();
+    }
+  }
+  *out = nullptr;
+  return "";
+}
+
+}  // namespace
+
+int replay_trace(const ReplayOptions& options) {
+  install_signal_handlers();
+  auto reader = TraceReader::open(options.trace_path);
+  if (!reader) return report_error(reader.error());
+  const trace::Header header = (*reader)->header();
+  const auto& rc = header.config();
+
+  if (header.cpu_model_version() != CpuModel::current().version()) {
+    return report_error({ErrorKind::kUnsupported,
+                         fmt::format("{} was recorded with CPU model v{}; this deja implements v{}",
+                                     options.trace_path, header.cpu_model_version(), CpuModel::current().version())});
+  }
+  if (header.device_model_version() != kDeviceModelVersion) {
+    return report_error({ErrorKind::kUnsupported,
+                         fmt::format("{} was recorded with device model v{}; this deja implements v{}",
+                                     options.trace_path, header.device_model_version(), kDeviceModelVersion)});
+  }
+  ProgressMode progress;
+  if (rc.progress_mode() == "exact") {
+    progress = ProgressMode::kExact;
+  } else if (rc.progress_mode() == "exit-sync") {
+    progress = ProgressMode::kExitSync;
+  } else {
+    return report_error({ErrorKind::kUnsupported, fmt::format("{} uses progress mode '{}', which this deja cannot replay",
+                                                              options.trace_path, rc.progress_mode())});
+  }
+
+  std::string backend = options.backend;
+  if (backend.empty()) {
+    backend = rc.backend();
+    if (backend == "kvm" && access("/dev/kvm", R_OK | W_OK) != 0) {
+      say("note: {} was recorded on KVM; this host has no usable /dev/kvm, replaying on the software CPU",
+          options.trace_path);
+      backend = "interp";
+    }
+  }
+  if (backend == "kvm" && progress == ProgressMode::kExact) {
+    return report_error({ErrorKind::kUnsupported,
+                         fmt::format("{} places interrupts at exact instruction coordinates (recorded on {} in exact "
+                                     "mode); the KVM backend cannot reach them without a PMU: replay with --backend "
+                                     "interp, or record with --progress exit-sync",
+                                     options.trace_path, rc.backend())});
+  }
+
+  const trace::InputFile* image_entry = nullptr;
+  std::string image_path = find_input(header, "image", &image_entry);
+  if (!image_entry) return report_error({ErrorKind::kBadTrace, fmt::format("{} names no guest image", options.trace_path)});
+  if (!options.image_path.empty()) image_path = options.image_path;
+  LoadOptions load;
+  load.cmdline = rc.cmdline();
+  int module_index = 0;
+  for (const auto& f : header.inputs()) {
+    if (f.role() != "module") continue;
+    load.modules.push_back({f.path(), module_index < rc.module_args_size() ? rc.module_args(module_index) : ""});
+    ++module_index;
+  }
+  auto inputs = read_inputs(image_path, load);
+  if (!inputs) return report_error(inputs.error());
+  auto check_hash = [&](const trace::InputFile& f, const std::string& path, std::span<const uint8_t> bytes) -> Result<> {
+    auto sha = sha256_bytes(bytes);
+    if (std::string(reinterpret_cast<const char*>(sha.data()), sha.size()) != f.sha256()) {
+      return fail(ErrorKind::kInvalidArgument,
+                  "{} differs from the {} recorded in {}: its SHA-256 is {}, the recording's is {}", path, f.role(),
+                  options.trace_path, hex(sha),
+                  hex(std::span(reinterpret_cast<const uint8_t*>(f.sha256().data()), f.sha256().size())));
+    }
+    return {};
+  };
+  if (auto r = check_hash(*image_entry, image_path, inputs->image); !r) return report_error(r.error());
+  module_index = 0;
+  for (const auto& f : header.inputs()) {
+    if (f.role() != "module") continue;
+    if (auto r = check_hash(f, load.modules[module_index].path, inputs->modules[module_index]); !r) {
+      return report_error(r.error());
+    }
+    ++module_index;
+  }
+
+  MachineConfig config;
+  config.memory_bytes = rc.memory_bytes();
+  config.cmdline = rc.cmdline();
+  config.backend = backend;
+  config.rtc_epoch_unix_seconds = header.start_unix_ns() / 1'000'000'000;
+  config.device_semantics = rc.device_semantics();
+
+  Session session(Mode::kReplay, progress);
+  if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules);
+      !built) {
+    return report_error(built.error());
+  }
+  session.engine().attach_reader(std::move(*reader));
+  Engine& engine = session.engine();
+
+  auto outcome = session.run();
+  if (!outcome) return report_error(outcome.error());
+
+  bool end_matched = false;
+  if (outcome->status != exit_status::kDivergence && outcome->status != exit_status::kTraceEnded) {
+    if (outcome->recorded_end) {
+      end_matched = true;  // replay_end_here() matched the End of an interrupted recording
+    } else if (const trace::End* end = engine.expect_end(fmt::format("the guest stopped: {}", outcome->reason))) {
+      // The recording must end the same way, with the same state.
+      end_matched = true;
+      Digest full = session.final_machine_digest();
+      std::string got(reinterpret_cast<const char*>(full.bytes.data()), full.bytes.size());
+      if (end->exit_status() != outcome->status) {
+        engine.report_divergence("the guest's exit status differs", fmt::format("status {}", end->exit_status()),
+                                 fmt::format("status {}", outcome->status));
+      } else if (!end->digest().empty() && end->digest() != got) {
+        engine.report_divergence(
+            "the final machine state differs (registers, RAM or devices)",
+            fmt::format("digest {}", hex(std::span(reinterpret_cast<const uint8_t*>(end->digest().data()),
+                                                   end->digest().size()))),
+            fmt::format("digest {}", full.hex()));
+      }
+      engine.check_output_complete();
+    }
+  }
+  if (options.stats) session.print_stats();
+  if (engine.divergence()) {
+    std::fputs(("deja: " + engine.divergence()->report).c_str(), stderr);
+    return exit_status::kDivergence;
+  }
+  if (!end_matched) {
+    TraceReader* r = engine.reader();
+    if (!engine.trace_error().empty()) {
+      say("{}", engine.trace_error());
+    } else {
+      say("replayed the valid prefix of {}: {} events; {}", options.trace_path, engine.events_processed(),
+          r ? r->end_description() : "end of trace");
+    }
+    return exit_status::kTraceEnded;
+  }
+  finish_outcome_message(*outcome, session);
+  Digest cpu_ram = session.final_cpu_ram_digest();
+  if (options.print_digest) say("digest {}", cpu_ram.hex());
+  if (!options.quiet) {
+    auto instructions = session.machine().backend().instruction_count();
+    say("replay OK: {} events, {} instructions, final state digest matches ({}), exit status {}",
+        engine.events_processed(), instructions ? fmt::format("{}", *instructions) : std::string("(not counted on kvm)"),
+        session.final_machine_digest().hex(), outcome->status);
+  }
+  return outcome->status;
+}
+
+
+int run_guest(const SessionOptions& options) { return run_or_record(options, Mode::kRun); }
+int record_guest(const SessionOptions& options) { return run_or_record(options, Mode::kRecord); }
+
+}  // namespace deja
