@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs every test: installs dependencies, builds (normal and sanitizer builds), runs CTest in both.
+# KVM-backend tests run inside scripts/kvm-nested.sh (nested SVM under QEMU TCG) when this host has no /dev/kvm.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+jobs=$(nproc)
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$jobs"
+(cd build && ctest --output-on-failure -j"$jobs" --timeout 1800)
+
+# Sanitizer build: the unit tests, the decoder/executor fuzzer and the trace reader fuzzer under ASan/UBSan.
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEJA_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$jobs"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -j"$jobs" -LE "qemu|kvm|nested|slow" --timeout 1800)
