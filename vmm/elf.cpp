@@ -128,7 +128,7 @@ Result<ElfImage> parse_elf(std::span<const uint8_t> bytes, const std::string& na
                   "guest image '{}': segment {} has p_filesz {:#x} larger than p_memsz {:#x}", name, i, seg.file_size,
                   seg.mem_size);
     }
-    if (seg.file_offset > bytes.size() || seg.file_size > bytes.size() - seg.file_offset) {
+    if (seg.file_size != 0 && (seg.file_offset > bytes.size() || seg.file_size > bytes.size() - seg.file_offset)) {
       return fail(ErrorKind::kBadImage,
                   "guest image '{}' is truncated: segment {} file data [{:#x}, +{:#x}) extends beyond the end of the "
                   "{}-byte file",

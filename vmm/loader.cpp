@@ -90,12 +90,21 @@ Result<> check_image_pieces(const std::string& name, const std::vector<Piece>& p
                     name, piece.what, piece.gpa, piece.end(), region.what, region.start, region.end);
       }
     }
-    for (size_t j = 0; j < i; ++j) {
-      if (overlaps(piece.gpa, piece.end(), pieces[j].gpa, pieces[j].end())) {
-        return fail(ErrorKind::kBadImage, "guest image '{}': {} at [{:#x}, {:#x}) overlaps {} at [{:#x}, {:#x})",
-                    name, piece.what, piece.gpa, piece.end(), pieces[j].what, pieces[j].gpa, pieces[j].end());
-      }
+  }
+  // Sweep in address order (an image may carry 65535 program headers: no quadratic pairing).
+  std::vector<size_t> order(pieces.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return pieces[a].gpa < pieces[b].gpa; });
+  std::optional<size_t> furthest;  // the piece reaching highest among those seen so far
+  for (size_t i : order) {
+    if (pieces[i].mem_size == 0) continue;
+    if (furthest && pieces[i].gpa < pieces[*furthest].end()) {
+      const Piece& later = pieces[std::max(i, *furthest)];
+      const Piece& earlier = pieces[std::min(i, *furthest)];
+      return fail(ErrorKind::kBadImage, "guest image '{}': {} at [{:#x}, {:#x}) overlaps {} at [{:#x}, {:#x})", name,
+                  later.what, later.gpa, later.end(), earlier.what, earlier.gpa, earlier.end());
     }
+    if (!furthest || pieces[i].end() > pieces[*furthest].end()) furthest = i;
   }
   return {};
 }
@@ -136,7 +145,7 @@ Result<Plan> plan_elf(const std::string& name, std::span<const uint8_t> image, b
   }
   for (const auto& segment : elf->segments) {
     plan.image_pieces.push_back(
-        Piece{segment_name(segment), segment.paddr, image.subspan(segment.file_offset, segment.file_size),
+        Piece{segment_name(segment), segment.paddr, segment.file_size ? image.subspan(segment.file_offset, segment.file_size) : std::span<const uint8_t>{},
               segment.mem_size});
   }
   auto entry = resolve_elf_entry(name, *elf);

@@ -650,7 +650,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   return outcome->status;
 }
 
-std::string find_input(const trace::Header& h, const std::string& role, const InputFile** out) {
+std::string find_input(const trace::Header& h, const std::string& role, const trace::InputFile** out) {
   for (const auto& f : h.inputs()) {
     if (f.role() == role) {
       *out = &f;
