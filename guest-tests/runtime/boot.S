@@ -156,14 +156,25 @@ isr_common:
         // The CPU aligned RSP to 16 before its 5-qword frame; 5 + 2 + 15 qwords keeps it aligned,
         // as FXSAVE and the SysV call both require. Saving SSE here lets handlers be plain C.
         subq $512, %rsp
+        // CR0.TS would make FXSAVE itself raise #NM, so the frame records TS, clears it for the
+        // handler, and sets it again on the way out unless the handler cleared frame->cr0_ts.
+        movq %cr0, %rax
+        andq $CR0_TS, %rax
+        clts
         fxsave (%rsp)
+        movq %rax, FRAME_CR0_TS(%rsp)
         movq %rsp, %rdi
         cld
         call interrupt_dispatch
         // The dispatcher returns the frame to resume: the same one, or another thread's.
         movq %rax, %rsp
         fxrstor (%rsp)
-        addq $512, %rsp
+        cmpq $0, FRAME_CR0_TS(%rsp)
+        je 1f
+        movq %cr0, %rax
+        orq $CR0_TS, %rax
+        movq %rax, %cr0
+1:      addq $512, %rsp
         popq %r15
         popq %r14
         popq %r13
@@ -188,7 +199,12 @@ isr_resume_frame:
         movq %rdi, %rax
         movq %rax, %rsp
         fxrstor (%rsp)
-        addq $512, %rsp
+        cmpq $0, FRAME_CR0_TS(%rsp)
+        je 1f
+        movq %cr0, %rax
+        orq $CR0_TS, %rax
+        movq %rax, %cr0
+1:      addq $512, %rsp
         popq %r15
         popq %r14
         popq %r13

@@ -11,6 +11,7 @@
 #define CR0_PE (1 << 0)
 #define CR0_MP (1 << 1)
 #define CR0_EM (1 << 2)
+#define CR0_TS (1 << 3)
 #define CR0_NE (1 << 5)
 #define CR0_WP (1 << 16)
 #define CR0_PG (1 << 31)
@@ -29,3 +30,6 @@
 #define PTE_PS 0x80
 
 #define BOOT_STACK_SIZE 16384
+
+/* Offset in struct frame of the interrupted CR0.TS, kept in FXSAVE bytes 464-511 which the CPU leaves to software. */
+#define FRAME_CR0_TS 464

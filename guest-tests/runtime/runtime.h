@@ -75,12 +75,15 @@ int puts(const char *s); /* appends "\n", like libc */
 /* ---- interrupts ---- */
 /* Saved state of an interrupted context, lowest address first, exactly as boot.S builds it. */
 struct frame {
-  uint8_t fxsave[512];
+  uint8_t fxsave[464];   /* FXSAVE image; its last 48 bytes are software-available, so: */
+  uint64_t cr0_ts;       /* CR0.TS of the interrupted context; a #NM handler zeroes it to keep TS clear */
+  uint8_t fxsave_available[40];
   uint64_t r15, r14, r13, r12, r11, r10, r9, r8, rbp, rdi, rsi, rdx, rcx, rbx, rax;
   uint64_t vector, error_code;
   uint64_t rip, cs, rflags, rsp, ss; /* pushed by the CPU */
 };
 _Static_assert(sizeof(struct frame) == 512 + 22 * 8, "frame must match boot.S");
+_Static_assert(offsetof(struct frame, cr0_ts) == FRAME_CR0_TS, "frame must match boot.S");
 
 /* A handler returns the frame to resume: normally its argument; a scheduler may return another thread's. */
 typedef struct frame *(*interrupt_handler)(struct frame *);
