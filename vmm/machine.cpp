@@ -6,6 +6,27 @@
 #include "vmm/cpu_model.h"
 
 namespace deja {
+namespace {
+
+// Test-only perturbation of a device's semantics ("test:uart-lsr-temt" flips the UART's LSR.TEMT
+// bit on reads), so the tests can prove that a changed device model is reported as divergence.
+class PerturbedUart : public Device {
+ public:
+  explicit PerturbedUart(Device& inner) : inner_(inner) {}
+  std::string_view name() const override { return inner_.name(); }
+  void read(uint64_t offset, std::span<uint8_t> data) override {
+    inner_.read(offset, data);
+    if (offset == 5 && !data.empty()) data[0] ^= 0x40;
+  }
+  void write(uint64_t offset, std::span<const uint8_t> data) override { inner_.write(offset, data); }
+  std::vector<uint8_t> save() const override { return inner_.save(); }
+  Result<> restore(std::span<const uint8_t> state) override { return inner_.restore(state); }
+
+ private:
+  Device& inner_;
+};
+
+}  // namespace
 
 Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory) {
   if (name == "kvm") return make_kvm_backend(memory, CpuModel::current());
@@ -28,13 +49,20 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
   m->debug_exit_ = std::make_unique<DebugExit>();
   m->fw_cfg_ = std::make_unique<FwCfg>(FwCfgConfig{config.memory_bytes, 1, config.cmdline});
 
+  Device* uart_ports = m->uart_.get();
+  if (config.device_semantics == "test:uart-lsr-temt") {
+    m->perturbed_ = std::make_unique<PerturbedUart>(*m->uart_);
+    uart_ports = m->perturbed_.get();
+  } else if (!config.device_semantics.empty()) {
+    return fail(ErrorKind::kInvalidArgument, "unknown device semantics '{}'", config.device_semantics);
+  }
   struct Mapping {
     uint64_t base, length;
     Device* device;
   };
   const Mapping mappings[] = {
       {0x20, 2, &m->pic_->master_ports()}, {0xa0, 2, &m->pic_->slave_ports()}, {0x4d0, 2, &m->pic_->elcr_ports()},
-      {0x40, 4, m->pit_.get()},            {0x61, 1, m->port61_.get()},        {0x3f8, 8, m->uart_.get()},
+      {0x40, 4, m->pit_.get()},            {0x61, 1, m->port61_.get()},        {0x3f8, 8, uart_ports},
       {0x70, 2, m->rtc_.get()},            {0xf4, 4, m->debug_exit_.get()},    {0x510, 2, m->fw_cfg_.get()},
   };
   for (const auto& map : mappings) {

@@ -66,6 +66,7 @@ class Machine {
   std::unique_ptr<CmosRtc> rtc_;
   std::unique_ptr<DebugExit> debug_exit_;
   std::unique_ptr<FwCfg> fw_cfg_;
+  std::unique_ptr<Device> perturbed_;  // test-only device-semantics wrapper
   std::vector<Device*> timed_;
   std::unique_ptr<Backend> backend_;
 };

@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
   replay->add_flag("--stats", replay_opts.stats, "print exit counts at the end");
   replay->add_flag("--digest", replay_opts.print_digest, "print the final state digest");
   replay->add_flag("--quiet", replay_opts.quiet, "no summary line");
+  // Tests only: replays with a deliberately changed device model, which must be reported as divergence.
+  replay->add_option("--test-device-semantics", replay_opts.test_device_semantics)->group("");
 
   std::string inspect_path;
   InspectOptions inspect_opts;

@@ -747,6 +747,7 @@ int replay_trace(const ReplayOptions& options) {
   config.backend = backend;
   config.rtc_epoch_unix_seconds = header.start_unix_ns() / 1'000'000'000;
   config.device_semantics = rc.device_semantics();
+  if (!options.test_device_semantics.empty()) config.device_semantics = options.test_device_semantics;
 
   Session session(Mode::kReplay, progress);
   if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules);

@@ -31,6 +31,7 @@ struct ReplayOptions {
   bool stats = false;
   bool print_digest = false;
   bool quiet = false;        // no summary line
+  std::string test_device_semantics;  // test-only: replay with perturbed device semantics
 };
 
 // Each returns the process exit status (the guest's, or one of vmm/exit_status.h) and prints
