@@ -320,28 +320,47 @@ void Engine::record_async(const Position& where, uint64_t now_ns, std::span<cons
   append(std::move(e));
 }
 
-const trace::Async* Engine::next_async() {
+void Engine::record_heartbeat(const Position& where, uint64_t instructions) {
+  trace::Event e;
+  auto* d = e.mutable_digest();
+  *d->mutable_at() = to_proto(where);
+  d->set_instructions(instructions);
+  append(std::move(e));
+}
+
+static bool is_positional(const trace::Event& e) {
+  return e.kind_case() == trace::Event::kAsync ||
+         (e.kind_case() == trace::Event::kDigest && e.digest().digest().empty());
+}
+
+const trace::Event* Engine::next_positional() {
   if (divergence_) return nullptr;
   const trace::Event* e = peek();
-  return e && e->kind_case() == trace::Event::kAsync ? &e->async() : nullptr;
+  return e && is_positional(*e) ? e : nullptr;
 }
 
-bool Engine::async_matches(const trace::Async& a, const Position& where) {
-  return same_coordinate(a.at(), where, progress_);
+const trace::Coordinate& Engine::positional_at(const trace::Event& e) const {
+  return e.kind_case() == trace::Event::kAsync ? e.async().at() : e.digest().at();
 }
 
-void Engine::consume_async() {
+bool Engine::positional_matches(const trace::Event& e, const Position& where) const {
+  return same_coordinate(positional_at(e), where, progress_);
+}
+
+trace::Event Engine::consume_positional() {
   current_ = std::move(*lookahead_);
   lookahead_.reset();
   remember(current_);
   ++events_;
-  last_now_ = current_.async().now_ns();
+  if (current_.kind_case() == trace::Event::kAsync) last_now_ = current_.async().now_ns();
+  return current_;
 }
 
 void Engine::begin_async(uint64_t now_ns) { frozen_now_ = now_ns; }
 void Engine::end_async() { frozen_now_.reset(); }
 
 void Engine::record_digest(const Position& where, std::span<const uint8_t> digest, uint64_t instructions) {
+  DEJA_ASSERT(!digest.empty(), "a full state digest needs its bytes (empty means heartbeat)");
   if (mode_ == Mode::kRecord) {
     trace::Event e;
     auto* d = e.mutable_digest();

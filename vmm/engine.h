@@ -81,10 +81,15 @@ class Engine : public Clock {
   uint64_t host_origin_ns() const { return host_clock_.origin_ns(); }
   // Record: log an async event at `where` (the session brackets the device work with begin/end_async).
   void record_async(const Position& where, uint64_t now_ns, std::span<const uint8_t> input);
-  // Replay: the next async event, if it is the next thing in the trace; whether it lands at `where`.
-  const trace::Async* next_async();
-  bool async_matches(const trace::Async& async, const Position& where);
-  void consume_async();
+  // Record: a heartbeat (a coordinate without RAM digest) so that a truncated trace says how far
+  // the guest got, and replay of it stops there.
+  void record_heartbeat(const Position& where, uint64_t instructions);
+  // Replay: events that happen at a position rather than at a choke point (async events and
+  // heartbeats): the next one, whether it lands at `where`, and taking it.
+  const trace::Event* next_positional();
+  const trace::Coordinate& positional_at(const trace::Event& e) const;
+  bool positional_matches(const trace::Event& e, const Position& where) const;
+  trace::Event consume_positional();
   void begin_async(uint64_t now_ns);
   void end_async();
 

@@ -123,6 +123,8 @@ class Session {
   std::optional<Coordinate> stop_set_;
   uint64_t wall_ns_ = 0;
   bool warned_spin_ = false;
+  static constexpr uint64_t kHeartbeatNs = 1'000'000'000;
+  uint64_t next_heartbeat_ = 0;
 
   std::thread kicker_;
   std::atomic<bool> kicker_stop_{false};
@@ -185,24 +187,30 @@ void Session::poll_async() {
   apply_async(now, std::span(buf, n));
 }
 
-// Replay: apply every recorded async event that lands exactly here.
+// Replay: apply every recorded async event (and check every heartbeat) that lands exactly here.
 void Session::replay_async() {
-  while (const trace::Async* a = engine_.next_async()) {
+  while (const trace::Event* e = engine_.next_positional()) {
     Position here = position();
-    if (!engine_.async_matches(*a, here)) {
+    if (!engine_.positional_matches(*e, here)) {
       // In exact mode the backend stops on the coordinate, so being past it means divergence.
-      bool passed = engine_.progress() == ProgressMode::kExact ? here.at.branches > a->at().branches()
-                                                               : here.guest_exits > a->at().guest_exits();
+      const trace::Coordinate& at = engine_.positional_at(*e);
+      bool passed = engine_.progress() == ProgressMode::kExact ? here.at.branches > at.branches()
+                                                               : here.guest_exits >= at.guest_exits();
       if (passed) {
-        engine_.report_divergence("the guest passed the point where an asynchronous event was recorded",
-                                  describe_event(*engine_.peek()), fmt::format("rip={:#x}", here.at.rip));
+        engine_.report_divergence("the guest is not where the recording says it was at this point",
+                                  describe_event(*e),
+                                  fmt::format("branches {} rip {:#x} rcx {:#x} gpr-digest {:016x} guest-exits {}",
+                                              here.at.branches, here.at.rip, here.at.rcx, here.gpr_digest,
+                                              here.guest_exits));
       }
       return;
     }
-    uint64_t now = a->now_ns();
-    std::string input = a->serial_input();
-    engine_.consume_async();
-    apply_async(now, std::span(reinterpret_cast<const uint8_t*>(input.data()), input.size()));
+    trace::Event taken = engine_.consume_positional();
+    if (taken.kind_case() == trace::Event::kAsync) {
+      const auto& a = taken.async();
+      apply_async(a.now_ns(), std::span(reinterpret_cast<const uint8_t*>(a.serial_input().data()),
+                                        a.serial_input().size()));
+    }
   }
 }
 
@@ -389,6 +397,7 @@ Result<Outcome> Session::run() {
   const bool exact = engine_.progress() == ProgressMode::kExact;
   next_digest_at_ = digest_interval_;
   uint64_t started = HostClock::monotonic_ns();
+  next_heartbeat_ = started + kHeartbeatNs;
   if (mode != Mode::kReplay) start_kicker();
   struct KickerGuard {
     Session* s;
@@ -411,7 +420,7 @@ Result<Outcome> Session::run() {
       std::optional<Coordinate> target;
       if (const trace::Event* next = engine_.peek()) {
         const trace::Coordinate* at = nullptr;
-        if (next->kind_case() == trace::Event::kAsync) at = &next->async().at();
+        if (engine_.next_positional()) at = &engine_.positional_at(*next);
         if (next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") at = &next->end().at();
         if (at) target = Coordinate{at->vcpu(), at->branches(), at->rip(), at->rcx()};
       }
@@ -439,7 +448,13 @@ Result<Outcome> Session::run() {
     bool boundary_or_exit = exact ? ((*exit)->kind == ExitKind::kKicked || (*exit)->kind == ExitKind::kHlt ||
                                      (*exit)->kind == ExitKind::kInterruptWindow)
                                   : guest_caused((*exit)->kind);
-    if (mode != Mode::kReplay && boundary_or_exit) poll_async();
+    if (mode != Mode::kReplay && boundary_or_exit) {
+      poll_async();
+      if (mode == Mode::kRecord && HostClock::monotonic_ns() >= next_heartbeat_) {
+        next_heartbeat_ = HostClock::monotonic_ns() + kHeartbeatNs;
+        engine_.record_heartbeat(position(), cpu.instruction_count().value_or(0));
+      }
+    }
     if ((*exit)->kind == ExitKind::kHlt) {
       if (mode == Mode::kReplay) {
         replay_async();
