@@ -1,0 +1,25 @@
+// The KVM backend: one vCPU on /dev/kvm with no in-kernel irqchip or PIT, deja's fixed CPUID, and every non-CPU MSR filtered to the VMM.
+#pragma once
+
+#include <memory>
+
+#include "vmm/backend.h"
+#include "vmm/cpu_model.h"
+#include "vmm/guest_memory.h"
+
+namespace deja {
+
+// Opens /dev/kvm and builds a VM whose RAM is `memory` (one slot at guest-physical 0) and whose one vCPU
+// answers CPUID exactly from `model`. Fails with kUnsupported, naming the missing piece, when this host
+// cannot run that model (no /dev/kvm, wrong API version, a missing capability or CPU feature).
+// `memory` must outlive the backend.
+Result<std::unique_ptr<Backend>> make_kvm_backend(GuestMemory& memory, const CpuModel& model);
+
+// Guest-physical pages KVM reserves for itself (VMX real-mode TSS and identity page table; unused on
+// SVM but still registered). They sit just below the BIOS area at 4 GiB - 16 MiB, above the local APIC
+// and HPET windows, so guest RAM must end below kKvmReservedBase.
+constexpr uint64_t kKvmIdentityMapGpa = 0xfeffc000;
+constexpr uint64_t kKvmTssGpa = 0xfeffd000;  // three pages
+constexpr uint64_t kKvmReservedBase = kKvmIdentityMapGpa;
+
+}  // namespace deja
