@@ -1,0 +1,190 @@
+// Zydis-to-DecodedInsn translation and the per-page decode cache.
+#include <Zydis/Zydis.h>
+
+#include "interp/decoded_insn.h"
+
+namespace deja::interp {
+namespace {
+
+struct Decoders {
+  ZydisDecoder by_mode[3];
+  Decoders() {
+    ZydisDecoderInit(&by_mode[kMode16], ZYDIS_MACHINE_MODE_LEGACY_16, ZYDIS_STACK_WIDTH_16);
+    ZydisDecoderInit(&by_mode[kMode32], ZYDIS_MACHINE_MODE_LEGACY_32, ZYDIS_STACK_WIDTH_32);
+    ZydisDecoderInit(&by_mode[kMode64], ZYDIS_MACHINE_MODE_LONG_64, ZYDIS_STACK_WIDTH_64);
+  }
+};
+
+uint8_t segment_number(ZydisRegister reg) {
+  if (reg >= ZYDIS_REGISTER_ES && reg <= ZYDIS_REGISTER_GS) return uint8_t(reg - ZYDIS_REGISTER_ES);
+  return 3;
+}
+
+// Maps a GPR of any width to (number, is-high-byte).
+bool gpr_number(ZydisRegister reg, uint8_t& number, bool& high) {
+  high = false;
+  if (reg >= ZYDIS_REGISTER_AL && reg <= ZYDIS_REGISTER_BL) { number = uint8_t(reg - ZYDIS_REGISTER_AL); return true; }
+  if (reg >= ZYDIS_REGISTER_AH && reg <= ZYDIS_REGISTER_BH) {
+    number = uint8_t(reg - ZYDIS_REGISTER_AH);
+    high = true;
+    return true;
+  }
+  if (reg >= ZYDIS_REGISTER_SPL && reg <= ZYDIS_REGISTER_R15B) { number = uint8_t(reg - ZYDIS_REGISTER_SPL + 4); return true; }
+  if (reg >= ZYDIS_REGISTER_AX && reg <= ZYDIS_REGISTER_R15W) { number = uint8_t(reg - ZYDIS_REGISTER_AX); return true; }
+  if (reg >= ZYDIS_REGISTER_EAX && reg <= ZYDIS_REGISTER_R15D) { number = uint8_t(reg - ZYDIS_REGISTER_EAX); return true; }
+  if (reg >= ZYDIS_REGISTER_RAX && reg <= ZYDIS_REGISTER_R15) { number = uint8_t(reg - ZYDIS_REGISTER_RAX); return true; }
+  return false;
+}
+
+void convert_register(ZydisRegister reg, Operand& op) {
+  uint8_t number = 0;
+  bool high = false;
+  if (gpr_number(reg, number, high)) {
+    op.kind = high ? OpKind::kGprHigh8 : OpKind::kGpr;
+    op.reg = number;
+  } else if (reg >= ZYDIS_REGISTER_ES && reg <= ZYDIS_REGISTER_GS) {
+    op.kind = OpKind::kSeg;
+    op.reg = uint8_t(reg - ZYDIS_REGISTER_ES);
+  } else if (reg >= ZYDIS_REGISTER_CR0 && reg <= ZYDIS_REGISTER_CR15) {
+    op.kind = OpKind::kCr;
+    op.reg = uint8_t(reg - ZYDIS_REGISTER_CR0);
+  } else if (reg >= ZYDIS_REGISTER_DR0 && reg <= ZYDIS_REGISTER_DR15) {
+    op.kind = OpKind::kDr;
+    op.reg = uint8_t(reg - ZYDIS_REGISTER_DR0);
+  } else if (reg >= ZYDIS_REGISTER_XMM0 && reg <= ZYDIS_REGISTER_XMM15) {
+    op.kind = OpKind::kXmm;
+    op.reg = uint8_t(reg - ZYDIS_REGISTER_XMM0);
+  } else {
+    op.kind = OpKind::kOther;  // x87, MMX, YMM, ...: the executor treats these as unimplemented
+    op.reg = kNoReg;
+  }
+}
+
+uint8_t base_number(ZydisRegister reg) {
+  if (reg == ZYDIS_REGISTER_NONE) return kNoReg;
+  if (reg == ZYDIS_REGISTER_RIP || reg == ZYDIS_REGISTER_EIP) return kRipBase;
+  uint8_t number = 0;
+  bool high = false;
+  return gpr_number(reg, number, high) ? number : kNoReg;
+}
+
+}  // namespace
+
+bool decode_bytes(const uint8_t* bytes, size_t len, uint8_t mode, DecodedInsn& out) {
+  static const Decoders decoders;
+  ZydisDecodedInstruction zi;
+  ZydisDecodedOperand zops[ZYDIS_MAX_OPERAND_COUNT];
+  out = DecodedInsn{};
+  out.mode = mode;
+  ZyanStatus status = ZydisDecoderDecodeFull(&decoders.by_mode[mode], bytes, len, &zi, zops);
+  if (!ZYAN_SUCCESS(status)) {
+    if (status == ZYDIS_STATUS_NO_MORE_DATA && len < ZYDIS_MAX_INSTRUCTION_LENGTH) return false;
+    out.valid = false;
+    out.length = 1;
+    return true;
+  }
+  out.valid = true;
+  out.mnemonic = uint16_t(zi.mnemonic);
+  out.length = zi.length;
+  out.opsize = zi.operand_width;
+  out.addrsize = zi.address_width;
+  out.opcode = zi.opcode;
+  out.opcode_map = uint8_t(zi.opcode_map);
+  if (zi.attributes & ZYDIS_ATTRIB_HAS_REP) out.flags |= insn_flags::kRep;
+  if (zi.attributes & ZYDIS_ATTRIB_HAS_REPE) out.flags |= insn_flags::kRep;
+  if (zi.attributes & ZYDIS_ATTRIB_HAS_REPNE) out.flags |= insn_flags::kRepne;
+  if (zi.attributes & ZYDIS_ATTRIB_HAS_LOCK) out.flags |= insn_flags::kLock;
+  if (zi.attributes & ZYDIS_ATTRIB_HAS_OPERANDSIZE) out.flags |= insn_flags::kOpsizePrefix;
+  if (zi.raw.rex.W) out.flags |= insn_flags::kRexW;
+  static constexpr std::pair<ZydisInstructionAttributes, uint8_t> kOverrides[] = {
+      {ZYDIS_ATTRIB_HAS_SEGMENT_ES, 0}, {ZYDIS_ATTRIB_HAS_SEGMENT_CS, 1}, {ZYDIS_ATTRIB_HAS_SEGMENT_SS, 2},
+      {ZYDIS_ATTRIB_HAS_SEGMENT_DS, 3}, {ZYDIS_ATTRIB_HAS_SEGMENT_FS, 4}, {ZYDIS_ATTRIB_HAS_SEGMENT_GS, 5}};
+  for (auto [attribute, number] : kOverrides) {
+    if (zi.attributes & attribute) {
+      out.seg_override = number;
+      out.flags |= insn_flags::kSegOverride;
+    }
+  }
+  out.operand_count = zi.operand_count_visible > 4 ? 4 : zi.operand_count_visible;
+  for (int i = 0; i < out.operand_count; ++i) {
+    const ZydisDecodedOperand& z = zops[i];
+    Operand& op = out.op[i];
+    op.size = uint8_t(z.size / 8);
+    switch (z.type) {
+      case ZYDIS_OPERAND_TYPE_REGISTER:
+        convert_register(z.reg.value, op);
+        break;
+      case ZYDIS_OPERAND_TYPE_MEMORY:
+        op.kind = OpKind::kMem;
+        op.base = base_number(z.mem.base);
+        op.index = base_number(z.mem.index);
+        op.scale = z.mem.scale;
+        op.seg = segment_number(z.mem.segment);
+        op.disp = z.mem.disp.has_displacement ? z.mem.disp.value : 0;
+        if (z.mem.type == ZYDIS_MEMOP_TYPE_AGEN) op.seg = 3;  // LEA: no segment applies
+        if (z.mem.index != ZYDIS_REGISTER_NONE && op.index == kNoReg) op.kind = OpKind::kOther;  // VSIB
+        break;
+      case ZYDIS_OPERAND_TYPE_IMMEDIATE:
+        op.kind = OpKind::kImm;
+        op.disp = z.imm.is_signed ? z.imm.value.s : int64_t(z.imm.value.u);
+        break;
+      case ZYDIS_OPERAND_TYPE_POINTER:
+        op.kind = OpKind::kPtr;
+        op.disp = z.ptr.offset;
+        op.ptr_sel = z.ptr.segment;
+        break;
+      default:
+        op.kind = OpKind::kOther;
+        break;
+    }
+  }
+  return true;
+}
+
+const char* mnemonic_name(uint16_t mnemonic) { return ZydisMnemonicGetString(ZydisMnemonic(mnemonic)); }
+
+DecodedInsn* DecodeCache::insert(uint64_t gpa, const DecodedInsn& insn) {
+  uint64_t pfn = gpa >> 12;
+  Page* page = pfn == last_pfn_ ? last_page_ : lookup_page(pfn);
+  if (!page) {
+    auto fresh = std::make_unique<Page>();
+    page = fresh.get();
+    pages_.emplace(pfn, std::move(fresh));
+    last_pfn_ = pfn;
+    last_page_ = page;
+    if (pfn < has_code_.size()) has_code_[pfn] = 1;
+  }
+  uint16_t& slot = page->slot[gpa & 0xfff];
+  if (slot != 0) {
+    page->insns[slot - 1] = insn;
+    return &page->insns[slot - 1];
+  }
+  page->insns.push_back(insn);
+  slot = uint16_t(page->insns.size());
+  return &page->insns.back();
+}
+
+void DecodeCache::invalidate(uint64_t pfn) {
+  auto it = pages_.find(pfn);
+  if (pfn < has_code_.size()) has_code_[pfn] = 0;
+  if (it == pages_.end()) return;
+  graveyard_.push_back(std::move(it->second));
+  pages_.erase(it);
+  if (last_pfn_ == pfn) {
+    last_pfn_ = ~0ull;
+    last_page_ = nullptr;
+  }
+  ++invalidations_;
+}
+
+void DecodeCache::clear() {
+  for (auto& [pfn, page] : pages_) {
+    if (pfn < has_code_.size()) has_code_[pfn] = 0;
+    graveyard_.push_back(std::move(page));
+  }
+  pages_.clear();
+  last_pfn_ = ~0ull;
+  last_page_ = nullptr;
+}
+
+}  // namespace deja::interp

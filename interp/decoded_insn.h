@@ -1,0 +1,113 @@
+// The interpreter's compact pre-decoded instruction and the decode cache keyed by guest-physical address.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+namespace deja::interp {
+
+enum class OpKind : uint8_t { kNone, kGpr, kGprHigh8, kSeg, kCr, kDr, kXmm, kMem, kImm, kPtr, kOther };
+
+constexpr uint8_t kNoReg = 0xff;
+constexpr uint8_t kRipBase = 16;  // base register value meaning RIP-relative
+
+struct Operand {
+  OpKind kind = OpKind::kNone;
+  uint8_t size = 0;       // bytes (memory operands of LGDT etc. report their own width)
+  uint8_t reg = kNoReg;   // register number within its class (GPR 0-15, segment 0-5 in ES..GS order, CRn, XMMn)
+  uint8_t base = kNoReg;  // memory: base GPR or kRipBase
+  uint8_t index = kNoReg;
+  uint8_t scale = 0;
+  uint8_t seg = 3;        // memory: effective segment (ES=0 CS=1 SS=2 DS=3 FS=4 GS=5)
+  int64_t disp = 0;       // memory displacement, or immediate value (sign-extended where the encoding says)
+  uint16_t ptr_sel = 0;   // far pointer selector (JMP ptr16:32)
+};
+
+namespace insn_flags {
+constexpr uint16_t kRep = 1, kRepne = 2, kLock = 4, kRexW = 8, kSegOverride = 16, kOpsizePrefix = 32;
+}
+
+// Everything the executor needs, resolved once at decode time.
+struct DecodedInsn {
+  uint16_t mnemonic = 0;  // ZydisMnemonic
+  uint8_t length = 0;
+  uint8_t opsize = 0;     // effective operand size in bits
+  uint8_t addrsize = 0;   // effective address size in bits
+  uint8_t mode = 0;       // decode mode tag (see InterpBackend::decode_mode())
+  uint8_t operand_count = 0;  // visible operands
+  uint8_t opcode = 0;
+  uint8_t opcode_map = 0;  // ZydisOpcodeMap
+  uint8_t seg_override = 0xff;
+  uint16_t flags = 0;
+  bool valid = false;      // false: the bytes do not decode (#UD)
+  Operand op[4];
+};
+
+// Decoded instructions per guest-physical page. An entry stays valid until a store into the page
+// (from the guest, checked through `has_code`) or a VMM write drops the whole page.
+class DecodeCache {
+ public:
+  explicit DecodeCache(uint64_t ram_bytes) : has_code_((ram_bytes + 4095) / 4096, 0) {}
+
+  // The cached entry for `gpa` decoded in `mode`, or nullptr.
+  DecodedInsn* find(uint64_t gpa, uint8_t mode) {
+    uint64_t pfn = gpa >> 12;
+    Page* page = pfn == last_pfn_ ? last_page_ : lookup_page(pfn);
+    if (!page) return nullptr;
+    uint16_t slot = page->slot[gpa & 0xfff];
+    if (slot == 0) return nullptr;
+    DecodedInsn* insn = &page->insns[slot - 1];
+    return insn->mode == mode ? insn : nullptr;
+  }
+
+  DecodedInsn* insert(uint64_t gpa, const DecodedInsn& insn);
+
+  bool has_code(uint64_t pfn) const { return pfn < has_code_.size() && has_code_[pfn]; }
+
+  // Drops the decoded code of page `pfn`. Pages are retired into a graveyard instead of freed,
+  // because the instruction being executed may be the one whose store invalidated its own page.
+  void invalidate(uint64_t pfn);
+  void release_retired() {
+    if (!graveyard_.empty()) graveyard_.clear();
+  }
+  void clear();
+  uint64_t invalidations() const { return invalidations_; }
+
+ private:
+  struct Page {
+    std::vector<uint16_t> slot = std::vector<uint16_t>(4096, 0);
+    std::vector<DecodedInsn> insns;
+  };
+  Page* lookup_page(uint64_t pfn) {
+    auto it = pages_.find(pfn);
+    if (it == pages_.end()) return nullptr;
+    last_pfn_ = pfn;
+    last_page_ = it->second.get();
+    return last_page_;
+  }
+
+  std::vector<uint8_t> has_code_;
+  std::unordered_map<uint64_t, std::unique_ptr<Page>> pages_;
+  std::vector<std::unique_ptr<Page>> graveyard_;
+  uint64_t last_pfn_ = ~0ull;
+  Page* last_page_ = nullptr;
+  uint64_t invalidations_ = 0;
+};
+
+}  // namespace deja::interp
+
+namespace deja::interp {
+
+// Decode modes (the tag stored in DecodedInsn::mode).
+constexpr uint8_t kMode16 = 0, kMode32 = 1, kMode64 = 2;
+
+// Decodes one instruction from `bytes` (at most `len` valid bytes) in `mode`. Returns false when
+// more bytes are needed than `len` provides (the caller fetches the next page); an undecodable
+// instruction returns true with out.valid = false.
+bool decode_bytes(const uint8_t* bytes, size_t len, uint8_t mode, DecodedInsn& out);
+
+const char* mnemonic_name(uint16_t mnemonic);
+
+}  // namespace deja::interp

@@ -1,0 +1,343 @@
+// SSE/SSE2 dispatch of the software CPU: XMM loads/stores, FXSAVE/FXRSTOR, MXCSR; arithmetic goes to interp/sse.h.
+#include <Zydis/Zydis.h>
+
+#include <cstring>
+
+#include "interp/interp_backend.h"
+#include "interp/sse.h"
+
+namespace deja {
+
+using interp::DecodedInsn;
+using interp::Operand;
+using interp::OpKind;
+using interp::sse::Xmm;
+
+namespace {
+
+constexpr uint8_t kUd = 6, kNm = 7, kGp = 13, kXm = 19;
+constexpr size_t kXmmOffset = 160, kMxcsrOffset = 24, kMxcsrMaskOffset = 28;
+
+struct IntOpEntry {
+  ZydisMnemonic mnemonic;
+  interp::sse::IntOp op;
+};
+using IO = interp::sse::IntOp;
+constexpr IntOpEntry kIntOps[] = {
+    {ZYDIS_MNEMONIC_PAND, IO::kPand}, {ZYDIS_MNEMONIC_ANDPS, IO::kPand}, {ZYDIS_MNEMONIC_ANDPD, IO::kPand},
+    {ZYDIS_MNEMONIC_PANDN, IO::kPandn}, {ZYDIS_MNEMONIC_ANDNPS, IO::kPandn}, {ZYDIS_MNEMONIC_ANDNPD, IO::kPandn},
+    {ZYDIS_MNEMONIC_POR, IO::kPor}, {ZYDIS_MNEMONIC_ORPS, IO::kPor}, {ZYDIS_MNEMONIC_ORPD, IO::kPor},
+    {ZYDIS_MNEMONIC_PXOR, IO::kPxor}, {ZYDIS_MNEMONIC_XORPS, IO::kPxor}, {ZYDIS_MNEMONIC_XORPD, IO::kPxor},
+    {ZYDIS_MNEMONIC_PADDB, IO::kPaddb}, {ZYDIS_MNEMONIC_PADDW, IO::kPaddw}, {ZYDIS_MNEMONIC_PADDD, IO::kPaddd},
+    {ZYDIS_MNEMONIC_PADDQ, IO::kPaddq}, {ZYDIS_MNEMONIC_PADDSB, IO::kPaddsb}, {ZYDIS_MNEMONIC_PADDSW, IO::kPaddsw},
+    {ZYDIS_MNEMONIC_PADDUSB, IO::kPaddusb}, {ZYDIS_MNEMONIC_PADDUSW, IO::kPaddusw},
+    {ZYDIS_MNEMONIC_PSUBB, IO::kPsubb}, {ZYDIS_MNEMONIC_PSUBW, IO::kPsubw}, {ZYDIS_MNEMONIC_PSUBD, IO::kPsubd},
+    {ZYDIS_MNEMONIC_PSUBQ, IO::kPsubq}, {ZYDIS_MNEMONIC_PSUBSB, IO::kPsubsb}, {ZYDIS_MNEMONIC_PSUBSW, IO::kPsubsw},
+    {ZYDIS_MNEMONIC_PSUBUSB, IO::kPsubusb}, {ZYDIS_MNEMONIC_PSUBUSW, IO::kPsubusw},
+    {ZYDIS_MNEMONIC_PCMPEQB, IO::kPcmpeqb}, {ZYDIS_MNEMONIC_PCMPEQW, IO::kPcmpeqw}, {ZYDIS_MNEMONIC_PCMPEQD, IO::kPcmpeqd},
+    {ZYDIS_MNEMONIC_PCMPGTB, IO::kPcmpgtb}, {ZYDIS_MNEMONIC_PCMPGTW, IO::kPcmpgtw}, {ZYDIS_MNEMONIC_PCMPGTD, IO::kPcmpgtd},
+    {ZYDIS_MNEMONIC_PMULLW, IO::kPmullw}, {ZYDIS_MNEMONIC_PMULHW, IO::kPmulhw}, {ZYDIS_MNEMONIC_PMULHUW, IO::kPmulhuw},
+    {ZYDIS_MNEMONIC_PMULUDQ, IO::kPmuludq}, {ZYDIS_MNEMONIC_PMADDWD, IO::kPmaddwd},
+    {ZYDIS_MNEMONIC_PMINUB, IO::kPminub}, {ZYDIS_MNEMONIC_PMAXUB, IO::kPmaxub}, {ZYDIS_MNEMONIC_PMINSW, IO::kPminsw},
+    {ZYDIS_MNEMONIC_PMAXSW, IO::kPmaxsw}, {ZYDIS_MNEMONIC_PAVGB, IO::kPavgb}, {ZYDIS_MNEMONIC_PAVGW, IO::kPavgw},
+    {ZYDIS_MNEMONIC_PSADBW, IO::kPsadbw},
+    {ZYDIS_MNEMONIC_PUNPCKLBW, IO::kPunpcklbw}, {ZYDIS_MNEMONIC_PUNPCKLWD, IO::kPunpcklwd},
+    {ZYDIS_MNEMONIC_PUNPCKLDQ, IO::kPunpckldq}, {ZYDIS_MNEMONIC_PUNPCKLQDQ, IO::kPunpcklqdq},
+    {ZYDIS_MNEMONIC_PUNPCKHBW, IO::kPunpckhbw}, {ZYDIS_MNEMONIC_PUNPCKHWD, IO::kPunpckhwd},
+    {ZYDIS_MNEMONIC_PUNPCKHDQ, IO::kPunpckhdq}, {ZYDIS_MNEMONIC_PUNPCKHQDQ, IO::kPunpckhqdq},
+    {ZYDIS_MNEMONIC_PACKSSWB, IO::kPacksswb}, {ZYDIS_MNEMONIC_PACKUSWB, IO::kPackuswb},
+    {ZYDIS_MNEMONIC_PACKSSDW, IO::kPackssdw},
+    {ZYDIS_MNEMONIC_PSLLW, IO::kPsllw}, {ZYDIS_MNEMONIC_PSLLD, IO::kPslld}, {ZYDIS_MNEMONIC_PSLLQ, IO::kPsllq},
+    {ZYDIS_MNEMONIC_PSRLW, IO::kPsrlw}, {ZYDIS_MNEMONIC_PSRLD, IO::kPsrld}, {ZYDIS_MNEMONIC_PSRLQ, IO::kPsrlq},
+    {ZYDIS_MNEMONIC_PSRAW, IO::kPsraw}, {ZYDIS_MNEMONIC_PSRAD, IO::kPsrad},
+    {ZYDIS_MNEMONIC_UNPCKLPS, IO::kUnpcklps}, {ZYDIS_MNEMONIC_UNPCKHPS, IO::kUnpckhps},
+    {ZYDIS_MNEMONIC_UNPCKLPD, IO::kUnpcklpd}, {ZYDIS_MNEMONIC_UNPCKHPD, IO::kUnpckhpd},
+};
+
+struct FpEntry {
+  ZydisMnemonic mnemonic;
+  interp::sse::FpOp op;
+  interp::sse::FpForm form;
+};
+using FO = interp::sse::FpOp;
+using FF = interp::sse::FpForm;
+constexpr FpEntry kFpOps[] = {
+    {ZYDIS_MNEMONIC_ADDSD, FO::kAdd, FF::kSd}, {ZYDIS_MNEMONIC_ADDPD, FO::kAdd, FF::kPd},
+    {ZYDIS_MNEMONIC_ADDSS, FO::kAdd, FF::kSs}, {ZYDIS_MNEMONIC_ADDPS, FO::kAdd, FF::kPs},
+    {ZYDIS_MNEMONIC_SUBSD, FO::kSub, FF::kSd}, {ZYDIS_MNEMONIC_SUBPD, FO::kSub, FF::kPd},
+    {ZYDIS_MNEMONIC_SUBSS, FO::kSub, FF::kSs}, {ZYDIS_MNEMONIC_SUBPS, FO::kSub, FF::kPs},
+    {ZYDIS_MNEMONIC_MULSD, FO::kMul, FF::kSd}, {ZYDIS_MNEMONIC_MULPD, FO::kMul, FF::kPd},
+    {ZYDIS_MNEMONIC_MULSS, FO::kMul, FF::kSs}, {ZYDIS_MNEMONIC_MULPS, FO::kMul, FF::kPs},
+    {ZYDIS_MNEMONIC_DIVSD, FO::kDiv, FF::kSd}, {ZYDIS_MNEMONIC_DIVPD, FO::kDiv, FF::kPd},
+    {ZYDIS_MNEMONIC_DIVSS, FO::kDiv, FF::kSs}, {ZYDIS_MNEMONIC_DIVPS, FO::kDiv, FF::kPs},
+    {ZYDIS_MNEMONIC_MINSD, FO::kMin, FF::kSd}, {ZYDIS_MNEMONIC_MINPD, FO::kMin, FF::kPd},
+    {ZYDIS_MNEMONIC_MINSS, FO::kMin, FF::kSs}, {ZYDIS_MNEMONIC_MINPS, FO::kMin, FF::kPs},
+    {ZYDIS_MNEMONIC_MAXSD, FO::kMax, FF::kSd}, {ZYDIS_MNEMONIC_MAXPD, FO::kMax, FF::kPd},
+    {ZYDIS_MNEMONIC_MAXSS, FO::kMax, FF::kSs}, {ZYDIS_MNEMONIC_MAXPS, FO::kMax, FF::kPs},
+    {ZYDIS_MNEMONIC_SQRTSD, FO::kSqrt, FF::kSd}, {ZYDIS_MNEMONIC_SQRTPD, FO::kSqrt, FF::kPd},
+    {ZYDIS_MNEMONIC_SQRTSS, FO::kSqrt, FF::kSs}, {ZYDIS_MNEMONIC_SQRTPS, FO::kSqrt, FF::kPs},
+};
+
+struct CvtEntry {
+  ZydisMnemonic mnemonic;
+  interp::sse::CvtOp op;
+};
+using CO = interp::sse::CvtOp;
+constexpr CvtEntry kCvtOps[] = {
+    {ZYDIS_MNEMONIC_CVTDQ2PD, CO::kCvtdq2pd}, {ZYDIS_MNEMONIC_CVTDQ2PS, CO::kCvtdq2ps},
+    {ZYDIS_MNEMONIC_CVTPS2DQ, CO::kCvtps2dq}, {ZYDIS_MNEMONIC_CVTTPS2DQ, CO::kCvttps2dq},
+    {ZYDIS_MNEMONIC_CVTPD2DQ, CO::kCvtpd2dq}, {ZYDIS_MNEMONIC_CVTTPD2DQ, CO::kCvttpd2dq},
+    {ZYDIS_MNEMONIC_CVTPD2PS, CO::kCvtpd2ps}, {ZYDIS_MNEMONIC_CVTPS2PD, CO::kCvtps2pd},
+    {ZYDIS_MNEMONIC_CVTSD2SS, CO::kCvtsd2ss}, {ZYDIS_MNEMONIC_CVTSS2SD, CO::kCvtss2sd},
+};
+
+}  // namespace
+
+void InterpBackend::exec_sse(const DecodedInsn& insn) {
+  const auto mnemonic = ZydisMnemonic(insn.mnemonic);
+  auto sse_checks = [&] {
+    if ((s_.cr0 & cr0::kEm) || !(s_.cr4 & cr4::kOsfxsr)) raise(kUd);
+    if (s_.cr0 & cr0::kTs) raise(kNm);
+  };
+  auto xmm_get = [&](unsigned n) {
+    Xmm x;
+    std::memcpy(&x.lo, s_.fxsave.data() + kXmmOffset + 16 * n, 8);
+    std::memcpy(&x.hi, s_.fxsave.data() + kXmmOffset + 16 * n + 8, 8);
+    return x;
+  };
+  auto xmm_set = [&](unsigned n, Xmm x) {
+    std::memcpy(s_.fxsave.data() + kXmmOffset + 16 * n, &x.lo, 8);
+    std::memcpy(s_.fxsave.data() + kXmmOffset + 16 * n + 8, &x.hi, 8);
+  };
+  auto mxcsr = [&] {
+    uint32_t value = 0;
+    std::memcpy(&value, s_.fxsave.data() + kMxcsrOffset, 4);
+    return value;
+  };
+  auto set_mxcsr = [&](uint32_t value) { std::memcpy(s_.fxsave.data() + kMxcsrOffset, &value, 4); };
+  const bool unaligned_ok = mnemonic == ZYDIS_MNEMONIC_MOVUPS || mnemonic == ZYDIS_MNEMONIC_MOVUPD ||
+                            mnemonic == ZYDIS_MNEMONIC_MOVDQU || mnemonic == ZYDIS_MNEMONIC_LDDQU;
+  // Reads operand i as an XMM value; memory operands load op.size bytes (zero-extended).
+  auto load = [&](int i) -> Xmm {
+    const Operand& op = insn.op[i];
+    if (op.kind == OpKind::kXmm) return xmm_get(op.reg);
+    if (op.kind == OpKind::kGpr) return Xmm{s_.gpr[op.reg] & (op.size >= 8 ? ~0ull : (1ull << (op.size * 8)) - 1), 0};
+    if (op.kind != OpKind::kMem) raise_ud(insn, true);
+    uint64_t address = effective_address(op, insn);
+    Xmm x;
+    if (op.size >= 16) {
+      if (!unaligned_ok && (address & 15)) raise(kGp, 0, true);
+      x.lo = read_mem(op.seg, address, 8);
+      x.hi = read_mem(op.seg, address + 8, 8);
+    } else {
+      x.lo = read_mem(op.seg, address, op.size);
+    }
+    return x;
+  };
+  auto store_mem = [&](int i, Xmm x) {
+    const Operand& op = insn.op[i];
+    uint64_t address = effective_address(op, insn);
+    if (op.size >= 16) {
+      if (!unaligned_ok && (address & 15)) raise(kGp, 0, true);
+      // Probe both halves before writing either, so a fault leaves memory untouched.
+      read_mem(op.seg, address + 8, 8);
+      write_mem(op.seg, address, 8, x.lo);
+      write_mem(op.seg, address + 8, 8, x.hi);
+    } else {
+      write_mem(op.seg, address, op.size, x.lo);
+    }
+  };
+  auto fp_result = [&](const interp::sse::FpResult& r, unsigned dst) {
+    set_mxcsr(r.mxcsr);
+    if (r.fault) raise((s_.cr4 & cr4::kOsxmmexcpt) ? kXm : kUd);
+    xmm_set(dst, r.value);
+  };
+
+  switch (mnemonic) {
+    case ZYDIS_MNEMONIC_FXSAVE:
+    case ZYDIS_MNEMONIC_FXSAVE64:
+    case ZYDIS_MNEMONIC_FXRSTOR:
+    case ZYDIS_MNEMONIC_FXRSTOR64: {
+      if (s_.cr0 & (cr0::kEm | cr0::kTs)) raise((s_.cr0 & cr0::kEm) ? kUd : kNm);
+      const Operand& m = insn.op[0];
+      uint64_t address = effective_address(m, insn);
+      if (address & 15) raise(kGp, 0, true);
+      if (mnemonic == ZYDIS_MNEMONIC_FXSAVE || mnemonic == ZYDIS_MNEMONIC_FXSAVE64) {
+        uint32_t mask = interp::sse::mxcsr::kWritable;
+        std::memcpy(s_.fxsave.data() + kMxcsrMaskOffset, &mask, 4);
+        read_mem(m.seg, address + 504, 8);  // probe the far end first
+        for (size_t offset = 0; offset < 512; offset += 8) {
+          uint64_t chunk = 0;
+          std::memcpy(&chunk, s_.fxsave.data() + offset, 8);
+          write_mem(m.seg, address + offset, 8, chunk);
+        }
+      } else {
+        std::array<uint8_t, 512> image{};
+        for (size_t offset = 0; offset < 512; offset += 8) {
+          uint64_t chunk = read_mem(m.seg, address + offset, 8);
+          std::memcpy(image.data() + offset, &chunk, 8);
+        }
+        uint32_t new_mxcsr = 0;
+        std::memcpy(&new_mxcsr, image.data() + kMxcsrOffset, 4);
+        if (new_mxcsr & ~interp::sse::mxcsr::kWritable) raise(kGp, 0, true);
+        // Bytes 464-511 are software-available: the CPU does not load them.
+        std::memcpy(s_.fxsave.data(), image.data(), 464);
+      }
+      return;
+    }
+    case ZYDIS_MNEMONIC_LDMXCSR: {
+      sse_checks();
+      uint32_t value = uint32_t(read_operand(insn, 0));
+      if (value & ~interp::sse::mxcsr::kWritable) raise(kGp, 0, true);
+      set_mxcsr(value);
+      return;
+    }
+    case ZYDIS_MNEMONIC_STMXCSR:
+      sse_checks();
+      write_operand(insn, 0, mxcsr());
+      return;
+    default:
+      break;
+  }
+
+  // Everything below is an SSE/SSE2 instruction on XMM registers.
+  bool is_sse = false;
+  for (int i = 0; i < insn.operand_count; ++i) is_sse |= insn.op[i].kind == OpKind::kXmm;
+  if (!is_sse) raise_ud(insn, true);
+  sse_checks();
+  const Operand& dst = insn.op[0];
+
+  switch (mnemonic) {
+    case ZYDIS_MNEMONIC_MOVAPS: case ZYDIS_MNEMONIC_MOVAPD: case ZYDIS_MNEMONIC_MOVDQA:
+    case ZYDIS_MNEMONIC_MOVUPS: case ZYDIS_MNEMONIC_MOVUPD: case ZYDIS_MNEMONIC_MOVDQU: case ZYDIS_MNEMONIC_LDDQU:
+    case ZYDIS_MNEMONIC_MOVNTDQ: case ZYDIS_MNEMONIC_MOVNTPS: case ZYDIS_MNEMONIC_MOVNTPD: {
+      Xmm value = load(1);
+      if (dst.kind == OpKind::kXmm) xmm_set(dst.reg, value);
+      else store_mem(0, value);
+      return;
+    }
+    case ZYDIS_MNEMONIC_MOVD:
+    case ZYDIS_MNEMONIC_MOVQ: {
+      const Operand& src = insn.op[1];
+      if (dst.kind == OpKind::kXmm) {
+        Xmm value = load(1);
+        xmm_set(dst.reg, Xmm{src.kind == OpKind::kXmm ? value.lo : value.lo, 0});
+      } else if (dst.kind == OpKind::kGpr) {
+        reg_write(dst.reg, dst.size, xmm_get(src.reg).lo);
+      } else {
+        store_mem(0, xmm_get(src.reg));
+      }
+      return;
+    }
+    case ZYDIS_MNEMONIC_MOVSD:
+    case ZYDIS_MNEMONIC_MOVSS: {
+      const uint64_t low_mask = mnemonic == ZYDIS_MNEMONIC_MOVSD ? ~0ull : 0xffffffffull;
+      const Operand& src = insn.op[1];
+      if (dst.kind == OpKind::kXmm && src.kind == OpKind::kXmm) {
+        Xmm d = xmm_get(dst.reg);
+        d.lo = (d.lo & ~low_mask) | (xmm_get(src.reg).lo & low_mask);
+        xmm_set(dst.reg, d);
+      } else if (dst.kind == OpKind::kXmm) {
+        xmm_set(dst.reg, Xmm{load(1).lo & low_mask, 0});  // a load clears the rest of the register
+      } else {
+        store_mem(0, xmm_get(src.reg));
+      }
+      return;
+    }
+    case ZYDIS_MNEMONIC_MOVLPS: case ZYDIS_MNEMONIC_MOVLPD: case ZYDIS_MNEMONIC_MOVHPS: case ZYDIS_MNEMONIC_MOVHPD: {
+      const bool high = mnemonic == ZYDIS_MNEMONIC_MOVHPS || mnemonic == ZYDIS_MNEMONIC_MOVHPD;
+      if (dst.kind == OpKind::kXmm) {
+        Xmm d = xmm_get(dst.reg);
+        uint64_t v = load(1).lo;
+        (high ? d.hi : d.lo) = v;
+        xmm_set(dst.reg, d);
+      } else {
+        Xmm s = xmm_get(insn.op[1].reg);
+        store_mem(0, Xmm{high ? s.hi : s.lo, 0});
+      }
+      return;
+    }
+    case ZYDIS_MNEMONIC_MOVHLPS: {
+      Xmm d = xmm_get(dst.reg);
+      d.lo = xmm_get(insn.op[1].reg).hi;
+      xmm_set(dst.reg, d);
+      return;
+    }
+    case ZYDIS_MNEMONIC_MOVLHPS: {
+      Xmm d = xmm_get(dst.reg);
+      d.hi = xmm_get(insn.op[1].reg).lo;
+      xmm_set(dst.reg, d);
+      return;
+    }
+    case ZYDIS_MNEMONIC_MOVQ2DQ: case ZYDIS_MNEMONIC_MOVDQ2Q: raise_ud(insn, true);
+    case ZYDIS_MNEMONIC_PMOVMSKB: reg_write(dst.reg, dst.size, interp::sse::pmovmskb(xmm_get(insn.op[1].reg))); return;
+    case ZYDIS_MNEMONIC_MOVMSKPS: reg_write(dst.reg, dst.size, interp::sse::movmskps(xmm_get(insn.op[1].reg))); return;
+    case ZYDIS_MNEMONIC_MOVMSKPD: reg_write(dst.reg, dst.size, interp::sse::movmskpd(xmm_get(insn.op[1].reg))); return;
+    case ZYDIS_MNEMONIC_PEXTRW: reg_write(dst.reg, dst.size, interp::sse::pextrw(xmm_get(insn.op[1].reg), uint8_t(insn.op[2].disp))); return;
+    case ZYDIS_MNEMONIC_PINSRW: {
+      uint16_t value = insn.op[1].kind == OpKind::kMem ? uint16_t(read_mem(insn.op[1].seg, effective_address(insn.op[1], insn), 2))
+                                                      : uint16_t(s_.gpr[insn.op[1].reg]);
+      xmm_set(dst.reg, interp::sse::pinsrw(xmm_get(dst.reg), value, uint8_t(insn.op[2].disp)));
+      return;
+    }
+    case ZYDIS_MNEMONIC_PSHUFD: xmm_set(dst.reg, interp::sse::pshufd(load(1), uint8_t(insn.op[2].disp))); return;
+    case ZYDIS_MNEMONIC_PSHUFLW: xmm_set(dst.reg, interp::sse::pshuflw(load(1), uint8_t(insn.op[2].disp))); return;
+    case ZYDIS_MNEMONIC_PSHUFHW: xmm_set(dst.reg, interp::sse::pshufhw(load(1), uint8_t(insn.op[2].disp))); return;
+    case ZYDIS_MNEMONIC_SHUFPS: xmm_set(dst.reg, interp::sse::shufps(xmm_get(dst.reg), load(1), uint8_t(insn.op[2].disp))); return;
+    case ZYDIS_MNEMONIC_SHUFPD: xmm_set(dst.reg, interp::sse::shufpd(xmm_get(dst.reg), load(1), uint8_t(insn.op[2].disp))); return;
+    case ZYDIS_MNEMONIC_PSLLDQ: xmm_set(dst.reg, interp::sse::pslldq(xmm_get(dst.reg), uint8_t(insn.op[1].disp))); return;
+    case ZYDIS_MNEMONIC_PSRLDQ: xmm_set(dst.reg, interp::sse::psrldq(xmm_get(dst.reg), uint8_t(insn.op[1].disp))); return;
+    case ZYDIS_MNEMONIC_COMISD: case ZYDIS_MNEMONIC_COMISS: case ZYDIS_MNEMONIC_UCOMISD: case ZYDIS_MNEMONIC_UCOMISS: {
+      const bool dbl = mnemonic == ZYDIS_MNEMONIC_COMISD || mnemonic == ZYDIS_MNEMONIC_UCOMISD;
+      const bool quiet = mnemonic == ZYDIS_MNEMONIC_UCOMISD || mnemonic == ZYDIS_MNEMONIC_UCOMISS;
+      auto r = interp::sse::fp_comis(dbl ? FF::kSd : FF::kSs, quiet, xmm_get(dst.reg), load(1), s_.rflags, mxcsr());
+      set_mxcsr(r.mxcsr);
+      if (r.fault) raise((s_.cr4 & cr4::kOsxmmexcpt) ? kXm : kUd);
+      s_.rflags = r.rflags | 2;
+      return;
+    }
+    case ZYDIS_MNEMONIC_CMPSD: case ZYDIS_MNEMONIC_CMPPD: case ZYDIS_MNEMONIC_CMPSS: case ZYDIS_MNEMONIC_CMPPS: {
+      FF form = mnemonic == ZYDIS_MNEMONIC_CMPSD ? FF::kSd : mnemonic == ZYDIS_MNEMONIC_CMPPD ? FF::kPd
+              : mnemonic == ZYDIS_MNEMONIC_CMPSS ? FF::kSs : FF::kPs;
+      fp_result(interp::sse::fp_cmp(form, xmm_get(dst.reg), load(1), uint8_t(insn.op[2].disp), mxcsr()), dst.reg);
+      return;
+    }
+    case ZYDIS_MNEMONIC_CVTSI2SD: case ZYDIS_MNEMONIC_CVTSI2SS: {
+      unsigned width = insn.op[1].size * 8;
+      uint64_t src = read_operand(insn, 1);
+      fp_result(interp::sse::cvtsi2f(mnemonic == ZYDIS_MNEMONIC_CVTSI2SD, xmm_get(dst.reg), src, width, mxcsr()), dst.reg);
+      return;
+    }
+    case ZYDIS_MNEMONIC_CVTSD2SI: case ZYDIS_MNEMONIC_CVTTSD2SI: case ZYDIS_MNEMONIC_CVTSS2SI: case ZYDIS_MNEMONIC_CVTTSS2SI: {
+      const bool dbl = mnemonic == ZYDIS_MNEMONIC_CVTSD2SI || mnemonic == ZYDIS_MNEMONIC_CVTTSD2SI;
+      const bool truncate = mnemonic == ZYDIS_MNEMONIC_CVTTSD2SI || mnemonic == ZYDIS_MNEMONIC_CVTTSS2SI;
+      auto r = interp::sse::cvtf2si(dbl ? FF::kSd : FF::kSs, truncate, load(1), dst.size * 8, mxcsr());
+      set_mxcsr(r.mxcsr);
+      if (r.fault) raise((s_.cr4 & cr4::kOsxmmexcpt) ? kXm : kUd);
+      reg_write(dst.reg, dst.size, r.value);
+      return;
+    }
+    default:
+      break;
+  }
+  for (const auto& entry : kIntOps) {
+    if (entry.mnemonic != mnemonic) continue;
+    const bool shift_by_imm = insn.op[1].kind == OpKind::kImm;
+    if (shift_by_imm) xmm_set(dst.reg, interp::sse::shift_imm(entry.op, xmm_get(dst.reg), uint8_t(insn.op[1].disp)));
+    else xmm_set(dst.reg, interp::sse::int_binary(entry.op, xmm_get(dst.reg), load(1)));
+    return;
+  }
+  for (const auto& entry : kFpOps) {
+    if (entry.mnemonic != mnemonic) continue;
+    fp_result(interp::sse::fp_arith(entry.op, entry.form, xmm_get(dst.reg), load(1), mxcsr()), dst.reg);
+    return;
+  }
+  for (const auto& entry : kCvtOps) {
+    if (entry.mnemonic != mnemonic) continue;
+    fp_result(interp::sse::fp_convert(entry.op, xmm_get(dst.reg), load(1), mxcsr()), dst.reg);
+    return;
+  }
+  raise_ud(insn, true);
+}
+
+}  // namespace deja

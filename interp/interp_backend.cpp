@@ -1,0 +1,210 @@
+// The software CPU's run loop: decode-cache fetch, retirement and progress counting, exits, interrupts, state.
+#include "interp/interp_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace deja {
+
+namespace {
+constexpr uint8_t kDb = 1;
+}
+
+InterpBackend::InterpBackend(GuestMemory& memory, const CpuModel& model)
+    : memory_(memory), model_(model), ram_(memory.host_base()), ram_size_(memory.size()), cache_(memory.size()) {
+  // Architectural reset values for the x87/SSE control words (SDM 9.1.1).
+  uint16_t fcw = 0x37f;
+  uint32_t mxcsr = 0x1f80;
+  std::memcpy(s_.fxsave.data(), &fcw, 2);
+  std::memcpy(s_.fxsave.data() + 24, &mxcsr, 4);
+  s_.cr0 = cr0::kEt;
+}
+
+InterpBackend::~InterpBackend() = default;
+
+uint8_t InterpBackend::decode_mode() const {
+  if (!(s_.cr0 & cr0::kPe)) return interp::kMode16;
+  if (mode64()) return interp::kMode64;
+  return s_.cs.db ? interp::kMode32 : interp::kMode16;
+}
+
+const interp::DecodedInsn& InterpBackend::fetch_decoded() {
+  const uint8_t mode = decode_mode();
+  const uint64_t linear = mode == interp::kMode64 ? s_.rip : ((s_.cs.base + s_.rip) & 0xffffffffu);
+  if (mode == interp::kMode64) canonical_check(linear, false);
+  const uint64_t phys = translate(linear, Access::kExec, is_user());
+  if (phys >= ram_size_) {
+    exit_ = VcpuExit{};
+    exit_.kind = ExitKind::kFault;
+    exit_.detail = fmt::format("instruction fetch from guest-physical {:#x}, outside RAM ({:#x} bytes), at rip {:#x}",
+                               phys, ram_size_, s_.rip);
+    exit_.rip = s_.rip;
+    throw ExitRequest{};
+  }
+  if (interp::DecodedInsn* cached = cache_.find(phys, mode)) [[likely]] return *cached;
+  const uint64_t in_page = 4096 - (phys & 0xfff);
+  const uint64_t available = std::min<uint64_t>({15, in_page, ram_size_ - phys});
+  interp::DecodedInsn decoded;
+  if (interp::decode_bytes(ram_ + phys, available, mode, decoded)) return *cache_.insert(phys, decoded);
+  // The instruction continues on the next page: fetch through the MMU, decode without caching.
+  uint8_t bytes[15];
+  std::memcpy(bytes, ram_ + phys, available);
+  size_t total = available;
+  const uint64_t next_linear = linear + available;
+  const uint64_t next_phys = translate(mode == interp::kMode64 ? next_linear : (next_linear & 0xffffffffu),
+                                       Access::kExec, is_user());
+  for (; total < 15 && next_phys + (total - available) < ram_size_; ++total) bytes[total] = ram_[next_phys + (total - available)];
+  if (!interp::decode_bytes(bytes, total, mode, scratch_)) {
+    scratch_ = interp::DecodedInsn{};
+    scratch_.mode = mode;
+    scratch_.length = 1;
+  }
+  return scratch_;
+}
+
+void InterpBackend::step() {
+  cache_.release_retired();
+  insn_rip_ = s_.rip;
+  response_cursor_ = 0;
+  shadow_next_ = false;
+  software_interrupt_ = -1;
+  icebp_ = false;
+  rep_continues_ = false;
+  hlt_executed_ = false;
+  const bool single_step = s_.rflags & rflags::kTf;
+  try {
+    const interp::DecodedInsn& insn = fetch_decoded();
+    next_rip_ = insn_rip_ + insn.length;
+    if (insn.mode != interp::kMode64) next_rip_ &= insn.mode == interp::kMode16 ? 0xffff : 0xffffffffu;
+    execute(insn);
+  } catch (const GuestException& ex) {
+    responses_.clear();
+    s_.interrupt_shadow = false;
+    deliver_event(ex.vector, ex.has_error_code, ex.error_code, false, insn_rip_);
+    return;
+  }
+  // Retired.
+  responses_.clear();
+  s_.rip = next_rip_;
+  ++steps_;
+  if (!rep_continues_) ++instructions_;
+  s_.interrupt_shadow = shadow_next_;
+  if (hlt_executed_) {
+    s_.halted = true;
+    hlt_rip_ = insn_rip_;
+  }
+  if (software_interrupt_ >= 0) {
+    deliver_event(uint8_t(software_interrupt_), false, 0, !icebp_, s_.rip);
+  } else if (single_step) {
+    deliver_event(kDb, false, 0, false, s_.rip);
+  }
+}
+
+void InterpBackend::invalidate_vmm_writes() {
+  // Page numbers (gpa / 4096), as GuestMemory::write records them.
+  for (uint64_t pfn : memory_.take_vmm_dirty_pages()) cache_.invalidate(pfn);
+}
+
+Result<VcpuExit*> InterpBackend::run() {
+  invalidate_vmm_writes();
+  if (exit_outstanding_) {
+    exit_outstanding_ = false;
+    uint64_t key = 0;
+    switch (exit_.kind) {
+      case ExitKind::kIoIn: case ExitKind::kIoOut: key = exit_.port; break;
+      case ExitKind::kMmioRead: case ExitKind::kMmioWrite: key = exit_.address; break;
+      case ExitKind::kMsrRead: case ExitKind::kMsrWrite: key = exit_.msr; break;
+      default: break;
+    }
+    responses_.push_back(Response{exit_.kind, key, exit_.value, exit_.ok, exit_.fault});
+  }
+  auto finish = [&](ExitKind kind) -> VcpuExit* {
+    exit_ = VcpuExit{};
+    exit_.kind = kind;
+    exit_.rip = s_.rip;
+    return &exit_;
+  };
+  for (;;) {
+    if (shutdown_) {
+      VcpuExit* out = finish(ExitKind::kShutdown);
+      out->detail = shutdown_detail_ + "\n" + format_cpu_state(s_);
+      return out;
+    }
+    if (responses_.empty()) {
+      // Between instructions: the only points where events are taken and coordinates compared.
+      if (pending_irq_ && (s_.rflags & rflags::kIf) && !s_.interrupt_shadow) {
+        uint8_t vector = *pending_irq_;
+        pending_irq_.reset();
+        insn_rip_ = s_.rip;
+        deliver_event(vector, false, 0, false, s_.rip);
+        continue;
+      }
+      if (stop_ && branches_ == stop_->branches && s_.rip == stop_->rip && s_.gpr[kRcx] == stop_->rcx) {
+        stop_.reset();
+        return finish(ExitKind::kCoordinateReached);
+      }
+      if (kicked_.load(std::memory_order_relaxed)) {
+        kicked_.store(false, std::memory_order_relaxed);
+        return finish(ExitKind::kKicked);
+      }
+      if (budget_ != 0 && steps_ - budget_start_ >= budget_) {
+        budget_ = 0;
+        return finish(ExitKind::kKicked);
+      }
+      if (window_requested_ && can_inject_interrupt()) return finish(ExitKind::kInterruptWindow);
+      if (s_.halted) {
+        VcpuExit* out = finish(ExitKind::kHlt);
+        out->rip = hlt_rip_;
+        return out;
+      }
+    }
+    try {
+      step();
+    } catch (const ExitRequest&) {
+      if (exit_.kind == ExitKind::kFault) {
+        responses_.clear();
+        return &exit_;
+      }
+      exit_outstanding_ = true;
+      return &exit_;
+    }
+  }
+}
+
+Result<CpuState> InterpBackend::get_state() { return s_; }
+
+Result<> InterpBackend::set_state(const CpuState& state) {
+  s_ = state;
+  s_.rflags |= 2;
+  // A new state abandons any half-executed instruction and every cached translation.
+  responses_.clear();
+  exit_outstanding_ = false;
+  shutdown_ = false;
+  flush_tlb(true);
+  return {};
+}
+
+bool InterpBackend::can_inject_interrupt() {
+  return (s_.rflags & rflags::kIf) && !s_.interrupt_shadow && !pending_irq_ && responses_.empty();
+}
+
+Result<> InterpBackend::inject_interrupt(uint8_t vector) {
+  if (pending_irq_) return fail(ErrorKind::kGuest, "interp: interrupt {} injected while {} is still pending", vector, *pending_irq_);
+  pending_irq_ = vector;
+  return {};
+}
+
+Result<> InterpBackend::set_stop(std::optional<Coordinate> target) {
+  stop_ = target;
+  return {};
+}
+
+Result<std::unique_ptr<Backend>> make_interp_backend(GuestMemory& memory, const CpuModel& model) {
+  if (memory.size() == 0 || memory.host_base() == nullptr)
+    return fail(ErrorKind::kInvalidArgument, "interp: guest memory is not mapped");
+  return std::unique_ptr<Backend>(new InterpBackend(memory, model));
+}
+
+}  // namespace deja

@@ -1,0 +1,187 @@
+// The software CPU backend: an x86-64 interpreter with exact retired-instruction and conditional-branch counts.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "interp/decoded_insn.h"
+#include "vmm/backend.h"
+#include "vmm/cpu_model.h"
+#include "vmm/guest_memory.h"
+
+namespace deja {
+
+class InterpBackend : public Backend {
+ public:
+  InterpBackend(GuestMemory& memory, const CpuModel& model);
+  ~InterpBackend() override;
+
+  std::string_view name() const override { return "interp"; }
+  Result<VcpuExit*> run() override;
+  Result<CpuState> get_state() override;
+  Result<> set_state(const CpuState& state) override;
+  bool can_inject_interrupt() override;
+  Result<> inject_interrupt(uint8_t vector) override;
+  void request_interrupt_window(bool enable) override { window_requested_ = enable; }
+  void kick() override { kicked_.store(true, std::memory_order_relaxed); }
+  std::optional<uint64_t> branch_count() const override { return branches_; }
+  std::optional<uint64_t> instruction_count() const override { return instructions_; }
+  Result<> set_stop(std::optional<Coordinate> target) override;
+
+  // run() returns kKicked after `n` more retired instructions (deterministic timeslices); 0 = off.
+  void set_instruction_budget(uint64_t n) { budget_ = n; }
+  // Instructions that raised #UD because deja does not implement them, by mnemonic.
+  std::map<std::string, uint64_t> unimplemented_counts() const { return unimplemented_; }
+  uint64_t decode_invalidations() const { return cache_.invalidations(); }
+
+  // Exceptions and exits unwind out of the executor as these (private to the implementation).
+  struct GuestException {
+    uint8_t vector;
+    uint32_t error_code;
+    bool has_error_code;
+  };
+  struct ExitRequest {};
+
+ private:
+  enum class Access : uint8_t { kRead, kWrite, kExec };
+  struct TlbEntry {
+    uint64_t tag = ~0ull;  // linear page number; ~0 = empty
+    uint64_t phys = 0;     // physical page base
+    bool writable = false, user = false, nx = false, global = false, dirty = false;
+  };
+  static constexpr size_t kTlbSize = 256;
+
+  // Execution.
+  void step();
+  void execute(const interp::DecodedInsn& insn);
+  const interp::DecodedInsn& fetch_decoded();
+  void decode_at(uint64_t linear, interp::DecodedInsn& out);
+  uint8_t decode_mode() const;
+  void raise(uint8_t vector, uint32_t error_code = 0, bool has_error_code = false) const;
+  [[noreturn]] void raise_ud(const interp::DecodedInsn& insn, bool unimplemented);
+  void exec_string(const interp::DecodedInsn& insn);
+  void exec_system(const interp::DecodedInsn& insn);
+  void exec_sse(const interp::DecodedInsn& insn);
+
+  // Register and operand access.
+  uint64_t reg_read(int index, unsigned bytes) const;
+  void reg_write(int index, unsigned bytes, uint64_t value);
+  uint64_t effective_address(const interp::Operand& op, const interp::DecodedInsn& insn) const;
+  uint64_t read_operand(const interp::DecodedInsn& insn, int i);
+  void write_operand(const interp::DecodedInsn& insn, int i, uint64_t value);
+  uint64_t segment_base(int seg) const;
+
+  // Memory.
+  uint64_t translate(uint64_t linear, Access access, bool user);
+  uint64_t walk(uint64_t linear, Access access, bool user, TlbEntry& entry);
+  void read_linear(uint64_t linear, void* out, unsigned size, Access access = Access::kRead);
+  void write_linear(uint64_t linear, const void* data, unsigned size);
+  void read_phys(uint64_t gpa, void* out, unsigned size);
+  void write_phys(uint64_t gpa, const void* data, unsigned size);
+  uint64_t read_mem(int seg, uint64_t offset, unsigned size);
+  void write_mem(int seg, uint64_t offset, unsigned size, uint64_t value);
+  // System-structure access (descriptor tables, TSS, IDT) is supervisor regardless of CPL.
+  uint64_t read_sys(uint64_t linear, unsigned size);
+  void write_sys(uint64_t linear, unsigned size, uint64_t value);
+  void flush_tlb(bool include_global);
+  bool is_user() const { return cpl() == 3; }
+
+  // Stack.
+  void push(uint64_t value, unsigned size);
+  uint64_t pop(unsigned size);
+  unsigned stack_addr_size() const;
+
+  // Modes and segments.
+  unsigned cpl() const { return s_.cs.dpl; }
+  bool long_mode() const { return s_.efer & efer::kLma; }
+  bool mode64() const { return long_mode() && s_.cs.l; }
+  SegmentReg& seg(int index);
+  void load_segment(int index, uint16_t selector);
+  SegmentReg read_descriptor(uint16_t selector, uint8_t vector_on_fault);
+  uint64_t descriptor_address(uint16_t selector, uint8_t vector_on_fault);
+  void load_code_segment_far(uint16_t selector, uint64_t target, bool is_call, unsigned opsize);
+  void far_return(unsigned opsize, uint16_t pop_extra);
+  void iret(unsigned opsize);
+  void set_cr(int cr, uint64_t value);
+  uint64_t get_cr(int cr) const;
+  void set_efer(uint64_t value);
+  void update_mode();
+  void write_rflags(uint64_t value, uint64_t mask);
+  uint64_t canonical_check(uint64_t address, bool use_ss) const;
+
+  // MSRs and exits.
+  uint64_t msr_read(uint32_t index);
+  void msr_write(uint32_t index, uint64_t value);
+  uint64_t port_in(uint16_t port, unsigned size);
+  void port_out(uint16_t port, unsigned size, uint64_t value);
+  void check_io_permission();
+  [[noreturn]] void request_exit();
+  bool take_response(ExitKind kind, uint64_t key, uint64_t& value, bool* fault = nullptr, bool* ok = nullptr);
+
+  // Interrupts and exceptions.
+  void deliver_event(uint8_t vector, bool has_error_code, uint32_t error_code, bool software, uint64_t return_rip);
+  void deliver(uint8_t vector, bool has_error_code, uint32_t error_code, bool software, uint64_t return_rip);
+  void deliver_protected(uint8_t vector, bool has_error_code, uint32_t error_code, bool software,
+                         uint64_t return_rip);
+  void deliver_long(uint8_t vector, bool has_error_code, uint32_t error_code, bool software, uint64_t return_rip);
+  void triple_fault(const std::string& why);
+
+  void invalidate_vmm_writes();
+  void note_code_write(uint64_t gpa, unsigned size);
+  void count_unimplemented(uint16_t mnemonic);
+
+  GuestMemory& memory_;
+  const CpuModel& model_;
+  uint8_t* ram_;
+  uint64_t ram_size_;
+  CpuState s_;
+
+  interp::DecodeCache cache_;
+  interp::DecodedInsn scratch_;  // instructions that straddle a page boundary are not cached
+  std::array<TlbEntry, kTlbSize> tlb_{};
+
+  VcpuExit exit_;
+  // The pending exit's response: the instruction that caused it is executed again and consumes it.
+  struct Response {
+    ExitKind kind;
+    uint64_t key;
+    uint64_t value;
+    bool ok;
+    bool fault;
+  };
+  std::vector<Response> responses_;
+  size_t response_cursor_ = 0;
+  bool exit_outstanding_ = false;  // exit_ was returned and its response is still to be collected
+
+  uint64_t instructions_ = 0;
+  uint64_t steps_ = 0;  // instructions plus extra REP iterations: what the budget counts
+  uint64_t branches_ = 0;
+  uint64_t budget_ = 0;
+  uint64_t budget_start_ = 0;
+  std::optional<Coordinate> stop_;
+  std::atomic<bool> kicked_{false};
+  bool window_requested_ = false;
+  std::optional<uint8_t> pending_irq_;
+  bool shadow_next_ = false;  // set by STI/MOV SS during the current instruction
+  uint64_t insn_rip_ = 0;     // RIP of the instruction being executed
+  uint64_t next_rip_ = 0;
+  int software_interrupt_ = -1;  // INT n / INT3 / INTO / INT1 delivered after the instruction retires
+  bool icebp_ = false;
+  bool rep_continues_ = false;   // a REP iteration finished with more to do: RIP stays
+  bool hlt_executed_ = false;
+  uint64_t hlt_rip_ = 0;
+  int delivering_ = -1;       // vector being delivered, for double-fault classification
+  bool shutdown_ = false;
+  std::string shutdown_detail_;
+  std::map<std::string, uint64_t> unimplemented_;
+};
+
+Result<std::unique_ptr<Backend>> make_interp_backend(GuestMemory& memory, const CpuModel& model);
+
+}  // namespace deja

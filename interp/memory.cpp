@@ -1,0 +1,292 @@
+// The interpreter's MMU: segmentation (flat fast path), 32-bit/PAE/4-level paging with a software TLB, RAM vs MMIO.
+#include <cstring>
+
+#include "interp/interp_backend.h"
+
+namespace deja {
+namespace {
+
+constexpr uint64_t kPresent = 1, kWritable = 2, kUser = 4, kAccessed = 1u << 5, kDirty = 1u << 6, kLarge = 1u << 7,
+                   kGlobal = 1u << 8, kNx = 1ull << 63;
+constexpr uint64_t kAddrMask = 0x000ffffffffff000ull;
+constexpr uint8_t kPageFault = 14, kGeneralProtection = 13, kStackFault = 12;
+
+}  // namespace
+
+uint64_t InterpBackend::segment_base(int seg_index) const {
+  switch (seg_index) {
+    case 0: return s_.es.base;
+    case 1: return s_.cs.base;
+    case 2: return s_.ss.base;
+    case 3: return s_.ds.base;
+    case 4: return s_.fs.base;
+    default: return s_.gs.base;
+  }
+}
+
+uint64_t InterpBackend::canonical_check(uint64_t address, bool use_ss) const {
+  if (uint64_t(int64_t(address << 16) >> 16) != address) raise(use_ss ? kStackFault : kGeneralProtection, 0, true);
+  return address;
+}
+
+void InterpBackend::flush_tlb(bool include_global) {
+  bool keep_global = !include_global && (s_.cr4 & cr4::kPge);
+  for (auto& entry : tlb_) {
+    if (!(keep_global && entry.global)) entry.tag = ~0ull;
+  }
+}
+
+uint64_t InterpBackend::translate(uint64_t linear, Access access, bool user) {
+  if (!(s_.cr0 & cr0::kPg)) return long_mode() ? linear : (linear & 0xffffffffu);
+  uint64_t vpn = linear >> 12;
+  TlbEntry& entry = tlb_[vpn % kTlbSize];
+  if (entry.tag == vpn) [[likely]] {
+    bool ok = true;
+    if (user && !entry.user) ok = false;
+    if (access == Access::kWrite && (!entry.dirty || (!entry.writable && (user || (s_.cr0 & cr0::kWp))))) ok = false;
+    if (access == Access::kExec && entry.nx) ok = false;
+    if (ok) return entry.phys | (linear & 0xfff);
+  }
+  return walk(linear, access, user, entry);
+}
+
+uint64_t InterpBackend::walk(uint64_t linear, Access access, bool user, TlbEntry& entry) {
+  const bool nxe = s_.efer & efer::kNxe;
+  auto fault = [&](bool present, bool reserved) {
+    uint32_t code = (present ? 1u : 0u) | (access == Access::kWrite ? 2u : 0u) | (user ? 4u : 0u) |
+                    (reserved ? 8u : 0u) | (access == Access::kExec && nxe ? 16u : 0u);
+    s_.cr2 = linear;
+    raise(kPageFault, code, true);
+  };
+  auto load = [&](uint64_t gpa, bool wide) -> uint64_t {
+    if (!memory_.contains(Gpa{gpa}, wide ? 8 : 4)) fault(false, false);
+    uint64_t value = 0;
+    std::memcpy(&value, ram_ + gpa, wide ? 8 : 4);
+    return value;
+  };
+  auto store = [&](uint64_t gpa, uint64_t value, bool wide) {
+    std::memcpy(ram_ + gpa, &value, wide ? 8 : 4);
+    note_code_write(gpa, wide ? 8 : 4);
+  };
+
+  bool writable = true, user_ok = true, nx = false, global = false;
+  uint64_t phys_page = 0;
+  struct Level { uint64_t gpa; uint64_t value; };
+  Level levels[4];
+  int depth = 0;
+  bool wide = true;
+
+  if (s_.cr4 & cr4::kPae) {
+    uint64_t table = 0;
+    int top_shift = 39;
+    if (long_mode()) {
+      table = s_.cr3 & kAddrMask;
+    } else {
+      // PAE without long mode: CR3 points at four PDPTEs.
+      uint64_t pdpte_gpa = (s_.cr3 & 0xffffffe0u) + ((linear >> 30) & 3) * 8;
+      uint64_t pdpte = load(pdpte_gpa, true);
+      if (!(pdpte & kPresent)) fault(false, false);
+      table = pdpte & kAddrMask;
+      top_shift = 21;
+    }
+    for (int shift = top_shift; shift >= 12; shift -= 9) {
+      uint64_t gpa = table + ((linear >> shift) & 511) * 8;
+      uint64_t value = load(gpa, true);
+      if (!(value & kPresent)) fault(false, false);
+      if ((value & kNx) && !nxe) fault(true, true);
+      levels[depth++] = {gpa, value};
+      writable &= bool(value & kWritable);
+      user_ok &= bool(value & kUser);
+      nx |= bool(value & kNx);
+      bool leaf = shift == 12 || (value & kLarge);
+      if (leaf && shift == 39) fault(true, true);
+      if (leaf) {
+        uint64_t page_mask = (1ull << shift) - 1;
+        phys_page = ((value & kAddrMask & ~page_mask) | (linear & page_mask)) & ~0xfffull;
+        global = value & kGlobal;
+        break;
+      }
+      table = value & kAddrMask;
+    }
+  } else {
+    wide = false;
+    uint64_t pde_gpa = (s_.cr3 & 0xfffff000u) + ((linear >> 22) & 1023) * 4;
+    uint64_t pde = load(pde_gpa, false);
+    if (!(pde & kPresent)) fault(false, false);
+    levels[depth++] = {pde_gpa, pde};
+    writable = pde & kWritable;
+    user_ok = pde & kUser;
+    if ((pde & kLarge) && (s_.cr4 & cr4::kPse)) {
+      phys_page = ((pde & 0xffc00000u) | (linear & 0x3ff000u));
+      global = pde & kGlobal;
+    } else {
+      uint64_t pte_gpa = (pde & 0xfffff000u) + ((linear >> 12) & 1023) * 4;
+      uint64_t pte = load(pte_gpa, false);
+      if (!(pte & kPresent)) fault(false, false);
+      levels[depth++] = {pte_gpa, pte};
+      writable &= bool(pte & kWritable);
+      user_ok &= bool(pte & kUser);
+      phys_page = pte & 0xfffff000u;
+      global = pte & kGlobal;
+    }
+  }
+
+  if (user && !user_ok) fault(true, false);
+  if (access == Access::kWrite && !writable && (user || (s_.cr0 & cr0::kWp))) fault(true, false);
+  if (access == Access::kExec && nx && nxe) fault(true, false);
+
+  // Accessed bits on every level, dirty on the leaf for writes (SDM 4.8).
+  for (int i = 0; i < depth; ++i) {
+    uint64_t value = levels[i].value | kAccessed;
+    if (i == depth - 1 && access == Access::kWrite) value |= kDirty;
+    if (value != levels[i].value) store(levels[i].gpa, value, wide);
+  }
+  bool dirty = access == Access::kWrite || (levels[depth - 1].value & kDirty);
+  entry = TlbEntry{linear >> 12, phys_page, writable, user_ok, nx && nxe, global, dirty};
+  return phys_page | (linear & 0xfff);
+}
+
+void InterpBackend::note_code_write(uint64_t gpa, unsigned size) {
+  uint64_t first = gpa >> 12, last = (gpa + size - 1) >> 12;
+  for (uint64_t pfn = first; pfn <= last; ++pfn) {
+    if (cache_.has_code(pfn)) cache_.invalidate(pfn);
+  }
+}
+
+void InterpBackend::read_phys(uint64_t gpa, void* out, unsigned size) {
+  if (gpa < ram_size_ && size <= ram_size_ - gpa) [[likely]] {
+    std::memcpy(out, ram_ + gpa, size);
+    return;
+  }
+  uint64_t value = 0;
+  if (!take_response(ExitKind::kMmioRead, gpa, value)) {
+    exit_ = VcpuExit{};
+    exit_.kind = ExitKind::kMmioRead;
+    exit_.address = gpa;
+    exit_.size = uint8_t(size);
+    request_exit();
+  }
+  std::memcpy(out, &value, size);
+}
+
+void InterpBackend::write_phys(uint64_t gpa, const void* data, unsigned size) {
+  if (gpa < ram_size_ && size <= ram_size_ - gpa) [[likely]] {
+    std::memcpy(ram_ + gpa, data, size);
+    if (cache_.has_code(gpa >> 12) || cache_.has_code((gpa + size - 1) >> 12)) note_code_write(gpa, size);
+    return;
+  }
+  uint64_t ignored = 0;
+  if (take_response(ExitKind::kMmioWrite, gpa, ignored)) return;
+  exit_ = VcpuExit{};
+  exit_.kind = ExitKind::kMmioWrite;
+  exit_.address = gpa;
+  exit_.size = uint8_t(size);
+  std::memcpy(&exit_.value, data, size);
+  request_exit();
+}
+
+void InterpBackend::read_linear(uint64_t linear, void* out, unsigned size, Access access) {
+  bool user = is_user();
+  unsigned offset = linear & 0xfff;
+  if (offset + size <= 4096) [[likely]] {
+    read_phys(translate(linear, access, user), out, size);
+    return;
+  }
+  unsigned first = 4096 - offset;
+  uint64_t phys_a = translate(linear, access, user);
+  uint64_t phys_b = translate(linear + first, access, user);
+  read_phys(phys_a, out, first);
+  read_phys(phys_b, static_cast<uint8_t*>(out) + first, size - first);
+}
+
+void InterpBackend::write_linear(uint64_t linear, const void* data, unsigned size) {
+  bool user = is_user();
+  unsigned offset = linear & 0xfff;
+  if (offset + size <= 4096) [[likely]] {
+    write_phys(translate(linear, Access::kWrite, user), data, size);
+    return;
+  }
+  // Both pages are translated first so that a fault on the second leaves memory untouched.
+  unsigned first = 4096 - offset;
+  uint64_t phys_a = translate(linear, Access::kWrite, user);
+  uint64_t phys_b = translate(linear + first, Access::kWrite, user);
+  write_phys(phys_a, data, first);
+  write_phys(phys_b, static_cast<const uint8_t*>(data) + first, size - first);
+}
+
+uint64_t InterpBackend::read_mem(int seg_index, uint64_t offset, unsigned size) {
+  uint64_t linear;
+  if (mode64()) {
+    linear = seg_index >= 4 ? offset + segment_base(seg_index) : offset;
+    canonical_check(linear, seg_index == 2);
+  } else {
+    linear = (segment_base(seg_index) + offset) & 0xffffffffu;
+  }
+  uint64_t value = 0;
+  read_linear(linear, &value, size);
+  return value;
+}
+
+void InterpBackend::write_mem(int seg_index, uint64_t offset, unsigned size, uint64_t value) {
+  uint64_t linear;
+  if (mode64()) {
+    linear = seg_index >= 4 ? offset + segment_base(seg_index) : offset;
+    canonical_check(linear, seg_index == 2);
+  } else {
+    linear = (segment_base(seg_index) + offset) & 0xffffffffu;
+  }
+  write_linear(linear, &value, size);
+}
+
+uint64_t InterpBackend::read_sys(uint64_t linear, unsigned size) {
+  uint64_t value = 0;
+  uint64_t phys = translate(linear, Access::kRead, false);
+  if ((linear & 0xfff) + size <= 4096) {
+    read_phys(phys, &value, size);
+  } else {
+    for (unsigned i = 0; i < size; ++i) {
+      uint8_t byte = 0;
+      read_phys(translate(linear + i, Access::kRead, false), &byte, 1);
+      value |= uint64_t(byte) << (8 * i);
+    }
+  }
+  return value;
+}
+
+void InterpBackend::write_sys(uint64_t linear, unsigned size, uint64_t value) {
+  for (unsigned i = 0; i < size; ++i) {
+    uint8_t byte = uint8_t(value >> (8 * i));
+    write_phys(translate(linear + i, Access::kWrite, false), &byte, 1);
+  }
+}
+
+unsigned InterpBackend::stack_addr_size() const {
+  if (mode64()) return 8;
+  return s_.ss.db ? 4 : 2;
+}
+
+void InterpBackend::push(uint64_t value, unsigned size) {
+  unsigned width = stack_addr_size();
+  uint64_t rsp = s_.gpr[kRsp] - size;
+  if (width == 4) rsp &= 0xffffffffu;
+  if (width == 2) rsp &= 0xffffu;
+  write_mem(2, rsp, size, value);
+  if (width == 8) s_.gpr[kRsp] = rsp;
+  else if (width == 4) s_.gpr[kRsp] = rsp;  // 32-bit stack writes zero-extend, as a 32-bit ESP write does
+  else s_.gpr[kRsp] = (s_.gpr[kRsp] & ~0xffffull) | rsp;
+}
+
+uint64_t InterpBackend::pop(unsigned size) {
+  unsigned width = stack_addr_size();
+  uint64_t rsp = s_.gpr[kRsp];
+  if (width == 4) rsp &= 0xffffffffu;
+  if (width == 2) rsp &= 0xffffu;
+  uint64_t value = read_mem(2, rsp, size);
+  rsp += size;
+  if (width == 8) s_.gpr[kRsp] = rsp;
+  else if (width == 4) s_.gpr[kRsp] = rsp & 0xffffffffu;
+  else s_.gpr[kRsp] = (s_.gpr[kRsp] & ~0xffffull) | (rsp & 0xffff);
+  return value;
+}
+
+}  // namespace deja

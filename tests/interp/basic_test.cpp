@@ -1,0 +1,303 @@
+// Interp backend: instruction execution, exits, progress counting, stop coordinates and the decode cache.
+#include <gtest/gtest.h>
+
+#include "tests/interp/interp_test_util.h"
+
+namespace deja::test {
+namespace {
+
+TEST(InterpBasic, SerialOutputThenExitPort) {
+  TestVm vm = TestVm::long_mode();
+  vm.code(R"(
+    mov dx, 0x3f8
+    mov al, 'O'
+    out dx, al
+    mov al, 'K'
+    out dx, al
+    mov al, 0x31
+    out 0xf4, al
+  )");
+  std::string text;
+  for (;;) {
+    VcpuExit exit = vm.run();
+    ASSERT_EQ(exit.kind, ExitKind::kIoOut);
+    if (exit.port == 0xf4) {
+      EXPECT_EQ(exit.value, 0x31u);
+      EXPECT_EQ(exit.size, 1);
+      break;
+    }
+    EXPECT_EQ(exit.port, 0x3f8);
+    text += char(exit.value);
+  }
+  EXPECT_EQ(text, "OK");
+  EXPECT_EQ(*vm.cpu->instruction_count(), 6u);  // the final OUT has not retired yet
+}
+
+TEST(InterpBasic, ArithmeticLoopAndCounts) {
+  TestVm vm = TestVm::long_mode();
+  vm.code(R"(
+    xor eax, eax
+    mov ecx, 100
+  1:
+    add rax, rcx
+    dec ecx
+    jnz 1b
+    imul rax, rax, 3
+    mov rbx, 7
+    xor edx, edx
+    div rbx
+    hlt
+  )");
+  VcpuExit exit = vm.run();
+  ASSERT_EQ(exit.kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.gpr[kRax], 5050u * 3 / 7);
+  EXPECT_EQ(s.gpr[kRdx], 5050u * 3 % 7);
+  EXPECT_EQ(*vm.cpu->branch_count(), 100u);
+  EXPECT_EQ(*vm.cpu->instruction_count(), 2u + 300 + 5);
+}
+
+// Every conditional-branch kind counts once per execution, taken or not; JMP/CALL/RET do not count.
+TEST(InterpBasic, ConditionalBranchKindsCount) {
+  struct Case {
+    const char* name;
+    const char* body;
+    uint64_t branches;
+  } cases[] = {
+      {"jz not taken", "cmp eax, 1\n jz 1f\n 1:", 1},
+      {"jz taken", "cmp eax, eax\n jz 1f\n nop\n 1:", 1},
+      {"jnz rel32", "cmp eax, 1\n .byte 0x0f, 0x85\n .long 0\n", 1},
+      {"jrcxz", "xor ecx, ecx\n jrcxz 1f\n 1:\n mov ecx, 1\n jrcxz 2f\n 2:", 2},
+      {"jecxz", "xor ecx, ecx\n jecxz 1f\n 1:", 1},
+      {"loop", "mov ecx, 5\n 1: loop 1b", 5},
+      {"loope", "mov ecx, 5\n cmp eax, eax\n 1: loope 1b", 5},
+      {"loopne", "mov ecx, 5\n cmp eax, 1\n 1: loopne 1b", 5},
+      {"all 16 jcc", "jo 1f\n 1: jno 1f\n 1: jb 1f\n 1: jae 1f\n 1: je 1f\n 1: jne 1f\n 1: jbe 1f\n 1: ja 1f\n 1:"
+                     "js 1f\n 1: jns 1f\n 1: jp 1f\n 1: jnp 1f\n 1: jl 1f\n 1: jge 1f\n 1: jle 1f\n 1: jg 1f\n 1:", 16},
+      {"unconditional", "jmp 1f\n 1: call 2f\n jmp 3f\n 2: ret\n 3: lea rax, [rip + 4f]\n jmp rax\n 4:", 0},
+      {"cmov/setcc", "cmp eax, ebx\n cmovz eax, ebx\n setz cl", 0},
+  };
+  for (const Case& c : cases) {
+    TestVm vm = TestVm::long_mode();
+    vm.code(std::string(c.body) + "\n hlt\n");
+    ASSERT_EQ(vm.run().kind, ExitKind::kHlt) << c.name;
+    EXPECT_EQ(*vm.cpu->branch_count(), c.branches) << c.name;
+  }
+}
+
+TEST(InterpBasic, RepMovsStopsMidwayAndResumes) {
+  TestVm vm = TestVm::long_mode();
+  std::vector<uint8_t> source(100);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = uint8_t(i + 1);
+  vm.load(0x200000, source);
+  vm.code(R"(
+    mov rsi, 0x200000
+    mov rdi, 0x300000
+    mov ecx, 100
+    cld
+    rep movsb
+    hlt
+  )");
+  auto rep_rip = kCode + 5 + 5 + 5 + 1 + 2;  // mov rsi/rdi imm32 (7 bytes each with REX.W)
+  rep_rip = kCode + 7 + 7 + 5 + 1;
+  ASSERT_TRUE(vm.cpu->set_stop(Coordinate{0, 0, rep_rip, 60}).has_value());
+  VcpuExit exit = vm.run();
+  ASSERT_EQ(exit.kind, ExitKind::kCoordinateReached);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.rip, rep_rip);
+  EXPECT_EQ(s.gpr[kRcx], 60u);
+  EXPECT_EQ(s.gpr[kRsi], 0x200000u + 40);
+  EXPECT_EQ(vm.read64(0x300000 + 32) & 0xff, 33u);
+  EXPECT_EQ(vm.read64(0x300000 + 40), 0u);  // not copied yet
+  EXPECT_EQ(*vm.cpu->instruction_count(), 4u);  // the REP has not retired
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  s = vm.state();
+  EXPECT_EQ(s.gpr[kRcx], 0u);
+  EXPECT_EQ(vm.read64(0x300000 + 96) & 0xffffffff, 0x64636261u);
+  EXPECT_EQ(*vm.cpu->instruction_count(), 6u);
+}
+
+TEST(InterpBasic, SelfModifyingCodeInSamePage) {
+  TestVm vm = TestVm::long_mode();
+  vm.code(R"(
+    mov ecx, 2
+  1:
+    lea rbx, [rip + 2f]
+    mov eax, 0
+  2:
+    mov edx, 0x11111111
+    add eax, edx
+    mov dword ptr [rbx + 1], 0x22222222
+    dec ecx
+    jnz 1b
+    hlt
+  )");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  // First pass executes the original immediate, the second the stored one: the cached decode was dropped.
+  EXPECT_EQ(vm.state().gpr[kRax], 0x22222222u);
+  EXPECT_GE(vm.cpu->decode_invalidations(), 1u);
+}
+
+TEST(InterpBasic, VmmWriteInvalidatesDecodedCode) {
+  TestVm vm = TestVm::long_mode();
+  vm.code("mov eax, 1\n hlt\n");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.state().gpr[kRax], 1u);
+  vm.code("mov eax, 2\n hlt\n");
+  CpuState s = vm.state();
+  s.rip = kCode;
+  s.halted = false;
+  vm.set_state(s);
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.state().gpr[kRax], 2u);
+}
+
+TEST(InterpBasic, PortInputExit) {
+  TestVm vm = TestVm::long_mode();
+  vm.code("mov dx, 0x3fd\n in al, dx\n mov ebx, eax\n in eax, 0x40\n hlt\n");
+  VcpuExit* exit = *vm.cpu->run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoIn);
+  EXPECT_EQ(exit->port, 0x3fd);
+  EXPECT_EQ(exit->size, 1);
+  EXPECT_EQ(exit->rip, kCode + 4);
+  exit->value = 0x60;
+  exit = *vm.cpu->run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoIn);
+  EXPECT_EQ(exit->port, 0x40);
+  EXPECT_EQ(exit->size, 4);
+  exit->value = 0xdeadbeef;
+  ASSERT_EQ((*vm.cpu->run())->kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.state().gpr[kRbx], 0x60u);
+  EXPECT_EQ(vm.state().gpr[kRax], 0xdeadbeefu);
+}
+
+TEST(InterpBasic, MmioReadAndWriteExit) {
+  TestVm vm = TestVm::long_mode();
+  vm.code("mov rbx, 0x10000000\n mov eax, [rbx + 8]\n add eax, 1\n mov [rbx + 16], eax\n hlt\n");
+  VcpuExit* exit = *vm.cpu->run();
+  ASSERT_EQ(exit->kind, ExitKind::kMmioRead);
+  EXPECT_EQ(exit->address, 0x10000008u);
+  EXPECT_EQ(exit->size, 4);
+  exit->value = 41;
+  exit = *vm.cpu->run();
+  ASSERT_EQ(exit->kind, ExitKind::kMmioWrite);
+  EXPECT_EQ(exit->address, 0x10000010u);
+  EXPECT_EQ(exit->value, 42u);
+  ASSERT_EQ((*vm.cpu->run())->kind, ExitKind::kHlt);
+}
+
+TEST(InterpBasic, RdtscExitAndCpuidFromModel) {
+  TestVm vm = TestVm::long_mode();
+  vm.code("rdtsc\n mov r8, rax\n mov r9, rdx\n xor eax, eax\n cpuid\n hlt\n");
+  VcpuExit* exit = *vm.cpu->run();
+  ASSERT_EQ(exit->kind, ExitKind::kRdtsc);
+  EXPECT_FALSE(exit->is_rdtscp);
+  exit->value = 0x123456789abcdefull;
+  ASSERT_EQ((*vm.cpu->run())->kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.gpr[kR8], 0x89abcdefu);
+  EXPECT_EQ(s.gpr[kR9], 0x01234567u);
+  CpuidResult leaf0 = CpuModel::current().cpuid(0, 0);
+  EXPECT_EQ(s.gpr[kRax], leaf0.eax);
+  EXPECT_EQ(s.gpr[kRbx], leaf0.ebx);
+  EXPECT_EQ(s.gpr[kRcx], leaf0.ecx);
+  EXPECT_EQ(s.gpr[kRdx], leaf0.edx);
+}
+
+TEST(InterpBasic, HiddenFeaturesAreUndefinedOpcode) {
+  // The model hides RDTSCP and RDRAND, so both raise #UD (vector 6) instead of exiting.
+  for (const char* insn : {"rdtscp", "rdrand eax"}) {
+    TestVm vm = TestVm::long_mode();
+    vm.idt_gate(6, kCode + 0x800);
+    vm.load(kCode + 0x800, assemble("mov r15, 6\n hlt\n", kCode + 0x800));
+    vm.code(std::string(insn) + "\n hlt\n");
+    ASSERT_EQ(vm.run().kind, ExitKind::kHlt) << insn;
+    EXPECT_EQ(vm.state().gpr[kR15], 6u) << insn;
+    EXPECT_TRUE(vm.cpu->unimplemented_counts().empty()) << insn;
+  }
+}
+
+TEST(InterpBasic, UnimplementedInstructionCountedByMnemonic) {
+  TestVm vm = TestVm::long_mode();
+  vm.idt_gate(6, kCode + 0x800);
+  vm.load(kCode + 0x800, assemble("mov r15, [rsp]\n add qword ptr [rsp], 2\n inc r14\n iretq\n", kCode + 0x800));
+  vm.code("fld1\n fld1\n hlt\n");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.state().gpr[kR14], 2u);
+  EXPECT_EQ(vm.state().gpr[kR15], kCode + 2);
+  auto counts = vm.cpu->unimplemented_counts();
+  ASSERT_EQ(counts.count("fld1"), 1u);
+  EXPECT_EQ(counts["fld1"], 2u);
+}
+
+TEST(InterpBasic, StringAndBitInstructions) {
+  TestVm vm = TestVm::long_mode();
+  vm.code(R"(
+    mov rdi, 0x200000
+    mov al, 0x5a
+    mov ecx, 16
+    rep stosb
+    mov rdi, 0x200000
+    mov ecx, 32
+    repe scasb
+    mov r8, rcx
+    mov eax, 0x80
+    bsf r9d, eax
+    bsr r10d, eax
+    popcnt r11d, eax
+    mov r12, 0xff00
+    bt r12, 9
+    setc r13b
+    bswap eax
+    mov r14d, eax
+    hlt
+  )");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(vm.read64(0x200000), 0x5a5a5a5a5a5a5a5aull);
+  EXPECT_EQ(s.gpr[kRdi], 0x200000u + 17);  // stops after the first mismatching byte
+  EXPECT_EQ(s.gpr[kR8], 32u - 17);
+  EXPECT_EQ(s.gpr[kR9], 7u);
+  EXPECT_EQ(s.gpr[kR10], 7u);
+  EXPECT_EQ(s.gpr[kR11], 1u);
+  EXPECT_EQ(s.gpr[kR13] & 0xff, 1u);
+  EXPECT_EQ(s.gpr[kR14], 0x80000000u);
+}
+
+TEST(InterpBasic, InstructionBudgetKicks) {
+  TestVm vm = TestVm::long_mode();
+  vm.code("1: inc rax\n jmp 1b\n");
+  vm.cpu->set_instruction_budget(1001);
+  ASSERT_EQ(vm.run().kind, ExitKind::kKicked);
+  EXPECT_EQ(*vm.cpu->instruction_count(), 1001u);
+  EXPECT_EQ(vm.state().gpr[kRax], 501u);
+  vm.cpu->kick();
+  ASSERT_EQ(vm.run().kind, ExitKind::kKicked);
+  EXPECT_EQ(*vm.cpu->instruction_count(), 1001u);
+}
+
+TEST(InterpBasic, SseMovesAndXor) {
+  TestVm vm = TestVm::long_mode();
+  vm.write64(0x200000, 0x1111111111111111ull);
+  vm.write64(0x200008, 0x2222222222222222ull);
+  vm.code(R"(
+    mov rax, 0x200000
+    movdqa xmm0, [rax]
+    pxor xmm1, xmm1
+    movups [rax + 16], xmm0
+    movups [rax + 32], xmm1
+    movq rbx, xmm0
+    paddq xmm0, xmm0
+    movhps [rax + 48], xmm0
+    hlt
+  )");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.read64(0x200010), 0x1111111111111111ull);
+  EXPECT_EQ(vm.read64(0x200018), 0x2222222222222222ull);
+  EXPECT_EQ(vm.read64(0x200020), 0u);
+  EXPECT_EQ(vm.state().gpr[kRbx], 0x1111111111111111ull);
+  EXPECT_EQ(vm.read64(0x200030), 0x4444444444444444ull);
+}
+
+}  // namespace
+}  // namespace deja::test
