@@ -1,19 +1,29 @@
 #!/bin/sh
 # Runs one guest under QEMU (TCG), captures its serial output, and checks output and exit status.
 #
-# usage: run-qemu.sh [--append ARGS] [--cpu MODEL] [--input FILE] [--timeout SECONDS] GUEST.elf EXPECTED
+# usage: run-qemu.sh [--append ARGS] [--cpu MODEL] [--input FILE] [--timeout SECONDS] [--qemu-arg ARG]...
+#                    GUEST.elf EXPECTED
+#   --qemu-arg ARG passed to QEMU as is (repeatable), e.g. "-device" "loader,file=..."
 #   --input FILE   bytes for the guest's COM1 receiver, sent once the guest prints a line containing
 #                  "ready for input" (a 16550 drops bytes received before its FIFO is enabled)
 # Exit status: 0 pass, 1 fail, 77 skip (no qemu-system-x86_64).
 set -u
 
+qemu=$(command -v qemu-system-x86_64) || {
+  echo "SKIP: qemu-system-x86_64 not found in PATH (Debian package qemu-system-x86)"
+  exit 77
+}
+
 append="" cpu="" input="" timeout_s=60
+extra_file=$(mktemp "${TMPDIR:-/tmp}/deja-qemu-args.XXXXXX") || exit 1
+trap 'rm -f "$extra_file"' EXIT
 while [ $# -gt 2 ]; do
   case "$1" in
     --append) append="$2"; shift 2 ;;
     --cpu) cpu="$2"; shift 2 ;;
     --input) input="$2"; shift 2 ;;
     --timeout) timeout_s="$2"; shift 2 ;;
+    --qemu-arg) printf '%s\n' "$2" >> "$extra_file"; shift 2 ;;
     *) echo "run-qemu.sh: unknown option '$1'" >&2; exit 1 ;;
   esac
 done
@@ -28,10 +38,6 @@ if [ ! -e "$expected" ] && [ -e "$expected-re" ]; then
 fi
 here=$(cd "$(dirname "$0")" && pwd)
 
-qemu=$(command -v qemu-system-x86_64) || {
-  echo "SKIP: qemu-system-x86_64 not found in PATH (Debian package qemu-system-x86)"
-  exit 77
-}
 for f in "$guest" "$expected"; do
   [ -r "$f" ] || { echo "FAIL: cannot read $f (build the 'guests' target first?)"; exit 1; }
 done
@@ -40,6 +46,7 @@ if [ -n "$input" ] && [ ! -r "$input" ]; then
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/deja-qemu.XXXXXX") || exit 1
+mv "$extra_file" "$work/extra-args"
 trap 'rm -rf "$work"' EXIT
 out="$work/serial.out"
 : > "$out"
@@ -48,6 +55,7 @@ set -- "$qemu" -accel tcg -m 256M -kernel "$guest" \
   -device isa-debug-exit,iobase=0xf4,iosize=4 -serial stdio -display none -monitor none -no-reboot
 [ -n "$cpu" ] && set -- "$@" -cpu "$cpu"
 [ -n "$append" ] && set -- "$@" -append "$append"
+while IFS= read -r arg; do set -- "$@" "$arg"; done < "$work/extra-args"
 
 if [ -n "$input" ]; then
   mkfifo "$work/stdin"
