@@ -232,9 +232,13 @@ Result<Plan> plan_image(const std::string& name, std::span<const uint8_t> image)
     return plan_elf(name, image, /*multiboot=*/true);
   }
   if (!has_elf_magic(image)) {
+    // A Linux bzImage carries "HdrS" at 0x202: say so, since it is the most likely wrong file.
+    const bool bzimage = image.size() >= 0x206 && std::memcmp(image.data() + 0x202, "HdrS", 4) == 0;
     return fail(ErrorKind::kBadImage,
-                "guest image '{}' is not an ELF file (bad magic) and has no Multiboot header in its first {} bytes",
-                name, multiboot::kSearchLimit);
+                "guest image '{}' is not an ELF file (bad magic) and has no Multiboot header in its first {} bytes{}",
+                name, multiboot::kSearchLimit,
+                bzimage ? " (it is a Linux bzImage; the Linux boot protocol is not supported yet: boot the vmlinux ELF)"
+                        : "");
   }
   return plan_elf(name, image, /*multiboot=*/false);
 }

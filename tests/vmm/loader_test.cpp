@@ -653,6 +653,46 @@ TEST(LoaderRejects, SixtyThousandSegmentsAreCheckedQuickly) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+TEST(LoaderRejects, LinuxBzImageIsRecognised) {
+  std::vector<uint8_t> image = pattern(0x1000, 0);
+  std::memcpy(image.data() + 0x202, "HdrS", 4);
+  expect_rejected(load_bytes(image), {"not an ELF file", "bzImage"});
+}
+
+// The project's own guests (guest-tests/, built by the same CMake tree) are real toolchain output:
+// they must load byte-exact. Skipped when the guests have not been built yet.
+TEST(LoaderRealImages, ProjectGuestsLoadAsMultibootElf32) {
+  int checked = 0;
+  for (const char* guest : {"hello", "cpuid", "exceptions", "paging", "timer", "memory", "boot64-shim"}) {
+    const std::string path = std::string(DEJA_GUEST_IMAGE_DIR) + "/" + guest + ".elf";
+    auto file = read_boot_file(path, "guest image");
+    if (!file) continue;
+    GuestMemory memory = make_ram(64 << 20);
+    auto loaded = load_guest_image(memory, path, {.cmdline = "real"});
+    ASSERT_TRUE(loaded) << loaded.error().message;
+    EXPECT_EQ(loaded->format, "multiboot-elf32") << path;
+    const std::span<const uint8_t> bytes = *file;
+    uint32_t entry, phoff, paddr, offset, filesz;
+    uint16_t phnum;
+    std::memcpy(&entry, &bytes[24], 4);
+    std::memcpy(&phoff, &bytes[28], 4);
+    std::memcpy(&phnum, &bytes[44], 2);
+    EXPECT_EQ(loaded->initial_state.rip, entry) << path;
+    for (uint16_t i = 0; i < phnum; ++i) {
+      uint32_t type;
+      std::memcpy(&type, &bytes[phoff + 32 * i], 4);
+      if (type != kPtLoad) continue;
+      std::memcpy(&offset, &bytes[phoff + 32 * i + 4], 4);
+      std::memcpy(&paddr, &bytes[phoff + 32 * i + 12], 4);
+      std::memcpy(&filesz, &bytes[phoff + 32 * i + 16], 4);
+      EXPECT_TRUE(std::ranges::equal(read_bytes(memory, paddr, filesz), bytes.subspan(offset, filesz)))
+          << path << " segment " << i;
+    }
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no guest images in " << DEJA_GUEST_IMAGE_DIR << " (build the `guests` target)";
+}
+
 // ---- fuzzing: any mutation yields an image or a clean error, never a crash ----
 
 void fuzz(const std::vector<uint8_t>& valid, uint32_t seed, int iterations) {
