@@ -33,7 +33,7 @@ class TraceWriter {
   Result<> finish(trace::Footer footer);
 
   uint64_t events_written() const { return events_written_; }
-  uint64_t chunks_written() const { return index_.size(); }
+  uint64_t chunks_written() const { return index_.size() - (chunk_events_ > 0 ? 1 : 0); }
   void set_chunk_bytes(size_t n) { chunk_bytes_ = n == 0 ? 1 : n; }
   void set_flush_interval(std::chrono::nanoseconds interval) { flush_interval_ = interval; }
   // fdatasync after each chunk: survives a host crash, not just a killed recorder; costs a disk flush per chunk.
