@@ -35,7 +35,10 @@ class InterpBackend : public Backend {
   Result<> set_stop(std::optional<Coordinate> target) override;
 
   // run() returns kKicked after `n` more retired instructions (deterministic timeslices); 0 = off.
-  void set_instruction_budget(uint64_t n) { budget_ = n; }
+  void set_instruction_budget(uint64_t n) {
+    budget_ = n;
+    budget_start_ = steps_;
+  }
   // Instructions that raised #UD because deja does not implement them, by mnemonic.
   std::map<std::string, uint64_t> unimplemented_counts() const { return unimplemented_; }
   uint64_t decode_invalidations() const { return cache_.invalidations(); }

@@ -21,10 +21,10 @@ std::vector<uint8_t> assemble(const std::string& source, uint64_t origin, int bi
     std::ofstream out(base + ".s");
     out << ".intel_syntax noprefix\n" << (bits == 64 ? ".code64\n" : ".code32\n") << source << "\n";
   }
-  std::string as_flags = bits == 64 ? "--64" : "--32";
+  // Always a 64-bit object: .code32 / .code64 switch the encoding, so one snippet can hold both.
   std::string command = fmt::format(
-      "as {0} -o {1}.o {1}.s 2>{1}.err && ld -m {2} -Ttext={3:#x} --oformat=binary -o {1}.bin {1}.o 2>>{1}.err",
-      as_flags, base, bits == 64 ? "elf_x86_64" : "elf_i386", origin);
+      "as --64 -o {0}.o {0}.s 2>{0}.err && ld -m elf_x86_64 -Ttext={1:#x} --oformat=binary -o {0}.bin {0}.o 2>>{0}.err",
+      base, origin);
   int status = std::system(command.c_str());
   if (status != 0) {
     std::ifstream err(base + ".err");

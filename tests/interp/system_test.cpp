@@ -5,5 +5,346 @@
 
 namespace deja::test {
 namespace {
+
+constexpr uint64_t kHandler = kCode + 0x800;
+
+void handler(TestVm& vm, uint64_t at, const std::string& source) { vm.load(at, assemble(source, at)); }
+
+TEST(InterpSystem, PageFaultNotPresentSetsCr2AndErrorCode) {
+  TestVm vm = TestVm::long_mode();
+  vm.idt_gate(14, kHandler);
+  handler(vm, kHandler, "pop r14\n mov r15, cr2\n mov r13, [rsp]\n hlt\n");
+  vm.code("mov rax, 0x40000010\n mov qword ptr [rax], 1\n hlt\n");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.gpr[kR14], 0x2u);  // write, not present, supervisor
+  EXPECT_EQ(s.gpr[kR15], 0x40000010u);
+  EXPECT_EQ(s.cr2, 0x40000010u);
+  EXPECT_EQ(s.gpr[kR13], kCode + 7);  // the faulting instruction (after a 7-byte MOV), not the next one
+}
+
+TEST(InterpSystem, PageFaultProtectionAndDirtyBits) {
+  TestVm vm = TestVm::long_mode();
+  vm.idt_gate(14, kHandler);
+  handler(vm, kHandler, "pop r14\n mov r15, cr2\n hlt\n");
+  vm.write64(kPt + 0x1f0 * 8, 0x1f0000 | 0x5);  // present, user, read-only
+  vm.code("mov qword ptr [0x1e0008], 7\n mov rax, [0x1f0000]\n mov qword ptr [0x1f0008], 1\n hlt\n");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.gpr[kR14], 0x3u);  // present + write (CR0.WP makes supervisor writes fault)
+  EXPECT_EQ(s.gpr[kR15], 0x1f0008u);
+  EXPECT_EQ(vm.read64(kPt + 0x1e0 * 8) & 0x60, 0x60u);  // accessed + dirty
+  EXPECT_EQ(vm.read64(kPt + 0x1f0 * 8) & 0x60, 0x20u);  // accessed only
+}
+
+TEST(InterpSystem, NoExecutePageFaultsOnFetch) {
+  TestVm vm = TestVm::long_mode();
+  vm.idt_gate(14, kHandler);
+  handler(vm, kHandler, "pop r14\n mov r15, cr2\n hlt\n");
+  vm.write64(kPt + 0x1f0 * 8, 0x1f0000 | 0x3 | (1ull << 63));
+  vm.code("mov rax, 0x1f0000\n call rax\n hlt\n");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.state().gpr[kR14], 0x11u);  // present + instruction fetch
+  EXPECT_EQ(vm.state().gpr[kR15], 0x1f0000u);
+}
+
+TEST(InterpSystem, TlbHonoursInvlpgAndCr3Reload) {
+  TestVm vm = TestVm::long_mode();
+  vm.write64(0x1e0000, 0xaaaa);
+  vm.write64(0x1d0000, 0xbbbb);
+  vm.code(R"(
+    mov rax, [0x1e0000]
+    mov qword ptr [0x7000 + 0x1e0 * 8], 0x1d0007
+    mov rbx, [0x1e0000]
+    invlpg [0x1e0000]
+    mov rcx, [0x1e0000]
+    hlt
+  )");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.gpr[kRax], 0xaaaau);
+  EXPECT_EQ(s.gpr[kRbx], 0xaaaau);  // stale translation until INVLPG, as on hardware
+  EXPECT_EQ(s.gpr[kRcx], 0xbbbbu);
+}
+
+// IRETQ to ring 3, INT from ring 3 through a DPL-3 gate with IST, and through one using TSS.RSP0.
+TEST(InterpSystem, InterruptFromRing3WithIstAndRsp0) {
+  for (uint8_t ist : {1, 0}) {
+    TestVm vm = TestVm::long_mode();
+    vm.write64(kTss + 4, 0x70000);   // RSP0
+    vm.write64(kTss + 36, 0x60000);  // IST1
+    vm.idt_gate(0x80, kHandler, ist, 3);
+    handler(vm, kHandler, "mov r12, [rsp]\n mov r13, [rsp + 8]\n mov r14, [rsp + 32]\n mov r15, rsp\n mov r11, cs\n hlt\n");
+    vm.code(R"(
+      push 0x23
+      push 0x50000
+      push 0x202
+      push 0x2b
+      lea rax, [rip + user]
+      push rax
+      iretq
+    user:
+      mov rbx, cs
+      mov rcx, ss
+      int 0x80
+    )");
+    ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+    CpuState s = vm.state();
+    EXPECT_EQ(s.gpr[kRbx], 0x2bu);
+    EXPECT_EQ(s.gpr[kRcx], 0x23u);
+    EXPECT_EQ(s.gpr[kR13], 0x2bu);
+    EXPECT_EQ(s.gpr[kR14], 0x23u);
+    EXPECT_EQ(s.gpr[kR15], (ist ? 0x60000u : 0x70000u) - 40);
+    EXPECT_EQ(s.gpr[kR11], 0x08u);
+    EXPECT_EQ(s.cs.dpl, 0);
+    EXPECT_EQ(vm.read64((ist ? 0x60000u : 0x70000u) - 16), 0x50000u);  // the user RSP in the frame
+  }
+}
+
+TEST(InterpSystem, IntThroughDpl0GateFromRing3IsGeneralProtection) {
+  TestVm vm = TestVm::long_mode();
+  vm.write64(kTss + 4, 0x70000);
+  vm.idt_gate(0x81, kHandler + 0x100, 0, 0);
+  vm.idt_gate(13, kHandler);
+  handler(vm, kHandler, "pop r14\n hlt\n");
+  vm.code("push 0x23\n push 0x50000\n push 0x2\n push 0x2b\n lea rax, [rip + 1f]\n push rax\n iretq\n 1: int 0x81\n");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.state().gpr[kR14], 0x81u * 8 + 2);
+}
+
+TEST(InterpSystem, SyscallSysretRoundTrip) {
+  TestVm vm = TestVm::long_mode();
+  vm.code(R"(
+    mov ecx, 0xc0000081
+    xor eax, eax
+    mov edx, 0x00180008
+    wrmsr
+    mov ecx, 0xc0000082
+    lea rax, [rip + entry]
+    mov rdx, rax
+    shr rdx, 32
+    wrmsr
+    mov ecx, 0xc0000084
+    mov eax, 0x200
+    xor edx, edx
+    wrmsr
+    push 0x23
+    push 0x50000
+    push 0x202
+    push 0x2b
+    lea rax, [rip + user]
+    push rax
+    iretq
+  user:
+    mov rdi, 5
+    syscall
+    mov r12, cs
+    mov r13, rdi
+    pushfq
+    pop r14
+    xor edi, edi
+    syscall
+  entry:
+    test rdi, rdi
+    jz done
+    mov r8, rcx
+    mov r9, r11
+    mov r10, cs
+    pushfq
+    pop rbx
+    add rdi, 1
+    sysretq
+  done:
+    hlt
+  )");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.gpr[kR10], 0x08u);
+  EXPECT_EQ(s.gpr[kR9] & 0x200, 0x200u);   // R11 holds the user RFLAGS
+  EXPECT_EQ(s.gpr[kRbx] & 0x200, 0u);      // SFMASK cleared IF in the kernel
+  EXPECT_EQ(s.gpr[kR12], 0x2bu);
+  EXPECT_EQ(s.gpr[kR13], 6u);
+  EXPECT_EQ(s.gpr[kR14] & 0x200, 0x200u);
+  EXPECT_EQ(s.cs.selector, 0x08);
+  EXPECT_EQ(s.ss.selector, 0x10);
+}
+
+TEST(InterpSystem, DoubleFaultThenTripleFaultShutdown) {
+  TestVm vm = TestVm::long_mode();
+  vm.idt_gate(8, kHandler);
+  handler(vm, kHandler, "pop r14\n mov r15, 8\n hlt\n");
+  // No #GP gate: #GP -> #NP while delivering (both contributory) -> #DF.
+  vm.code("mov rax, 0x8000000000000000\n mov qword ptr [rax], 1\n hlt\n");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.state().gpr[kR15], 8u);
+  EXPECT_EQ(vm.state().gpr[kR14], 0u);
+
+  TestVm empty = TestVm::long_mode();
+  CpuState s = empty.state();
+  s.idt.limit = 0;
+  empty.set_state(s);
+  empty.code("ud2\n");
+  VcpuExit exit = empty.run();
+  ASSERT_EQ(exit.kind, ExitKind::kShutdown);
+  EXPECT_NE(exit.detail.find("triple fault"), std::string::npos) << exit.detail;
+}
+
+TEST(InterpSystem, ProtectedModeFaultWithoutIdtTripleFaults) {
+  TestVm vm = TestVm::protected_mode();
+  vm.code("ud2\n", 32);
+  VcpuExit exit = vm.run();
+  EXPECT_EQ(exit.kind, ExitKind::kShutdown);
+}
+
+TEST(InterpSystem, HltExitAndWakeByInjection) {
+  TestVm vm = TestVm::long_mode();
+  vm.idt_gate(0x20, kHandler);
+  handler(vm, kHandler, "mov r15, 0x20\n iretq\n");
+  vm.code("sti\n hlt\n mov r14, 1\n hlt\n");
+  VcpuExit exit = vm.run();
+  ASSERT_EQ(exit.kind, ExitKind::kHlt);
+  EXPECT_EQ(exit.rip, kCode + 1);
+  EXPECT_EQ(vm.state().rip, kCode + 2);
+  EXPECT_TRUE(vm.state().halted);
+  // Still halted without an interrupt.
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  ASSERT_TRUE(vm.cpu->can_inject_interrupt());
+  ASSERT_TRUE(vm.cpu->inject_interrupt(0x20).has_value());
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.state().gpr[kR15], 0x20u);
+  EXPECT_EQ(vm.state().gpr[kR14], 1u);
+}
+
+TEST(InterpSystem, StiShadowDelaysInterruptWindow) {
+  TestVm vm = TestVm::long_mode();
+  vm.code("sti\n nop\n nop\n hlt\n");
+  vm.cpu->request_interrupt_window(true);
+  VcpuExit exit = vm.run();
+  ASSERT_EQ(exit.kind, ExitKind::kInterruptWindow);
+  // Not after STI itself (the shadow covers the next instruction), but after the NOP.
+  EXPECT_EQ(vm.state().rip, kCode + 2);
+  EXPECT_EQ(*vm.cpu->instruction_count(), 2u);
+}
+
+TEST(InterpSystem, MovSsShadowBlocksInjection) {
+  TestVm vm = TestVm::long_mode();
+  vm.code("sti\n nop\n mov ax, 0x10\n mov ss, ax\n nop\n hlt\n");
+  vm.cpu->set_instruction_budget(4);  // stop right after MOV SS
+  ASSERT_EQ(vm.run().kind, ExitKind::kKicked);
+  EXPECT_FALSE(vm.cpu->can_inject_interrupt());
+  vm.cpu->set_instruction_budget(1);
+  ASSERT_EQ(vm.run().kind, ExitKind::kKicked);
+  EXPECT_TRUE(vm.cpu->can_inject_interrupt());
+}
+
+TEST(InterpSystem, UnownedMsrExitsAndFaultBecomesGp) {
+  TestVm vm = TestVm::long_mode();
+  vm.idt_gate(13, kHandler);
+  handler(vm, kHandler, "pop r14\n mov r15, 13\n hlt\n");
+  vm.code("mov ecx, 0x1b\n rdmsr\n mov ebx, eax\n mov r8d, edx\n wrmsr\n hlt\n");
+  VcpuExit* exit = *vm.cpu->run();
+  ASSERT_EQ(exit->kind, ExitKind::kMsrRead);
+  EXPECT_EQ(exit->msr, 0x1bu);
+  exit->value = 0x00000001fee00900ull;
+  exit = *vm.cpu->run();
+  ASSERT_EQ(exit->kind, ExitKind::kMsrWrite);
+  EXPECT_EQ(exit->value, 0x00000001fee00900ull);
+  exit->fault = true;
+  ASSERT_EQ((*vm.cpu->run())->kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.gpr[kRbx], 0xfee00900u);
+  EXPECT_EQ(s.gpr[kR8], 1u);
+  EXPECT_EQ(s.gpr[kR15], 13u);
+}
+
+TEST(InterpSystem, OwnedMsrsAndEferRules) {
+  TestVm vm = TestVm::long_mode();
+  vm.idt_gate(13, kHandler);
+  handler(vm, kHandler, "mov r15, 13\n hlt\n");
+  vm.code(R"(
+    mov ecx, 0xc0000100
+    mov eax, 0x1000
+    xor edx, edx
+    wrmsr
+    mov rbx, fs:[0x10]
+    mov ecx, 0xc0000080
+    rdmsr
+    mov r12, rax
+    and eax, ~0x100
+    wrmsr
+    hlt
+  )");
+  vm.write64(0x1010, 0x5555);
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.fs.base, 0x1000u);
+  EXPECT_EQ(s.gpr[kRbx], 0x5555u);
+  EXPECT_EQ(s.gpr[kR12] & 0xd01, 0xd01u);  // SCE, LME, LMA, NXE
+  EXPECT_EQ(s.gpr[kR15], 13u);  // clearing LME with paging on is #GP
+}
+
+// The Multiboot entry state (32-bit protected mode, paging off) switching into long mode.
+TEST(InterpSystem, ProtectedModeToLongMode) {
+  TestVm vm = TestVm::protected_mode();
+  vm.code(R"(
+    mov esi, eax
+    mov eax, cr4
+    or eax, 0x20
+    mov cr4, eax
+    mov eax, 0x1000
+    mov cr3, eax
+    mov ecx, 0xc0000080
+    rdmsr
+    or eax, 0x100
+    wrmsr
+    mov eax, cr0
+    or eax, 0x80000001
+    mov cr0, eax
+    .byte 0xea
+    .long long64
+    .word 0x08
+  .code64
+  long64:
+    mov ax, 0x10
+    mov ds, ax
+    mov ss, ax
+    mov rax, 0x123456789
+    push rax
+    pop rdx
+    mov dx, 0x3f8
+    mov al, 'L'
+    out dx, al
+    hlt
+  )", 32);
+  VcpuExit exit = vm.run();
+  ASSERT_EQ(exit.kind, ExitKind::kIoOut);
+  EXPECT_EQ(exit.value, uint64_t('L'));
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_TRUE(s.efer & efer::kLma);
+  EXPECT_TRUE(s.cs.l);
+  EXPECT_EQ(s.gpr[kRsi], 0x2badb002u);
+  EXPECT_EQ(s.gpr[kRdx] >> 16, 0x12345u);
+}
+
+TEST(InterpSystem, SingleStepTrapAfterEachInstruction) {
+  TestVm vm = TestVm::long_mode();
+  vm.idt_gate(1, kHandler);
+  handler(vm, kHandler, "inc r15\n iretq\n");
+  vm.code("pushfq\n or qword ptr [rsp], 0x100\n popfq\n nop\n nop\n pushfq\n and qword ptr [rsp], ~0x100\n popfq\n hlt\n");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  // Traps after: nop, nop, pushfq, and, popfq (the POPF that sets TF does not trap itself).
+  EXPECT_EQ(vm.state().gpr[kR15], 5u);
+}
+
+TEST(InterpSystem, DivideErrorIsFault) {
+  TestVm vm = TestVm::long_mode();
+  vm.idt_gate(0, kHandler);
+  handler(vm, kHandler, "mov r14, [rsp]\n hlt\n");
+  vm.code("xor ecx, ecx\n mov eax, 1\n div ecx\n hlt\n");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.state().gpr[kR14], kCode + 7);
+}
+
 }  // namespace
 }  // namespace deja::test
