@@ -117,25 +117,17 @@ struct frame *interrupt_dispatch(struct frame *f) {
 /* ---- 8259A PIC ---- */
 static uint8_t pic_masks[2] = {0xff, 0xff};
 
-static void io_wait(void) { outb(0x80, 0); } /* the POST port: a harmless bus cycle the old PIC needs between ICWs */
-
+/* No POST-port delays between the ICWs: they were for the original 8259A on ISA; emulated PICs (and
+   VMMs that refuse unknown ports such as 0x80) need none. */
 void pic_init(void) {
   outb(0x20, 0x11); /* ICW1: edge triggered, cascade, ICW4 follows */
-  io_wait();
   outb(0xa0, 0x11);
-  io_wait();
   outb(0x21, IRQ_BASE); /* ICW2: vector base */
-  io_wait();
   outb(0xa1, IRQ_BASE + 8);
-  io_wait();
   outb(0x21, 0x04); /* ICW3: slave on IRQ2 */
-  io_wait();
   outb(0xa1, 0x02); /* ICW3: slave identity 2 */
-  io_wait();
   outb(0x21, 0x01); /* ICW4: 8086 mode, normal EOI */
-  io_wait();
   outb(0xa1, 0x01);
-  io_wait();
   pic_masks[0] = 0xfb; /* everything masked except the cascade */
   pic_masks[1] = 0xff;
   outb(0x21, pic_masks[0]);
