@@ -1,6 +1,8 @@
 // Guest image loading: plan every byte (image, modules, GDT, boot info, page tables), validate it all, then write.
 #include "vmm/loader.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -425,13 +427,28 @@ Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const 
   return loaded;
 }
 
-Result<std::vector<uint8_t>> read_boot_file(const std::string& path, const char* what) {
+Result<std::vector<uint8_t>> read_boot_file(const std::string& path, const char* what, uint64_t max_size) {
   std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!file) return fail(ErrorKind::kBadImage, "cannot open {} '{}': {}", what, path, std::strerror(errno));
+  struct stat info {};
+  if (fstat(fileno(file.get()), &info) != 0) {
+    return fail(ErrorKind::kBadImage, "cannot read {} '{}': {}", what, path, std::strerror(errno));
+  }
+  if (S_ISDIR(info.st_mode)) return fail(ErrorKind::kBadImage, "cannot read {} '{}': it is a directory", what, path);
+  if (!S_ISREG(info.st_mode) && !S_ISFIFO(info.st_mode)) {
+    return fail(ErrorKind::kBadImage, "cannot read {} '{}': not a regular file", what, path);
+  }
+  const auto too_large = [&](uint64_t size) {
+    return fail(ErrorKind::kBadImage, "{} '{}' is larger ({}{} bytes) than anything deja can load ({} bytes)", what,
+                path, S_ISREG(info.st_mode) ? "" : "over ", size, max_size);
+  };
+  if (S_ISREG(info.st_mode) && uint64_t(info.st_size) > max_size) return too_large(info.st_size);
   std::vector<uint8_t> bytes;
+  if (S_ISREG(info.st_mode)) bytes.reserve(info.st_size);
   uint8_t buffer[64 * 1024];
   for (;;) {
     const size_t got = std::fread(buffer, 1, sizeof(buffer), file.get());
+    if (got > max_size - bytes.size()) return too_large(max_size);
     bytes.insert(bytes.end(), buffer, buffer + got);
     if (got < sizeof(buffer)) break;
   }
@@ -442,11 +459,12 @@ Result<std::vector<uint8_t>> read_boot_file(const std::string& path, const char*
 }
 
 Result<LoadedImage> load_guest_image(GuestMemory& memory, const std::string& image_path, const LoadOptions& options) {
-  auto image = read_boot_file(image_path, "guest image");
+  const uint64_t loadable = std::min(memory.size(), k4GiB);  // nothing larger fits, even for elf64-direct
+  auto image = read_boot_file(image_path, "guest image", loadable);
   if (!image) return std::unexpected(image.error());
   std::vector<std::vector<uint8_t>> module_bytes;
   for (const auto& module : options.modules) {
-    auto bytes = read_boot_file(module.path, "boot module");
+    auto bytes = read_boot_file(module.path, "boot module", loadable);
     if (!bytes) return std::unexpected(bytes.error());
     module_bytes.push_back(std::move(*bytes));
   }

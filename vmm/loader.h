@@ -62,6 +62,9 @@ Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const 
                                            std::span<const std::vector<uint8_t>> module_bytes = {});
 
 // Reads a whole file (image or module) for the loader; `what` names it in errors ("guest image", "boot module").
-Result<std::vector<uint8_t>> read_boot_file(const std::string& path, const char* what);
+// Refuses directories and devices, and files larger than `max_size` (nothing larger can be loaded),
+// so a path such as /dev/zero fails at once instead of exhausting host memory.
+Result<std::vector<uint8_t>> read_boot_file(const std::string& path, const char* what,
+                                            uint64_t max_size = uint64_t{1} << 32);
 
 }  // namespace deja

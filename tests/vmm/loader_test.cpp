@@ -634,7 +634,19 @@ TEST_F(LoaderFiles, MissingModuleOrImageIsNamed) {
   result = load_guest_image(memory, (dir_ / "no-kernel").string(), {});
   expect_rejected(result, {"guest image", "No such file"}, "no-kernel");
   result = load_guest_image(memory, dir_.string(), {});  // a directory opens but cannot be read
-  expect_rejected(result, {"guest image"}, dir_.string().c_str());
+  expect_rejected(result, {"guest image", "directory"}, dir_.string().c_str());
+  // An endless device must fail at once, not fill host memory.
+  result = load_guest_image(memory, kernel, {.modules = {{"/dev/zero", ""}}});
+  expect_rejected(result, {"boot module", "not a regular file"}, "/dev/zero");
+}
+
+TEST_F(LoaderFiles, FileLargerThanRamIsRefusedBeforeReading) {
+  const auto kernel = write_file("kernel.elf", build_elf(kernel32()));
+  const auto huge = (dir_ / "huge.img").string();
+  std::filesystem::resize_file(write_file("huge.img", {}), 3 << 20);  // sparse: no disk used
+  GuestMemory memory = make_ram(2 << 20);
+  auto result = load_guest_image(memory, kernel, {.modules = {{huge, ""}}});
+  expect_rejected(result, {"boot module", "larger"}, "huge.img");
 }
 
 TEST(LoaderRejects, SixtyThousandSegmentsAreCheckedQuickly) {
