@@ -361,7 +361,7 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
       }
       break;
     case ExitKind::kShutdown:
-      return Outcome{exit_status::kGuestStopped, "triple fault: " + exit.detail, false};
+      return Outcome{exit_status::kGuestStopped, exit.detail.empty() ? std::string("triple fault") : exit.detail, false};
     case ExitKind::kFault:
       return Outcome{exit_status::kGuestStopped, "vCPU stopped: " + exit.detail, false};
   }
@@ -529,12 +529,10 @@ int report_error(const Error& e) {
   return exit_status::kHostFailure;
 }
 
-void finish_outcome_message(const Outcome& o, Session& s) {
+void finish_outcome_message(const Outcome& o) {
   if (!o.guest_exit && o.status != exit_status::kDivergence && o.status != exit_status::kTraceEnded) {
+    // Backends put the register dump and the last exits into the reason of a stopped vCPU.
     say("{}", o.reason);
-    if (o.status == exit_status::kGuestStopped) {
-      if (auto st = s.state()) std::fputs(format_cpu_state(*st).c_str(), stderr);
-    }
   }
 }
 
@@ -639,7 +637,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
     return status;
   }
-  finish_outcome_message(*outcome, session);
+  finish_outcome_message(*outcome);
   if (options.stats) session.print_stats();
   Digest cpu_ram = session.final_cpu_ram_digest();
   if (options.print_digest) say("digest {}", cpu_ram.hex());
@@ -812,7 +810,7 @@ int replay_trace(const ReplayOptions& options) {
     }
     return exit_status::kTraceEnded;
   }
-  finish_outcome_message(*outcome, session);
+  finish_outcome_message(*outcome);
   Digest cpu_ram = session.final_cpu_ram_digest();
   if (options.print_digest) say("digest {}", cpu_ram.hex());
   if (!options.quiet) {
