@@ -445,9 +445,12 @@ Result<Outcome> Session::run() {
     }
     if (engine_.divergence()) continue;
 
-    bool boundary_or_exit = exact ? ((*exit)->kind == ExitKind::kKicked || (*exit)->kind == ExitKind::kHlt ||
-                                     (*exit)->kind == ExitKind::kInterruptWindow)
-                                  : guest_caused((*exit)->kind);
+    // Where asynchronous events may land: anywhere in a plain run; at instruction boundaries the
+    // backend can find again (exact) or right after guest-caused exits (exit-sync) when recording.
+    bool boundary_or_exit = mode == Mode::kRun ? true
+                            : exact ? ((*exit)->kind == ExitKind::kKicked || (*exit)->kind == ExitKind::kHlt ||
+                                       (*exit)->kind == ExitKind::kInterruptWindow)
+                                    : guest_caused((*exit)->kind);
     if (mode != Mode::kReplay && boundary_or_exit) {
       poll_async();
       if (mode == Mode::kRecord && HostClock::monotonic_ns() >= next_heartbeat_) {
