@@ -138,8 +138,9 @@ Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path) 
 
 std::unexpected<Error> TraceReader::corrupt(std::string what) {
   error_ = Error{ErrorKind::kBadTrace,
-                 fmt::format("trace {} is corrupt at chunk {} (byte {}, after event {}): {}", path_, chunks_.size(),
-                             offset_, events_read_, what)};
+                 fmt::format("trace {} is corrupt at {} (byte {}, after event {}): {}", path_,
+                             in_footer_ ? std::string("the footer") : fmt::format("chunk {}", chunks_.size()), offset_,
+                             events_read_, what)};
   ended_ = true;
   return std::unexpected(*error_);
 }
@@ -271,6 +272,7 @@ Result<> TraceReader::load_next_frame() {
 }
 
 Result<> TraceReader::read_footer_frame(const uint8_t* frame, uint64_t remaining) {
+  in_footer_ = true;
   const uint32_t stored = get_u32(frame + 4);
   const uint32_t raw = get_u32(frame + 8);
   const uint32_t chunk_count = get_u32(frame + 12);
@@ -319,6 +321,32 @@ Result<> TraceReader::read_footer_frame(const uint8_t* frame, uint64_t remaining
   ended_ = true;
   complete_ = true;
   return {};
+}
+
+Result<trace::Footer> TraceReader::read_index() {
+  if (!has_trailer_)
+    return fail(ErrorKind::kBadTrace, "trace {} has no trailer (the recording was interrupted or the file is cut); "
+                "its index is only available by reading it from the start", path_);
+  const uint64_t trailer_at = file_size_ - kTrailerBytes;
+  const uint64_t at = trailer_footer_offset_;
+  if (at + kFrameHeaderBytes > trailer_at)
+    return fail(ErrorKind::kBadTrace, "trace {}: trailer points at byte {} for the footer, past the end", path_, at);
+  uint8_t frame[kFrameHeaderBytes];
+  if (auto r = read_at(at, frame, sizeof frame); !r) return std::unexpected(r.error());
+  const uint32_t stored = get_u32(frame + 4);
+  if (get_u32(frame) != kFooterFrameMagic || stored != get_u32(frame + 8) || stored > kMaxFooterBytes ||
+      at + kFrameHeaderBytes + stored != trailer_at)
+    return fail(ErrorKind::kBadTrace, "trace {}: no valid footer frame at byte {} where the trailer points", path_, at);
+  uint8_t trailer[kTrailerBytes];
+  if (auto r = read_at(trailer_at, trailer, sizeof trailer); !r) return std::unexpected(r.error());
+  if (std::memcmp(trailer + 16, frame + kFrameFieldBytes, 32) != 0)
+    return fail(ErrorKind::kBadTrace, "trace {}: trailer and footer frame disagree on the final chain value", path_);
+  std::vector<uint8_t> bytes(stored);
+  if (auto r = read_at(at + kFrameHeaderBytes, bytes.data(), stored); !r) return std::unexpected(r.error());
+  trace::Footer footer;
+  if (!footer.ParseFromArray(bytes.data(), static_cast<int>(stored)))
+    return fail(ErrorKind::kBadTrace, "trace {}: footer at byte {} is not a valid Footer protobuf", path_, at);
+  return footer;
 }
 
 Result<> TraceReader::check_footer_against_stream() {

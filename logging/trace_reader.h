@@ -39,6 +39,9 @@ class TraceReader {
   uint64_t valid_bytes() const { return valid_end_; }
   uint64_t file_size() const { return file_size_; }
   const std::string& path() const { return path_; }
+  // The footer index found by seeking to the trailer, without reading the chunks (fast, for seeking and summaries).
+  // Checks the trailer and the footer frame against each other only; the full chain is checked by next()/verify.
+  Result<trace::Footer> read_index();
 
  private:
   TraceReader(int fd, std::string path, uint64_t file_size);
@@ -66,6 +69,7 @@ class TraceReader {
   size_t raw_pos_ = 0;
   uint32_t chunk_remaining_ = 0;
 
+  bool in_footer_ = false;  // for error messages: the failing frame is the footer, not a chunk
   bool ended_ = false;
   bool complete_ = false;
   bool truncated_ = false;

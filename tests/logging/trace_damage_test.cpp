@@ -1,5 +1,7 @@
 // Damaged traces: truncation at every byte, flipped bytes in every region, swapped/dropped chunks, bad files.
 #include <algorithm>
+#include <cstring>
+#include <functional>
 #include <set>
 
 #include "logging/trace_format.h"
@@ -184,6 +186,81 @@ TEST(TraceChain, ChunkFromAnotherRecordingIsDetected) {
   std::string bad = t.dir.file("bad.trace");
   testing::write_bytes(bad, mixed);
   EXPECT_FALSE(verify_trace(bad).ok);
+}
+
+// Rewrites the footer with a consistent chain and trailer, as a buggy writer (or a tamperer who recomputes the
+// chain) would: only the index cross-checks can catch it.
+std::string with_rechained_footer(const SmallTrace& t, const std::function<void(trace::Footer&)>& edit) {
+  using namespace trace_detail;
+  const uint8_t* base = reinterpret_cast<const uint8_t*>(t.bytes.data());
+  uint64_t footer_at = t.trailer_footer_offset();
+  uint32_t stored = get_u32(base + footer_at + 4);
+  trace::Footer footer;
+  EXPECT_TRUE(footer.ParseFromArray(base + footer_at + kFrameHeaderBytes, static_cast<int>(stored)));
+  edit(footer);
+  std::string payload = footer.SerializeAsString();
+  const trace::ChunkIndex& last = t.footer.chunks(t.footer.chunks_size() - 1);
+  Sha256 previous;
+  std::memcpy(previous.data(), base + last.offset() + kFrameFieldBytes, 32);
+  uint8_t frame[kFrameHeaderBytes];
+  std::memcpy(frame, base + footer_at, kFrameFieldBytes);
+  put_u32(frame + 4, static_cast<uint32_t>(payload.size()));
+  put_u32(frame + 8, static_cast<uint32_t>(payload.size()));
+  Sha256 chain = chain_next(previous, std::span(frame, kFrameFieldBytes),
+                            std::span(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()));
+  std::memcpy(frame + kFrameFieldBytes, chain.data(), 32);
+  uint8_t trailer[kTrailerBytes];
+  std::memcpy(trailer, kTrailerMagic.data(), 8);
+  put_u64(trailer + 8, footer_at);
+  std::memcpy(trailer + 16, chain.data(), 32);
+  return t.bytes.substr(0, footer_at) + std::string(reinterpret_cast<char*>(frame), sizeof frame) + payload +
+         std::string(reinterpret_cast<char*>(trailer), sizeof trailer);
+}
+
+TEST(TraceIndex, RechainedFooterThatDisagreesWithChunksIsDetected) {
+  SmallTrace t;
+  std::string path = t.dir.file("tampered.trace");
+  // Control: an unedited rewrite must still verify, so the failures below come from the edits alone.
+  testing::write_bytes(path, with_rechained_footer(t, [](trace::Footer&) {}));
+  ASSERT_TRUE(verify_trace(path).ok) << verify_trace(path).first_problem;
+  struct Case {
+    const char* name;
+    std::function<void(trace::Footer&)> edit;
+    const char* expect;
+  };
+  std::vector<Case> cases = {
+      {"total", [](trace::Footer& f) { f.set_total_events(f.total_events() + 1); }, "footer says"},
+      {"offset", [](trace::Footer& f) { f.mutable_chunks(1)->set_offset(f.chunks(1).offset() + 1); }, "index entry 1"},
+      {"count", [](trace::Footer& f) { f.mutable_chunks(2)->set_events(f.chunks(2).events() + 1); }, "index entry 2"},
+      {"first_at", [](trace::Footer& f) { f.mutable_chunks(0)->mutable_first_at()->set_rip(1); }, "first coordinate"},
+      {"dropped entry", [](trace::Footer& f) { f.mutable_chunks()->RemoveLast(); }, "lists"},
+      {"kinds", [](trace::Footer& f) { (*f.mutable_events_by_kind())["end"] = 2; }, "events_by_kind"},
+      {"serial", [](trace::Footer& f) { f.set_serial_output_bytes(1); }, "serial output"},
+  };
+  for (const Case& c : cases) {
+    testing::write_bytes(path, with_rechained_footer(t, c.edit));
+    VerifyReport report = verify_trace(path);
+    EXPECT_FALSE(report.ok) << c.name;
+    EXPECT_NE(report.first_problem.find(c.expect), std::string::npos) << c.name << ": " << report.first_problem;
+    EXPECT_NE(report.first_problem.find("at the footer"), std::string::npos) << c.name << ": " << report.first_problem;
+  }
+}
+
+TEST(TraceIndex, ReadIndexSeeksToTheFooter) {
+  SmallTrace t;
+  auto reader = TraceReader::open(t.path);
+  ASSERT_TRUE(reader.has_value());
+  auto index = (*reader)->read_index();
+  ASSERT_TRUE(index.has_value()) << index.error().message;
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*index, t.footer));
+  EXPECT_EQ((*reader)->events_read(), 0u);  // seeking did not consume the stream
+  std::string cut = t.dir.file("cut.trace");
+  testing::write_bytes(cut, t.bytes.substr(0, t.bytes.size() - 1));
+  auto cut_reader = TraceReader::open(cut);
+  ASSERT_TRUE(cut_reader.has_value());
+  auto missing = (*cut_reader)->read_index();
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_NE(missing.error().message.find("no trailer"), std::string::npos) << missing.error().message;
 }
 
 TEST(TraceOpen, EmptyFileIsAClearError) {
