@@ -234,5 +234,20 @@ TEST_F(RtcFixture, SaveRestoreRoundTripAndRejection) {
   EXPECT_NE(result.error().message.find("register C"), std::string::npos) << result.error().message;
 }
 
+TEST_F(RtcFixture, TwelveHourValuesSetInSetModeReadBackIn24Hours) {
+  set_cmos(0x0b, 0x80);  // SET, BCD, 12 h
+  set_cmos(0x04, 0x91);  // 11 PM
+  set_cmos(0x0b, 0x00);
+  set_cmos(0x0b, 0x02);  // 24 h view
+  EXPECT_EQ(cmos(0x04), 0x23);
+  set_cmos(0x0b, 0x80);
+  set_cmos(0x04, 0x12);
+  set_cmos(0x0b, 0x02);  // clearing SET together with 24 h parses the hour in 24 h format: noon
+  EXPECT_EQ(cmos(0x04), 0x12);
+  set_cmos(0x0b, 0x80);
+  set_cmos(0x0b, 0x00);
+  EXPECT_EQ(cmos(0x04), 0x92);  // noon in 12 h format is 12 PM
+}
+
 }  // namespace
 }  // namespace deja

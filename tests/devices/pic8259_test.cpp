@@ -267,5 +267,32 @@ TEST(Pic8259, RestoreRejectsTruncatedAndForeignState) {
   EXPECT_FALSE(pic.master_ports().restore(std::vector<uint8_t>{1}));
 }
 
+TEST(Pic8259, SingleModeSkipsIcw3AndHasNoCascade) {
+  PicPair pic;
+  outb(pic.master_ports(), 0, 0x13);  // ICW1: edge, single, ICW4 needed
+  outb(pic.master_ports(), 1, 0x08);  // ICW2
+  outb(pic.master_ports(), 1, 0x01);  // ICW4 (no ICW3 in single mode)
+  outb(pic.master_ports(), 1, 0xfe);  // this is OCW1 already
+  EXPECT_EQ(inb(pic.master_ports(), 1), 0xfe);
+  outb(pic.master_ports(), 1, 0x00);
+  pulse(pic, 2);
+  EXPECT_EQ(pic.acknowledge(), 0x0a);  // IR2 is an ordinary input
+}
+
+TEST(Pic8259, LtimMakesEveryLineLevelTriggered) {
+  PicPair pic;
+  outb(pic.master_ports(), 0, 0x19);  // ICW1 with LTIM
+  outb(pic.master_ports(), 1, 0x20);
+  outb(pic.master_ports(), 1, 0x04);
+  outb(pic.master_ports(), 1, 0x01);
+  outb(pic.master_ports(), 1, 0x00);
+  pic.set_irq(3, true);
+  EXPECT_EQ(pic.acknowledge(), 0x23);
+  outb(pic.master_ports(), 0, 0x20);
+  EXPECT_TRUE(pic.interrupt_pending());  // still high: requests again without a new edge
+  pic.set_irq(3, false);
+  EXPECT_FALSE(pic.interrupt_pending());
+}
+
 }  // namespace
 }  // namespace deja

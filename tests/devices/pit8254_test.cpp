@@ -242,5 +242,26 @@ TEST_F(PitFixture, SaveRestoreRoundTripAndRejection) {
   EXPECT_FALSE(copy61.restore(std::vector<uint8_t>{'P', '6', '1', 'B', 1, 0x30}));
 }
 
+TEST_F(PitFixture, Mode4StrobesOutLowForOneTick) {
+  outb(port61, 0, 0x01);
+  program(2, 4, 10);
+  at_tick(9);
+  EXPECT_TRUE(out2());
+  at_tick(10);
+  EXPECT_FALSE(out2());
+  at_tick(11);
+  EXPECT_TRUE(out2());
+  program(0, 4, 10);  // on channel 0 the strobe's rising edge is IRQ0
+  EXPECT_EQ(*pit.next_deadline_ns(), Pit8254::ns_of_tick(11 + 11));
+}
+
+TEST_F(PitFixture, ControlWordResetsOutAndStopsUntilCountWritten) {
+  program(0, 2, 100);
+  outb(pit, 3, 0x30);  // channel 0 mode 0, no count yet
+  EXPECT_FALSE(pit.next_deadline_ns());
+  outb(pit, 3, 0xe2);
+  EXPECT_EQ(inb(pit, 0), 0x70);  // OUT low, NULL COUNT, lohi, mode 0
+}
+
 }  // namespace
 }  // namespace deja

@@ -181,5 +181,10 @@ TEST_F(UartFixture, SaveRestoreRoundTripAndRejection) {
   EXPECT_FALSE(copy.restore(trailing));
 }
 
+TEST_F(UartFixture, IerKeepsOnlyItsFourEnableBits) {
+  outb(uart, 1, 0xff);
+  EXPECT_EQ(inb(uart, 1), 0x0f);
+}
+
 }  // namespace
 }  // namespace deja
