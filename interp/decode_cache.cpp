@@ -175,6 +175,7 @@ void DecodeCache::invalidate(uint64_t pfn) {
     last_page_ = nullptr;
   }
   ++invalidations_;
+  ++generation_;
 }
 
 void DecodeCache::clear() {
@@ -183,6 +184,7 @@ void DecodeCache::clear() {
     graveyard_.push_back(std::move(page));
   }
   pages_.clear();
+  ++generation_;
   last_pfn_ = ~0ull;
   last_page_ = nullptr;
 }

@@ -74,6 +74,7 @@ class DecodeCache {
   }
   void clear();
   uint64_t invalidations() const { return invalidations_; }
+  uint64_t generation() const { return generation_; }  // bumps whenever any decoded page is dropped
 
  private:
   struct Page {
@@ -94,6 +95,7 @@ class DecodeCache {
   uint64_t last_pfn_ = ~0ull;
   Page* last_page_ = nullptr;
   uint64_t invalidations_ = 0;
+  uint64_t generation_ = 0;
 };
 
 }  // namespace deja::interp

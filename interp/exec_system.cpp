@@ -190,6 +190,7 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       for (auto& entry : tlb_) {
         if (entry.tag == (linear >> 12)) entry.tag = ~0ull;
       }
+      invalidate_fetch();
       return;
     }
     case ZYDIS_MNEMONIC_WBINVD:

@@ -28,16 +28,6 @@ bool cpuid_bit(const CpuModel& model, uint32_t leaf, int reg, int bit) {
 
 }  // namespace
 
-uint64_t InterpBackend::reg_read(int index, unsigned bytes) const { return s_.gpr[index] & mask_for(bytes); }
-
-void InterpBackend::reg_write(int index, unsigned bytes, uint64_t value) {
-  switch (bytes) {
-    case 8: s_.gpr[index] = value; break;
-    case 4: s_.gpr[index] = value & 0xffffffffu; break;
-    case 2: s_.gpr[index] = (s_.gpr[index] & ~0xffffull) | (value & 0xffff); break;
-    default: s_.gpr[index] = (s_.gpr[index] & ~0xffull) | (value & 0xff); break;
-  }
-}
 
 uint64_t InterpBackend::effective_address(const Operand& op, const DecodedInsn& insn) const {
   uint64_t address = uint64_t(op.disp);
@@ -49,7 +39,7 @@ uint64_t InterpBackend::effective_address(const Operand& op, const DecodedInsn& 
   return address;
 }
 
-uint64_t InterpBackend::read_operand(const DecodedInsn& insn, int i) {
+uint64_t InterpBackend::read_operand_slow(const DecodedInsn& insn, int i) {
   const Operand& op = insn.op[i];
   switch (op.kind) {
     case OpKind::kGpr: return s_.gpr[op.reg] & mask_for(op.size);
@@ -61,7 +51,7 @@ uint64_t InterpBackend::read_operand(const DecodedInsn& insn, int i) {
   }
 }
 
-void InterpBackend::write_operand(const DecodedInsn& insn, int i, uint64_t value) {
+void InterpBackend::write_operand_slow(const DecodedInsn& insn, int i, uint64_t value) {
   const Operand& op = insn.op[i];
   switch (op.kind) {
     case OpKind::kGpr: reg_write(op.reg, op.size, value); return;

@@ -33,8 +33,17 @@ uint8_t InterpBackend::decode_mode() const {
 const interp::DecodedInsn& InterpBackend::fetch_decoded() {
   const uint8_t mode = decode_mode();
   const uint64_t linear = mode == interp::kMode64 ? s_.rip : ((s_.cs.base + s_.rip) & 0xffffffffu);
+  const uint8_t fetch_key = uint8_t(mode | (cpl() << 4));
+  if ((linear >> 12) == fetch_page_ && fetch_key == fetch_mode_ && cache_.generation() == fetch_cache_generation_)
+      [[likely]] {
+    if (interp::DecodedInsn* cached = cache_.find(fetch_phys_ | (linear & 0xfff), mode)) [[likely]] return *cached;
+  }
   if (mode == interp::kMode64) canonical_check(linear, false);
   const uint64_t phys = translate(linear, Access::kExec, is_user());
+  fetch_page_ = linear >> 12;
+  fetch_phys_ = phys & ~0xfffull;
+  fetch_mode_ = fetch_key;
+  fetch_cache_generation_ = cache_.generation();
   if (phys >= ram_size_) {
     exit_ = VcpuExit{};
     exit_.kind = ExitKind::kFault;

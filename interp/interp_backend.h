@@ -64,6 +64,7 @@ class InterpBackend : public Backend {
   void step();
   void execute(const interp::DecodedInsn& insn);
   const interp::DecodedInsn& fetch_decoded();
+  void invalidate_fetch() { fetch_page_ = ~0ull; }
   void decode_at(uint64_t linear, interp::DecodedInsn& out);
   uint8_t decode_mode() const;
   void raise(uint8_t vector, uint32_t error_code = 0, bool has_error_code = false) const;
@@ -73,15 +74,48 @@ class InterpBackend : public Backend {
   void exec_sse(const interp::DecodedInsn& insn);
 
   // Register and operand access.
-  uint64_t reg_read(int index, unsigned bytes) const;
-  void reg_write(int index, unsigned bytes, uint64_t value);
+  uint64_t reg_read(int index, unsigned bytes) const {
+    return bytes >= 8 ? s_.gpr[index] : s_.gpr[index] & ((1ull << (bytes * 8)) - 1);
+  }
+  void reg_write(int index, unsigned bytes, uint64_t value) {
+    switch (bytes) {
+      case 8: s_.gpr[index] = value; break;
+      case 4: s_.gpr[index] = value & 0xffffffffu; break;
+      case 2: s_.gpr[index] = (s_.gpr[index] & ~0xffffull) | (value & 0xffff); break;
+      default: s_.gpr[index] = (s_.gpr[index] & ~0xffull) | (value & 0xff); break;
+    }
+  }
   uint64_t effective_address(const interp::Operand& op, const interp::DecodedInsn& insn) const;
-  uint64_t read_operand(const interp::DecodedInsn& insn, int i);
-  void write_operand(const interp::DecodedInsn& insn, int i, uint64_t value);
+  // Register and immediate operands inline; everything else takes the out-of-line path.
+  uint64_t read_operand(const interp::DecodedInsn& insn, int i) {
+    const interp::Operand& op = insn.op[i];
+    if (op.kind == interp::OpKind::kGpr) [[likely]] return reg_read(op.reg, op.size);
+    if (op.kind == interp::OpKind::kImm) return uint64_t(op.disp);
+    return read_operand_slow(insn, i);
+  }
+  void write_operand(const interp::DecodedInsn& insn, int i, uint64_t value) {
+    const interp::Operand& op = insn.op[i];
+    if (op.kind == interp::OpKind::kGpr) [[likely]] return reg_write(op.reg, op.size, value);
+    write_operand_slow(insn, i, value);
+  }
+  uint64_t read_operand_slow(const interp::DecodedInsn& insn, int i);
+  void write_operand_slow(const interp::DecodedInsn& insn, int i, uint64_t value);
   uint64_t segment_base(int seg) const;
 
   // Memory.
-  uint64_t translate(uint64_t linear, Access access, bool user);
+  uint64_t translate(uint64_t linear, Access access, bool user) {
+    if (s_.cr0 & cr0::kPg) [[likely]] {
+      const TlbEntry& entry = tlb_[(linear >> 12) % kTlbSize];
+      // Hit: a read, or a write to a page already marked dirty and writable for this privilege.
+      if (entry.tag == (linear >> 12) && (!user || entry.user) &&
+          (access == Access::kRead ||
+           (access == Access::kWrite && entry.dirty && (entry.writable || (!user && !(s_.cr0 & cr0::kWp)))) ||
+           (access == Access::kExec && !entry.nx))) [[likely]]
+        return entry.phys | (linear & 0xfff);
+    }
+    return translate_slow(linear, access, user);
+  }
+  uint64_t translate_slow(uint64_t linear, Access access, bool user);
   uint64_t walk(uint64_t linear, Access access, bool user, TlbEntry& entry);
   void read_linear(uint64_t linear, void* out, unsigned size, Access access = Access::kRead);
   void write_linear(uint64_t linear, const void* data, unsigned size);
@@ -116,7 +150,10 @@ class InterpBackend : public Backend {
   void set_efer(uint64_t value);
   void update_mode();
   void write_rflags(uint64_t value, uint64_t mask);
-  uint64_t canonical_check(uint64_t address, bool use_ss) const;
+  uint64_t canonical_check(uint64_t address, bool use_ss) const {
+    if (uint64_t(int64_t(address << 16) >> 16) != address) [[unlikely]] raise(use_ss ? 12 : 13, 0, true);
+    return address;
+  }
 
   // MSRs and exits.
   uint64_t msr_read(uint32_t index);
@@ -146,7 +183,13 @@ class InterpBackend : public Backend {
   CpuState s_;
 
   interp::DecodeCache cache_;
-  interp::DecodedInsn scratch_;  // instructions that straddle a page boundary are not cached
+  interp::DecodedInsn scratch_;
+  // Fetch fast path: the linear page of the last fetch and where it lives, valid while the mode,
+  // CPL, translations and the decode cache are unchanged (see invalidate_fetch()).
+  uint64_t fetch_page_ = ~0ull;
+  uint64_t fetch_phys_ = 0;
+  uint8_t fetch_mode_ = 0;
+  uint64_t fetch_cache_generation_ = 0;  // instructions that straddle a page boundary are not cached
   std::array<TlbEntry, kTlbSize> tlb_{};
 
   VcpuExit exit_;

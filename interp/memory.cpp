@@ -24,19 +24,16 @@ uint64_t InterpBackend::segment_base(int seg_index) const {
   }
 }
 
-uint64_t InterpBackend::canonical_check(uint64_t address, bool use_ss) const {
-  if (uint64_t(int64_t(address << 16) >> 16) != address) raise(use_ss ? kStackFault : kGeneralProtection, 0, true);
-  return address;
-}
 
 void InterpBackend::flush_tlb(bool include_global) {
+  invalidate_fetch();
   bool keep_global = !include_global && (s_.cr4 & cr4::kPge);
   for (auto& entry : tlb_) {
     if (!(keep_global && entry.global)) entry.tag = ~0ull;
   }
 }
 
-uint64_t InterpBackend::translate(uint64_t linear, Access access, bool user) {
+uint64_t InterpBackend::translate_slow(uint64_t linear, Access access, bool user) {
   if (!(s_.cr0 & cr0::kPg)) return long_mode() ? linear : (linear & 0xffffffffu);
   uint64_t vpn = linear >> 12;
   TlbEntry& entry = tlb_[vpn % kTlbSize];

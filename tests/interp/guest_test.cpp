@@ -1,6 +1,7 @@
 // Runs the project's freestanding guests (Multiboot, 32-bit entry -> long mode) on the interp backend with a minimal port loop.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -18,14 +19,14 @@ struct GuestResult {
 };
 
 // Just enough of a PC for the guests that need no interrupts: a transmit-only 16550, isa-debug-exit.
-GuestResult run_guest(const std::string& name, uint64_t max_exits = 2'000'000) {
+GuestResult run_guest(const std::string& name, const std::string& cmdline = "", uint64_t max_exits = 2'000'000) {
   GuestResult result;
   auto memory = GuestMemory::create(256 << 20);  // the size the .expected files assume
   if (!memory) {
     result.stop = memory.error().message;
     return result;
   }
-  auto image = load_guest_image(*memory, std::string(DEJA_GUEST_DIR) + "/" + name + ".elf", LoadOptions{});
+  auto image = load_guest_image(*memory, std::string(DEJA_GUEST_DIR) + "/" + name + ".elf", LoadOptions{cmdline, {}});
   if (!image) {
     result.stop = image.error().message;
     return result;
@@ -91,13 +92,28 @@ TEST_P(InterpGuest, MatchesExpectedSerialOutput) {
   const std::string expected_path = std::string(DEJA_GUEST_SOURCE_DIR) + "/" + name + ".expected";
   std::ifstream probe(std::string(DEJA_GUEST_DIR) + "/" + name + ".elf");
   if (!probe) GTEST_SKIP() << name << ".elf is not built";
-  GuestResult result = run_guest(name);
+  // cpu-bound's .expected is for the small n the guest tests pass on the command line.
+  GuestResult result = run_guest(name, name == "cpu-bound" ? "n=100000" : "");
   EXPECT_EQ(result.exit_code, 0) << result.stop << "\nserial:\n" << result.serial;
   EXPECT_EQ(result.serial, read_file(expected_path)) << result.stop;
   std::cout << name << ": " << result.instructions << " instructions\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(Guests, InterpGuest, ::testing::Values("hello", "exceptions", "paging", "memory", "cpu-bound"));
+
+// Throughput on flat 64-bit integer code (reported, and a loose floor so a collapse is noticed).
+TEST(InterpPerf, CpuBoundThroughput) {
+  std::ifstream probe(std::string(DEJA_GUEST_DIR) + "/cpu-bound.elf");
+  if (!probe) GTEST_SKIP() << "cpu-bound.elf is not built";
+  auto start = std::chrono::steady_clock::now();
+  GuestResult result = run_guest("cpu-bound", "n=3000000");
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(result.exit_code, 0) << result.stop;
+  double mips = double(result.instructions) / seconds / 1e6;
+  std::cout << "cpu-bound: " << result.instructions << " instructions in " << seconds << " s = " << mips
+            << " M instructions/s\n";
+  EXPECT_GT(mips, 1.0);
+}
 
 }  // namespace
 }  // namespace deja::test
