@@ -608,7 +608,7 @@ class LoaderFiles : public ::testing::Test {
     const auto path = (dir_ / name).string();
     FILE* f = std::fopen(path.c_str(), "wb");
     DEJA_ASSERT(f != nullptr);
-    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    if (!bytes.empty()) std::fwrite(bytes.data(), 1, bytes.size(), f);
     std::fclose(f);
     return path;
   }
