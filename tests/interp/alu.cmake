@@ -14,3 +14,17 @@ target_include_directories(deja_alu_testlib PUBLIC ${DEJA_ALU_ROOT})
 add_executable(alu_tests ${DEJA_ALU_TEST_SOURCES})
 target_link_libraries(alu_tests PRIVATE deja_alu_testlib GTest::gtest_main)
 gtest_discover_tests(alu_tests)
+
+# Host-vs-interp differential tester and fuzzer: need the whole software CPU.
+if(TARGET deja_interp AND EXISTS ${DEJA_ALU_ROOT}/interp/interp_backend.h)
+  add_library(deja_difftest STATIC ${CMAKE_CURRENT_LIST_DIR}/diff/machine.cpp ${CMAKE_CURRENT_LIST_DIR}/diff/generator.cpp)
+  target_link_libraries(deja_difftest PUBLIC deja_interp Zydis::Zydis fmt::fmt)
+  add_executable(interp_diff ${CMAKE_CURRENT_LIST_DIR}/diff/diff_main.cpp)
+  target_link_libraries(interp_diff PRIVATE deja_difftest CLI11::CLI11)
+  add_executable(interp_fuzz ${CMAKE_CURRENT_LIST_DIR}/diff/fuzz_main.cpp)
+  target_link_libraries(interp_fuzz PRIVATE deja_difftest CLI11::CLI11)
+  # Fixed seeds keep CI reproducible; run the binaries without --seed to explore new ones.
+  add_test(NAME interp_diff COMMAND interp_diff --seed 1 --count 4000)
+  add_test(NAME interp_fuzz COMMAND interp_fuzz --seed 1 --count 200000 --seconds 20)
+  set_tests_properties(interp_diff interp_fuzz PROPERTIES TIMEOUT 120)
+endif()

@@ -1,0 +1,548 @@
+// Random instruction sequences for the differential tester: Zydis-encoded, with SDM-undefined flags tracked per instruction.
+#include "tests/interp/diff/generator.h"
+
+#include <Zydis/Zydis.h>
+
+#include <bit>
+#include <cstring>
+#include <initializer_list>
+
+namespace deja::difftest {
+namespace {
+
+constexpr uint64_t kCf = 1, kPf = 4, kAf = 0x10, kZf = 0x40, kSf = 0x80, kOf = 0x800;
+constexpr uint64_t kAll = kCf | kPf | kAf | kZf | kSf | kOf;
+
+// RSP is the stack and R15 the base of every memory operand, so neither is a random operand.
+constexpr ZydisRegister kGpr8[] = {ZYDIS_REGISTER_AL, ZYDIS_REGISTER_CL, ZYDIS_REGISTER_DL, ZYDIS_REGISTER_BL,
+                                   ZYDIS_REGISTER_BPL, ZYDIS_REGISTER_SIL, ZYDIS_REGISTER_DIL, ZYDIS_REGISTER_R8B,
+                                   ZYDIS_REGISTER_R9B, ZYDIS_REGISTER_R10B, ZYDIS_REGISTER_R11B, ZYDIS_REGISTER_R12B,
+                                   ZYDIS_REGISTER_R13B, ZYDIS_REGISTER_R14B, ZYDIS_REGISTER_AH, ZYDIS_REGISTER_BH};
+constexpr ZydisRegister kGpr16[] = {ZYDIS_REGISTER_AX, ZYDIS_REGISTER_CX, ZYDIS_REGISTER_DX, ZYDIS_REGISTER_BX,
+                                    ZYDIS_REGISTER_BP, ZYDIS_REGISTER_SI, ZYDIS_REGISTER_DI, ZYDIS_REGISTER_R8W,
+                                    ZYDIS_REGISTER_R9W, ZYDIS_REGISTER_R10W, ZYDIS_REGISTER_R11W, ZYDIS_REGISTER_R12W,
+                                    ZYDIS_REGISTER_R13W, ZYDIS_REGISTER_R14W};
+constexpr ZydisRegister kGpr32[] = {ZYDIS_REGISTER_EAX, ZYDIS_REGISTER_ECX, ZYDIS_REGISTER_EDX, ZYDIS_REGISTER_EBX,
+                                    ZYDIS_REGISTER_EBP, ZYDIS_REGISTER_ESI, ZYDIS_REGISTER_EDI, ZYDIS_REGISTER_R8D,
+                                    ZYDIS_REGISTER_R9D, ZYDIS_REGISTER_R10D, ZYDIS_REGISTER_R11D, ZYDIS_REGISTER_R12D,
+                                    ZYDIS_REGISTER_R13D, ZYDIS_REGISTER_R14D};
+constexpr ZydisRegister kGpr64[] = {ZYDIS_REGISTER_RAX, ZYDIS_REGISTER_RCX, ZYDIS_REGISTER_RDX, ZYDIS_REGISTER_RBX,
+                                    ZYDIS_REGISTER_RBP, ZYDIS_REGISTER_RSI, ZYDIS_REGISTER_RDI, ZYDIS_REGISTER_R8,
+                                    ZYDIS_REGISTER_R9, ZYDIS_REGISTER_R10, ZYDIS_REGISTER_R11, ZYDIS_REGISTER_R12,
+                                    ZYDIS_REGISTER_R13, ZYDIS_REGISTER_R14};
+
+// Flags each condition code (0 = O ... 15 = G) reads.
+constexpr uint64_t kCcReads[16] = {kOf, kOf, kCf, kCf, kZf, kZf, kCf | kZf, kCf | kZf,
+                                   kSf, kSf, kPf, kPf, kSf | kOf, kSf | kOf, kZf | kSf | kOf, kZf | kSf | kOf};
+constexpr ZydisMnemonic kCmov[16] = {ZYDIS_MNEMONIC_CMOVO, ZYDIS_MNEMONIC_CMOVNO, ZYDIS_MNEMONIC_CMOVB, ZYDIS_MNEMONIC_CMOVNB,
+                                     ZYDIS_MNEMONIC_CMOVZ, ZYDIS_MNEMONIC_CMOVNZ, ZYDIS_MNEMONIC_CMOVBE, ZYDIS_MNEMONIC_CMOVNBE,
+                                     ZYDIS_MNEMONIC_CMOVS, ZYDIS_MNEMONIC_CMOVNS, ZYDIS_MNEMONIC_CMOVP, ZYDIS_MNEMONIC_CMOVNP,
+                                     ZYDIS_MNEMONIC_CMOVL, ZYDIS_MNEMONIC_CMOVNL, ZYDIS_MNEMONIC_CMOVLE, ZYDIS_MNEMONIC_CMOVNLE};
+constexpr ZydisMnemonic kSetcc[16] = {ZYDIS_MNEMONIC_SETO, ZYDIS_MNEMONIC_SETNO, ZYDIS_MNEMONIC_SETB, ZYDIS_MNEMONIC_SETNB,
+                                      ZYDIS_MNEMONIC_SETZ, ZYDIS_MNEMONIC_SETNZ, ZYDIS_MNEMONIC_SETBE, ZYDIS_MNEMONIC_SETNBE,
+                                      ZYDIS_MNEMONIC_SETS, ZYDIS_MNEMONIC_SETNS, ZYDIS_MNEMONIC_SETP, ZYDIS_MNEMONIC_SETNP,
+                                      ZYDIS_MNEMONIC_SETL, ZYDIS_MNEMONIC_SETNL, ZYDIS_MNEMONIC_SETLE, ZYDIS_MNEMONIC_SETNLE};
+
+struct Opnd {
+  enum Kind { kReg, kMem, kImm } kind;
+  ZydisRegister reg = ZYDIS_REGISTER_NONE;
+  uint16_t size = 0;  // memory operand bytes
+  int64_t disp = 0;
+  int64_t imm = 0;
+};
+Opnd reg(ZydisRegister r) { return {Opnd::kReg, r}; }
+Opnd imm(int64_t v) { return {Opnd::kImm, ZYDIS_REGISTER_NONE, 0, 0, v}; }
+
+bool encode(ZydisMnemonic mnemonic, std::initializer_list<Opnd> ops, std::vector<uint8_t>& out) {
+  ZydisEncoderRequest request;
+  std::memset(&request, 0, sizeof(request));
+  request.machine_mode = ZYDIS_MACHINE_MODE_LONG_64;
+  request.mnemonic = mnemonic;
+  request.operand_count = static_cast<ZyanU8>(ops.size());
+  int i = 0;
+  for (const Opnd& op : ops) {
+    ZydisEncoderOperand& o = request.operands[i++];
+    switch (op.kind) {
+      case Opnd::kReg:
+        o.type = ZYDIS_OPERAND_TYPE_REGISTER;
+        o.reg.value = op.reg;
+        break;
+      case Opnd::kMem:
+        o.type = ZYDIS_OPERAND_TYPE_MEMORY;
+        o.mem.base = ZYDIS_REGISTER_R15;
+        o.mem.index = ZYDIS_REGISTER_NONE;
+        o.mem.displacement = op.disp;
+        o.mem.size = op.size;
+        break;
+      case Opnd::kImm:
+        o.type = ZYDIS_OPERAND_TYPE_IMMEDIATE;
+        o.imm.s = op.imm;
+        break;
+    }
+  }
+  uint8_t buffer[ZYDIS_MAX_INSTRUCTION_LENGTH];
+  ZyanUSize length = sizeof(buffer);
+  if (!ZYAN_SUCCESS(ZydisEncoderEncodeInstruction(&request, buffer, &length))) return false;
+  out.insert(out.end(), buffer, buffer + length);
+  return true;
+}
+
+// One generated step: its bytes and what it does to the arithmetic flags.
+struct Step {
+  std::vector<uint8_t> bytes;
+  uint64_t reads = 0;      // flags whose value the step's result depends on
+  uint64_t defines = 0;    // flags it writes with SDM-defined values
+  uint64_t undefines = 0;  // flags it leaves undefined
+  const char* cls = "";
+};
+
+}  // namespace
+
+Generator::Generator(uint64_t seed, bool has_tzcnt, bool has_lzcnt) : rng_(seed), tzcnt_(has_tzcnt), lzcnt_(has_lzcnt) {}
+
+uint64_t Generator::interesting(unsigned width) {
+  const uint64_t mask = width >= 64 ? ~0ull : (1ull << width) - 1;
+  const uint64_t sign = 1ull << (width - 1);
+  switch (rng_() % 10) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return mask;
+    case 3: return sign;
+    case 4: return sign - 1;
+    case 5: return rng_() % 64;
+    default: return rng_() & mask;
+  }
+}
+
+std::vector<uint8_t> Generator::data() {
+  std::vector<uint8_t> bytes(kDataSize);
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    uint64_t v = rng_();
+    switch (rng_() % 4) {
+      case 0: v = std::bit_cast<uint64_t>(static_cast<double>(static_cast<int64_t>(rng_() % 20001) - 10000) / 8.0); break;
+      case 1: v = (uint64_t{std::bit_cast<uint32_t>(static_cast<float>(rng_() % 1000) / 3.0f)} << 32) |
+                  std::bit_cast<uint32_t>(-static_cast<float>(rng_() % 1000) / 7.0f); break;
+      case 2: v = interesting(64); break;
+      default: break;
+    }
+    std::memcpy(&bytes[i], &v, 8);
+  }
+  return bytes;
+}
+
+RegisterFile Generator::registers() {
+  RegisterFile r;
+  for (auto& g : r.gpr) g = interesting(64);
+  r.gpr[4] = kInitialRsp;
+  r.gpr[15] = kDataAddr;
+  r.rflags = 0x2 | (rng_() & kAll);
+  r.mxcsr = 0x1f80;
+  if (rng_() % 4 == 0) r.mxcsr |= static_cast<uint32_t>(rng_() & 0xe040);  // RC, FTZ, DAZ
+  if (rng_() % 16 == 0) r.mxcsr &= ~static_cast<uint32_t>(rng_() & 0x1f80);  // some exceptions unmasked
+  const std::vector<uint8_t> lanes = data();
+  for (int i = 0; i < 16; ++i) std::memcpy(r.xmm[i].data(), &lanes[(rng_() % (kDataSize / 16)) * 16], 16);
+  return r;
+}
+
+bool Generator::emit_one(Sequence& seq) {
+  auto pick = [this](auto const& array) { return array[rng_() % std::size(array)]; };
+  auto width_of = [this](bool allow8) {
+    static constexpr unsigned kWidths[] = {8, 16, 32, 64};
+    return allow8 ? kWidths[rng_() % 4] : kWidths[1 + rng_() % 3];
+  };
+  auto gpr = [&](unsigned width) {
+    switch (width) {
+      case 8: return pick(kGpr8);
+      case 16: return pick(kGpr16);
+      case 32: return pick(kGpr32);
+      default: return pick(kGpr64);
+    }
+  };
+  auto mem = [this](unsigned bytes) {
+    const int64_t slots = 0x700 / bytes;
+    return Opnd{Opnd::kMem, ZYDIS_REGISTER_NONE, static_cast<uint16_t>(bytes), static_cast<int64_t>(rng_() % slots) * bytes};
+  };
+  auto rm = [&](unsigned width) { return rng_() % 3 == 0 ? mem(width / 8) : reg(gpr(width)); };
+  auto xmm = [this]() { return reg(static_cast<ZydisRegister>(ZYDIS_REGISTER_XMM0 + rng_() % 16)); };
+  auto xm = [&](unsigned bytes) { return rng_() % 3 == 0 ? mem(bytes) : xmm(); };
+
+  Step step;
+  std::vector<uint8_t>& b = step.bytes;
+  bool ok = true;
+  const unsigned cls = static_cast<unsigned>(rng_() % 21);
+  switch (cls) {
+    case 0: {  // two-operand ALU
+      static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_ADD, ZYDIS_MNEMONIC_OR,  ZYDIS_MNEMONIC_ADC,
+                                               ZYDIS_MNEMONIC_SBB, ZYDIS_MNEMONIC_AND, ZYDIS_MNEMONIC_SUB,
+                                               ZYDIS_MNEMONIC_XOR, ZYDIS_MNEMONIC_CMP, ZYDIS_MNEMONIC_TEST};
+      const ZydisMnemonic m = pick(kOps);
+      const unsigned w = width_of(true);
+      const Opnd dst = rm(w);
+      const unsigned form = static_cast<unsigned>(rng_() % 3);
+      const int64_t imm_value = static_cast<int32_t>(interesting(w == 64 ? 32 : w));
+      if (form == 0) ok = encode(m, {dst, imm(w == 8 ? static_cast<int8_t>(imm_value) : w == 16 ? static_cast<int16_t>(imm_value) : imm_value)}, b);
+      else if (form == 1 || dst.kind == Opnd::kMem || m == ZYDIS_MNEMONIC_TEST) ok = encode(m, {dst, reg(gpr(w))}, b);
+      else ok = encode(m, {dst, mem(w / 8)}, b);
+      const bool logic = m == ZYDIS_MNEMONIC_OR || m == ZYDIS_MNEMONIC_AND || m == ZYDIS_MNEMONIC_XOR || m == ZYDIS_MNEMONIC_TEST;
+      step.reads = (m == ZYDIS_MNEMONIC_ADC || m == ZYDIS_MNEMONIC_SBB) ? kCf : 0;
+      step.defines = logic ? kAll & ~kAf : kAll;
+      step.undefines = logic ? kAf : 0;
+      step.cls = "alu";
+      break;
+    }
+    case 1: {  // INC/DEC/NEG/NOT
+      static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_INC, ZYDIS_MNEMONIC_DEC, ZYDIS_MNEMONIC_NEG, ZYDIS_MNEMONIC_NOT};
+      const ZydisMnemonic m = pick(kOps);
+      ok = encode(m, {rm(width_of(true))}, b);
+      step.defines = m == ZYDIS_MNEMONIC_NOT ? 0 : m == ZYDIS_MNEMONIC_NEG ? kAll : kAll & ~kCf;
+      step.cls = "incdec";
+      break;
+    }
+    case 2: {  // shifts and rotates, count known at generation time (immediate, or CL loaded just before)
+      static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_ROL, ZYDIS_MNEMONIC_ROR, ZYDIS_MNEMONIC_RCL, ZYDIS_MNEMONIC_RCR,
+                                               ZYDIS_MNEMONIC_SHL, ZYDIS_MNEMONIC_SHR, ZYDIS_MNEMONIC_SAR};
+      const ZydisMnemonic m = pick(kOps);
+      const unsigned w = width_of(true);
+      const Opnd dst = rm(w);
+      const unsigned count = static_cast<unsigned>(rng_() % 4 == 0 ? 1 : rng_() % 4 == 0 ? rng_() % 256 : rng_() % (w + 2));
+      if (rng_() % 2 && !(dst.kind == Opnd::kReg && (dst.reg == ZYDIS_REGISTER_CL || dst.reg == ZYDIS_REGISTER_CX ||
+                                                     dst.reg == ZYDIS_REGISTER_ECX || dst.reg == ZYDIS_REGISTER_RCX))) {
+        ok = encode(ZYDIS_MNEMONIC_MOV, {reg(ZYDIS_REGISTER_CL), imm(static_cast<int8_t>(count))}, b) &&
+             encode(m, {dst, reg(ZYDIS_REGISTER_CL)}, b);
+      } else {
+        ok = encode(m, {dst, imm(static_cast<int8_t>(count))}, b);
+      }
+      const unsigned masked = count & (w == 64 ? 63 : 31);
+      const bool rotate = m == ZYDIS_MNEMONIC_ROL || m == ZYDIS_MNEMONIC_ROR || m == ZYDIS_MNEMONIC_RCL || m == ZYDIS_MNEMONIC_RCR;
+      const bool through_carry = m == ZYDIS_MNEMONIC_RCL || m == ZYDIS_MNEMONIC_RCR;
+      step.reads = through_carry ? kCf : 0;
+      if (masked != 0) {
+        step.defines = rotate ? kCf | kOf : kAll & ~kAf;
+        step.undefines = rotate ? 0 : kAf;
+        if (masked != 1) {
+          step.defines &= ~kOf;
+          step.undefines |= kOf;
+        }
+        if ((m == ZYDIS_MNEMONIC_SHL || m == ZYDIS_MNEMONIC_SHR) && masked >= w) {
+          step.defines &= ~kCf;
+          step.undefines |= kCf;
+        }
+      }
+      step.cls = "shift";
+      break;
+    }
+    case 3: {  // SHLD/SHRD
+      const ZydisMnemonic m = rng_() % 2 ? ZYDIS_MNEMONIC_SHLD : ZYDIS_MNEMONIC_SHRD;
+      const unsigned w = width_of(false);
+      unsigned count = static_cast<unsigned>(rng_() % 3 == 0 ? 1 : rng_() % 64);
+      const unsigned masked = count & (w == 64 ? 63 : 31);
+      if (masked > w) return false;  // undefined result (16-bit only)
+      const Opnd dst = rm(w);
+      ZydisRegister src = gpr(w);
+      if (rng_() % 2 && !(dst.kind == Opnd::kReg && (dst.reg == ZYDIS_REGISTER_CX || dst.reg == ZYDIS_REGISTER_ECX ||
+                                                     dst.reg == ZYDIS_REGISTER_RCX)) &&
+          src != ZYDIS_REGISTER_CX && src != ZYDIS_REGISTER_ECX && src != ZYDIS_REGISTER_RCX) {
+        ok = encode(ZYDIS_MNEMONIC_MOV, {reg(ZYDIS_REGISTER_CL), imm(static_cast<int8_t>(count))}, b) &&
+             encode(m, {dst, reg(src), reg(ZYDIS_REGISTER_CL)}, b);
+      } else {
+        ok = encode(m, {dst, reg(src), imm(count)}, b);
+      }
+      if (masked != 0) {
+        step.defines = kCf | kSf | kZf | kPf | (masked == 1 ? kOf : 0);
+        step.undefines = kAf | (masked == 1 ? 0 : kOf);
+      }
+      step.cls = "shld/shrd";
+      break;
+    }
+    case 4: {  // MUL/IMUL
+      const unsigned form = static_cast<unsigned>(rng_() % 4);
+      if (form < 2) {
+        ok = encode(form == 0 ? ZYDIS_MNEMONIC_MUL : ZYDIS_MNEMONIC_IMUL, {rm(width_of(true))}, b);
+      } else {
+        const unsigned w = width_of(false);
+        if (form == 2) ok = encode(ZYDIS_MNEMONIC_IMUL, {reg(gpr(w)), rm(w)}, b);
+        else ok = encode(ZYDIS_MNEMONIC_IMUL, {reg(gpr(w)), rm(w), imm(w == 16 ? static_cast<int16_t>(interesting(16)) : static_cast<int32_t>(interesting(32)))}, b);
+      }
+      step.defines = kCf | kOf;
+      step.undefines = kSf | kZf | kAf | kPf;
+      step.cls = "mul";
+      break;
+    }
+    case 5: {  // DIV/IDIV, usually with the dividend's high half prepared so most do not fault
+      const bool is_signed = rng_() % 2;
+      const unsigned w = width_of(true);
+      if (rng_() % 4 != 0) {
+        if (w == 8) ok = is_signed ? encode(ZYDIS_MNEMONIC_CBW, {}, b) : encode(ZYDIS_MNEMONIC_MOVZX, {reg(ZYDIS_REGISTER_AX), reg(ZYDIS_REGISTER_AL)}, b);
+        else if (is_signed) ok = encode(w == 16 ? ZYDIS_MNEMONIC_CWD : w == 32 ? ZYDIS_MNEMONIC_CDQ : ZYDIS_MNEMONIC_CQO, {}, b);
+        else ok = encode(ZYDIS_MNEMONIC_MOV, {reg(w == 16 ? ZYDIS_REGISTER_DX : w == 32 ? ZYDIS_REGISTER_EDX : ZYDIS_REGISTER_RDX), imm(0)}, b);
+      }
+      ok = ok && encode(is_signed ? ZYDIS_MNEMONIC_IDIV : ZYDIS_MNEMONIC_DIV, {rm(w)}, b);
+      step.undefines = kAll;
+      step.cls = "div";
+      break;
+    }
+    case 6: {  // bit scans and counts (TZCNT/LZCNT only where host and deja's CPU model both have them)
+      const unsigned which = static_cast<unsigned>(rng_() % 5);
+      if ((which == 2 && !tzcnt_) || (which == 4 && !lzcnt_)) return false;
+      static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_BSF, ZYDIS_MNEMONIC_BSR, ZYDIS_MNEMONIC_TZCNT,
+                                               ZYDIS_MNEMONIC_POPCNT, ZYDIS_MNEMONIC_LZCNT};
+      const unsigned w = width_of(false);
+      ok = encode(kOps[which], {reg(gpr(w)), rm(w)}, b);
+      if (which < 2) {
+        step.defines = kZf;
+        step.undefines = kAll & ~kZf;
+      } else if (which == 3) {
+        step.defines = kAll;
+      } else {
+        step.defines = kCf | kZf;
+        step.undefines = kOf | kSf | kAf | kPf;
+      }
+      step.cls = "bitscan";
+      break;
+    }
+    case 7: {  // BT/BTS/BTR/BTC (register offsets only on registers: memory bit strings reach outside the data page)
+      static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_BT, ZYDIS_MNEMONIC_BTS, ZYDIS_MNEMONIC_BTR, ZYDIS_MNEMONIC_BTC};
+      const unsigned w = width_of(false);
+      if (rng_() % 2) ok = encode(pick(kOps), {reg(gpr(w)), reg(gpr(w))}, b);
+      else ok = encode(pick(kOps), {rm(w), imm(static_cast<int64_t>(rng_() % 256))}, b);
+      step.defines = kCf;
+      step.undefines = kOf | kSf | kAf | kPf | kZf;  // AMD also leaves ZF undefined
+      step.cls = "bittest";
+      break;
+    }
+    case 8: {  // data movement
+      const unsigned w = width_of(true);
+      switch (rng_() % 9) {
+        case 0: ok = encode(ZYDIS_MNEMONIC_MOV, {rm(w), reg(gpr(w))}, b); break;
+        case 1: ok = encode(ZYDIS_MNEMONIC_MOV, {reg(gpr(w)), rng_() % 2 ? mem(w / 8) : reg(gpr(w))}, b); break;
+        case 2: ok = encode(ZYDIS_MNEMONIC_MOV, {reg(gpr(w)), imm(static_cast<int64_t>(w == 64 ? interesting(64) : interesting(w) ))}, b); break;
+        case 3: {
+          const unsigned from = rng_() % 2 ? 8 : 16;
+          const unsigned to = from == 8 ? width_of(false) : (rng_() % 2 ? 32 : 64);
+          ok = encode(rng_() % 2 ? ZYDIS_MNEMONIC_MOVZX : ZYDIS_MNEMONIC_MOVSX, {reg(gpr(to)), rm(from)}, b);
+          break;
+        }
+        case 4: ok = encode(ZYDIS_MNEMONIC_MOVSXD, {reg(gpr(64)), rm(32)}, b); break;
+        case 5: ok = encode(ZYDIS_MNEMONIC_XCHG, {rm(w), reg(gpr(w))}, b); break;
+        case 6: ok = encode(ZYDIS_MNEMONIC_BSWAP, {reg(gpr(rng_() % 2 ? 32 : 64))}, b); break;
+        case 7: {
+          static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_CBW, ZYDIS_MNEMONIC_CWDE, ZYDIS_MNEMONIC_CDQE,
+                                                   ZYDIS_MNEMONIC_CWD, ZYDIS_MNEMONIC_CDQ, ZYDIS_MNEMONIC_CQO};
+          ok = encode(pick(kOps), {}, b);
+          break;
+        }
+        default: {
+          // LEA over arbitrary registers: address arithmetic without a memory access.
+          ZydisEncoderRequest request;
+          std::memset(&request, 0, sizeof(request));
+          request.machine_mode = ZYDIS_MACHINE_MODE_LONG_64;
+          request.mnemonic = ZYDIS_MNEMONIC_LEA;
+          request.operand_count = 2;
+          const unsigned lw = width_of(false);
+          request.operands[0].type = ZYDIS_OPERAND_TYPE_REGISTER;
+          request.operands[0].reg.value = gpr(lw);
+          request.operands[1].type = ZYDIS_OPERAND_TYPE_MEMORY;
+          request.operands[1].mem.base = gpr(64);
+          request.operands[1].mem.index = gpr(64);
+          request.operands[1].mem.scale = static_cast<ZyanU8>(1u << (rng_() % 4));
+          request.operands[1].mem.displacement = static_cast<int32_t>(interesting(32));
+          request.operands[1].mem.size = 0;
+          uint8_t buffer[ZYDIS_MAX_INSTRUCTION_LENGTH];
+          ZyanUSize length = sizeof(buffer);
+          ok = ZYAN_SUCCESS(ZydisEncoderEncodeInstruction(&request, buffer, &length));
+          if (ok) b.assign(buffer, buffer + length);
+          break;
+        }
+      }
+      step.cls = "mov";
+      break;
+    }
+    case 9: {  // CMOVcc / SETcc
+      const unsigned cc = static_cast<unsigned>(rng_() % 16);
+      if (rng_() % 2) {
+        const unsigned w = width_of(false);
+        ok = encode(kCmov[cc], {reg(gpr(w)), rm(w)}, b);
+      } else {
+        ok = encode(kSetcc[cc], {rm(8)}, b);
+      }
+      step.reads = kCcReads[cc];
+      step.cls = "cmov/setcc";
+      break;
+    }
+    case 10: {  // XADD / CMPXCHG
+      const unsigned w = width_of(true);
+      ok = encode(rng_() % 2 ? ZYDIS_MNEMONIC_XADD : ZYDIS_MNEMONIC_CMPXCHG, {rm(w), reg(gpr(w))}, b);
+      step.defines = kAll;
+      step.cls = "xadd/cmpxchg";
+      break;
+    }
+    case 11: {  // stack
+      if (rng_() % 2) ok = encode(ZYDIS_MNEMONIC_PUSH, {rng_() % 3 ? reg(gpr(64)) : imm(static_cast<int32_t>(interesting(32)))}, b);
+      else ok = encode(ZYDIS_MNEMONIC_POP, {reg(gpr(64))}, b);
+      step.cls = "push/pop";
+      break;
+    }
+    case 12: {  // SSE2 integer, two operands
+      static constexpr ZydisMnemonic kOps[] = {
+          ZYDIS_MNEMONIC_PAND, ZYDIS_MNEMONIC_PANDN, ZYDIS_MNEMONIC_POR, ZYDIS_MNEMONIC_PXOR, ZYDIS_MNEMONIC_PADDB,
+          ZYDIS_MNEMONIC_PADDW, ZYDIS_MNEMONIC_PADDD, ZYDIS_MNEMONIC_PADDQ, ZYDIS_MNEMONIC_PADDSB, ZYDIS_MNEMONIC_PADDSW,
+          ZYDIS_MNEMONIC_PADDUSB, ZYDIS_MNEMONIC_PADDUSW, ZYDIS_MNEMONIC_PSUBB, ZYDIS_MNEMONIC_PSUBW, ZYDIS_MNEMONIC_PSUBD,
+          ZYDIS_MNEMONIC_PSUBQ, ZYDIS_MNEMONIC_PSUBSB, ZYDIS_MNEMONIC_PSUBSW, ZYDIS_MNEMONIC_PSUBUSB, ZYDIS_MNEMONIC_PSUBUSW,
+          ZYDIS_MNEMONIC_PCMPEQB, ZYDIS_MNEMONIC_PCMPEQW, ZYDIS_MNEMONIC_PCMPEQD, ZYDIS_MNEMONIC_PCMPGTB,
+          ZYDIS_MNEMONIC_PCMPGTW, ZYDIS_MNEMONIC_PCMPGTD, ZYDIS_MNEMONIC_PMULLW, ZYDIS_MNEMONIC_PMULHW,
+          ZYDIS_MNEMONIC_PMULHUW, ZYDIS_MNEMONIC_PMULUDQ, ZYDIS_MNEMONIC_PMADDWD, ZYDIS_MNEMONIC_PMINUB,
+          ZYDIS_MNEMONIC_PMAXUB, ZYDIS_MNEMONIC_PMINSW, ZYDIS_MNEMONIC_PMAXSW, ZYDIS_MNEMONIC_PAVGB, ZYDIS_MNEMONIC_PAVGW,
+          ZYDIS_MNEMONIC_PSADBW, ZYDIS_MNEMONIC_PUNPCKLBW, ZYDIS_MNEMONIC_PUNPCKLWD, ZYDIS_MNEMONIC_PUNPCKLDQ,
+          ZYDIS_MNEMONIC_PUNPCKLQDQ, ZYDIS_MNEMONIC_PUNPCKHBW, ZYDIS_MNEMONIC_PUNPCKHWD, ZYDIS_MNEMONIC_PUNPCKHDQ,
+          ZYDIS_MNEMONIC_PUNPCKHQDQ, ZYDIS_MNEMONIC_PACKSSWB, ZYDIS_MNEMONIC_PACKUSWB, ZYDIS_MNEMONIC_PACKSSDW,
+          ZYDIS_MNEMONIC_PSLLW, ZYDIS_MNEMONIC_PSLLD, ZYDIS_MNEMONIC_PSLLQ, ZYDIS_MNEMONIC_PSRLW, ZYDIS_MNEMONIC_PSRLD,
+          ZYDIS_MNEMONIC_PSRLQ, ZYDIS_MNEMONIC_PSRAW, ZYDIS_MNEMONIC_PSRAD, ZYDIS_MNEMONIC_UNPCKLPS,
+          ZYDIS_MNEMONIC_UNPCKHPS, ZYDIS_MNEMONIC_UNPCKLPD, ZYDIS_MNEMONIC_UNPCKHPD, ZYDIS_MNEMONIC_ANDPS,
+          ZYDIS_MNEMONIC_ANDPD, ZYDIS_MNEMONIC_ANDNPS, ZYDIS_MNEMONIC_ANDNPD, ZYDIS_MNEMONIC_ORPS, ZYDIS_MNEMONIC_ORPD,
+          ZYDIS_MNEMONIC_XORPS, ZYDIS_MNEMONIC_XORPD};
+      ok = encode(pick(kOps), {xmm(), xm(16)}, b);
+      step.cls = "sse-int";
+      break;
+    }
+    case 13: {  // SSE2 with an immediate, moves masks and word insert/extract
+      static constexpr ZydisMnemonic kShifts[] = {ZYDIS_MNEMONIC_PSLLW, ZYDIS_MNEMONIC_PSLLD, ZYDIS_MNEMONIC_PSLLQ,
+                                                  ZYDIS_MNEMONIC_PSRLW, ZYDIS_MNEMONIC_PSRLD, ZYDIS_MNEMONIC_PSRLQ,
+                                                  ZYDIS_MNEMONIC_PSRAW, ZYDIS_MNEMONIC_PSRAD, ZYDIS_MNEMONIC_PSLLDQ,
+                                                  ZYDIS_MNEMONIC_PSRLDQ};
+      static constexpr ZydisMnemonic kShuffles[] = {ZYDIS_MNEMONIC_PSHUFD, ZYDIS_MNEMONIC_PSHUFLW, ZYDIS_MNEMONIC_PSHUFHW,
+                                                    ZYDIS_MNEMONIC_SHUFPS, ZYDIS_MNEMONIC_SHUFPD};
+      static constexpr ZydisMnemonic kMasks[] = {ZYDIS_MNEMONIC_PMOVMSKB, ZYDIS_MNEMONIC_MOVMSKPS, ZYDIS_MNEMONIC_MOVMSKPD};
+      const int64_t imm8 = static_cast<int64_t>(rng_() % 256);
+      switch (rng_() % 5) {
+        case 0: ok = encode(pick(kShifts), {xmm(), imm(rng_() % 2 ? imm8 % 24 : imm8)}, b); break;
+        case 1: ok = encode(pick(kShuffles), {xmm(), xm(16), imm(imm8)}, b); break;
+        case 2: ok = encode(pick(kMasks), {reg(gpr(rng_() % 2 ? 32 : 64)), xmm()}, b); break;
+        case 3: ok = encode(ZYDIS_MNEMONIC_PEXTRW, {reg(gpr(32)), xmm(), imm(imm8)}, b); break;
+        default: ok = encode(ZYDIS_MNEMONIC_PINSRW, {xmm(), rng_() % 2 ? mem(2) : reg(gpr(32)), imm(imm8)}, b); break;
+      }
+      step.cls = "sse-shuffle";
+      break;
+    }
+    case 14:
+    case 15: {  // SSE/SSE2 floating-point arithmetic and compares
+      static constexpr ZydisMnemonic kOps[7][4] = {
+          {ZYDIS_MNEMONIC_ADDSD, ZYDIS_MNEMONIC_ADDPD, ZYDIS_MNEMONIC_ADDSS, ZYDIS_MNEMONIC_ADDPS},
+          {ZYDIS_MNEMONIC_SUBSD, ZYDIS_MNEMONIC_SUBPD, ZYDIS_MNEMONIC_SUBSS, ZYDIS_MNEMONIC_SUBPS},
+          {ZYDIS_MNEMONIC_MULSD, ZYDIS_MNEMONIC_MULPD, ZYDIS_MNEMONIC_MULSS, ZYDIS_MNEMONIC_MULPS},
+          {ZYDIS_MNEMONIC_DIVSD, ZYDIS_MNEMONIC_DIVPD, ZYDIS_MNEMONIC_DIVSS, ZYDIS_MNEMONIC_DIVPS},
+          {ZYDIS_MNEMONIC_MINSD, ZYDIS_MNEMONIC_MINPD, ZYDIS_MNEMONIC_MINSS, ZYDIS_MNEMONIC_MINPS},
+          {ZYDIS_MNEMONIC_MAXSD, ZYDIS_MNEMONIC_MAXPD, ZYDIS_MNEMONIC_MAXSS, ZYDIS_MNEMONIC_MAXPS},
+          {ZYDIS_MNEMONIC_SQRTSD, ZYDIS_MNEMONIC_SQRTPD, ZYDIS_MNEMONIC_SQRTSS, ZYDIS_MNEMONIC_SQRTPS}};
+      static constexpr ZydisMnemonic kCmp[4] = {ZYDIS_MNEMONIC_CMPSD, ZYDIS_MNEMONIC_CMPPD, ZYDIS_MNEMONIC_CMPSS, ZYDIS_MNEMONIC_CMPPS};
+      static constexpr unsigned kBytes[4] = {8, 16, 4, 16};
+      const unsigned form = static_cast<unsigned>(rng_() % 4);
+      if (rng_() % 4 == 0) ok = encode(kCmp[form], {xmm(), xm(kBytes[form]), imm(static_cast<int64_t>(rng_() % 8))}, b);
+      else ok = encode(kOps[rng_() % 7][form], {xmm(), xm(kBytes[form])}, b);
+      step.cls = "sse-fp";
+      break;
+    }
+    case 16: {  // COMIS/UCOMIS
+      static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_COMISD, ZYDIS_MNEMONIC_UCOMISD, ZYDIS_MNEMONIC_COMISS, ZYDIS_MNEMONIC_UCOMISS};
+      const unsigned which = static_cast<unsigned>(rng_() % 4);
+      ok = encode(kOps[which], {xmm(), xm(which < 2 ? 8 : 4)}, b);
+      step.defines = kAll;
+      step.cls = "comis";
+      break;
+    }
+    case 17: {  // conversions
+      switch (rng_() % 3) {
+        case 0: {
+          const unsigned w = rng_() % 2 ? 32 : 64;
+          ok = encode(rng_() % 2 ? ZYDIS_MNEMONIC_CVTSI2SD : ZYDIS_MNEMONIC_CVTSI2SS, {xmm(), rm(w)}, b);
+          break;
+        }
+        case 1: {
+          static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_CVTTSD2SI, ZYDIS_MNEMONIC_CVTSD2SI, ZYDIS_MNEMONIC_CVTTSS2SI, ZYDIS_MNEMONIC_CVTSS2SI};
+          const unsigned which = static_cast<unsigned>(rng_() % 4);
+          ok = encode(kOps[which], {reg(gpr(rng_() % 2 ? 32 : 64)), xm(which < 2 ? 8 : 4)}, b);
+          break;
+        }
+        default: {
+          static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_CVTSD2SS, ZYDIS_MNEMONIC_CVTSS2SD, ZYDIS_MNEMONIC_CVTDQ2PD,
+                                                   ZYDIS_MNEMONIC_CVTDQ2PS, ZYDIS_MNEMONIC_CVTPS2DQ, ZYDIS_MNEMONIC_CVTTPS2DQ,
+                                                   ZYDIS_MNEMONIC_CVTPD2DQ, ZYDIS_MNEMONIC_CVTTPD2DQ, ZYDIS_MNEMONIC_CVTPD2PS,
+                                                   ZYDIS_MNEMONIC_CVTPS2PD};
+          static constexpr unsigned kBytes[] = {8, 4, 8, 16, 16, 16, 16, 16, 16, 8};
+          const unsigned which = static_cast<unsigned>(rng_() % std::size(kOps));
+          ok = encode(kOps[which], {xmm(), xm(kBytes[which])}, b);
+          break;
+        }
+      }
+      step.cls = "sse-cvt";
+      break;
+    }
+    case 18: {  // SSE moves
+      static constexpr ZydisMnemonic kWhole[] = {ZYDIS_MNEMONIC_MOVAPS, ZYDIS_MNEMONIC_MOVUPS, ZYDIS_MNEMONIC_MOVAPD,
+                                                 ZYDIS_MNEMONIC_MOVUPD, ZYDIS_MNEMONIC_MOVDQA, ZYDIS_MNEMONIC_MOVDQU};
+      switch (rng_() % 5) {
+        case 0: ok = encode(pick(kWhole), {xmm(), xm(16)}, b); break;
+        case 1: ok = encode(pick(kWhole), {mem(16), xmm()}, b); break;
+        case 2: {
+          const bool quad = rng_() % 2;
+          const ZydisMnemonic m = quad ? ZYDIS_MNEMONIC_MOVQ : ZYDIS_MNEMONIC_MOVD;
+          if (rng_() % 2) ok = encode(m, {xmm(), rm(quad ? 64 : 32)}, b);
+          else ok = encode(m, {rm(quad ? 64 : 32), xmm()}, b);
+          break;
+        }
+        case 3: {
+          const bool dbl = rng_() % 2;
+          const ZydisMnemonic m = dbl ? ZYDIS_MNEMONIC_MOVSD : ZYDIS_MNEMONIC_MOVSS;
+          if (rng_() % 2) ok = encode(m, {xmm(), xm(dbl ? 8 : 4)}, b);
+          else ok = encode(m, {mem(dbl ? 8 : 4), xmm()}, b);
+          break;
+        }
+        default: ok = encode(ZYDIS_MNEMONIC_MOVQ, {xmm(), xmm()}, b); break;
+      }
+      step.cls = "sse-mov";
+      break;
+    }
+    default: {  // Jcc over the next step: both paths must agree, so the next step is generated first
+      Sequence inner;
+      inner.undefined_flags = seq.undefined_flags;
+      if (!emit_one(inner)) return false;
+      const unsigned cc = static_cast<unsigned>(rng_() % 16);
+      if (kCcReads[cc] & seq.undefined_flags) return false;
+      if (inner.code.size() > 127) return false;
+      seq.code.push_back(static_cast<uint8_t>(0x70 + cc));
+      seq.code.push_back(static_cast<uint8_t>(inner.code.size()));
+      seq.listing.push_back("j" + std::to_string(cc) + " over next (cc " + std::to_string(cc) + ")");
+      seq.classes.push_back("jcc");
+      for (size_t i = 0; i < inner.code.size(); ++i) seq.code.push_back(inner.code[i]);
+      for (auto& line : inner.listing) seq.listing.push_back("  " + line);
+      for (auto& c : inner.classes) seq.classes.push_back(c);
+      // Taken or not, a flag is reliable only if it is reliable on both paths.
+      seq.undefined_flags |= inner.undefined_flags;
+      return true;
+    }
+  }
+  if (!ok || b.empty()) return false;
+  if (step.reads & seq.undefined_flags) return false;  // would depend on an undefined flag
+  seq.undefined_flags = (seq.undefined_flags & ~step.defines) | step.undefines;
+  // The listing: Zydis' own disassembly of what was encoded.
+  size_t offset = 0;
+  while (offset < b.size()) {
+    ZydisDisassembledInstruction insn;
+    if (!ZYAN_SUCCESS(ZydisDisassembleIntel(ZYDIS_MACHINE_MODE_LONG_64, kCodeAddr + seq.code.size() + offset,
+                                            b.data() + offset, b.size() - offset, &insn)))
+      break;
+    seq.listing.push_back(insn.text);
+    seq.classes.push_back(step.cls);
+    offset += insn.info.length;
+  }
+  seq.code.insert(seq.code.end(), b.begin(), b.end());
+  return true;
+}
+
+Sequence Generator::sequence(int length) {
+  Sequence seq;
+  int attempts = 0;
+  while (static_cast<int>(seq.listing.size()) < length && attempts++ < length * 20) emit_one(seq);
+  return seq;
+}
+
+}  // namespace deja::difftest

@@ -1,0 +1,37 @@
+// Random straight-line sequences of non-privileged instructions (encoded with Zydis) plus random starting state.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/interp/diff/machine.h"
+
+namespace deja::difftest {
+
+struct Sequence {
+  std::vector<uint8_t> code;              // without the tail
+  std::vector<std::string> listing;       // one line per instruction, for failure reports
+  std::vector<std::string> classes;       // instruction class of each line (coverage accounting)
+  uint64_t undefined_flags = 0;           // arithmetic flags the SDM leaves undefined at the end
+};
+
+class Generator {
+ public:
+  // TZCNT/LZCNT run as BSF/BSR on CPUs without BMI1/LZCNT, so they are generated only when both
+  // the host and deja's CPU model have them.
+  Generator(uint64_t seed, bool has_tzcnt, bool has_lzcnt);
+  Sequence sequence(int length);
+  RegisterFile registers();
+  std::vector<uint8_t> data();
+
+ private:
+  bool emit_one(Sequence& seq);
+  uint64_t interesting(unsigned width);
+  std::mt19937_64 rng_;
+  bool tzcnt_;
+  bool lzcnt_;
+};
+
+}  // namespace deja::difftest

@@ -1,0 +1,78 @@
+// Shared layout of the differential tester and fuzzer: one register file format, run natively on the host or under InterpBackend.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "interp/interp_backend.h"
+#include "vmm/guest_memory.h"
+
+namespace deja::difftest {
+
+// Fixed addresses, identical on the host (mmap'd) and in the guest (identity-paged), so that
+// absolute and RIP-relative addresses mean the same thing in both runs.
+constexpr uint64_t kCodeAddr = 0x400000;   // the instruction sequence, then the exit tail
+constexpr uint64_t kCodeSize = 0x2000;
+constexpr uint64_t kDataAddr = 0x500000;   // memory operands ([r15 + disp]) and the stack
+constexpr uint64_t kDataSize = 0x1000;
+constexpr uint64_t kStateAddr = 0x600000;  // host only: the trampoline's register file
+constexpr uint64_t kHandlerAddr = 0x700000;  // guest only: one HLT per exception vector, 16 bytes apart
+constexpr uint64_t kInitialRsp = kDataAddr + 0x800;
+
+// The register file the trampoline loads and stores (offsets are hard-coded in its assembly).
+struct RegisterFile {
+  std::array<uint64_t, 16> gpr{};  // RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8-R15
+  uint64_t rflags = 0x2;
+  uint32_t mxcsr = 0x1f80;
+  uint32_t pad = 0;
+  uint64_t host_rsp = 0;    // trampoline scratch
+  uint64_t code_entry = 0;  // trampoline scratch
+  uint64_t exit_target = 0;  // trampoline scratch
+  uint64_t pad2 = 0;
+  std::array<std::array<uint64_t, 2>, 16> xmm{};  // offset 160
+};
+static_assert(offsetof(RegisterFile, rflags) == 128);
+static_assert(offsetof(RegisterFile, mxcsr) == 136);
+static_assert(offsetof(RegisterFile, host_rsp) == 144);
+static_assert(offsetof(RegisterFile, code_entry) == 152);
+static_assert(offsetof(RegisterFile, exit_target) == 160);
+static_assert(offsetof(RegisterFile, xmm) == 176);
+
+// How a run ended. Exceptions are compared by class, because the host only sees a signal.
+enum class Ending : uint8_t { kCompleted, kDivideError, kSimdFault, kInvalidOpcode, kMemoryFault, kOther, kHang };
+const char* ending_name(Ending ending);
+
+struct Outcome {
+  Ending ending = Ending::kCompleted;
+  int detail = 0;  // signal (host) or vector (interp)
+  RegisterFile regs;
+  std::vector<uint8_t> data;
+};
+
+// The bytes that end a sequence: the host jumps back to the trampoline, the guest halts.
+std::vector<uint8_t> host_tail();
+std::vector<uint8_t> guest_tail();
+
+// Runs `code` natively in a forked child. Sets up the shared mappings on first use.
+Outcome run_native(const std::vector<uint8_t>& code, const RegisterFile& regs, const std::vector<uint8_t>& data);
+
+// A 64-bit ring-0 guest with identity paging, a GDT, and an IDT whose gates all halt at kHandlerAddr + 16*vector.
+class GuestMachine {
+ public:
+  static std::unique_ptr<GuestMachine> create();
+  // Runs `code` (which should end in guest_tail()) for at most `budget` instructions.
+  Outcome run(const std::vector<uint8_t>& code, const RegisterFile& regs, const std::vector<uint8_t>& data,
+              uint64_t budget);
+  InterpBackend& cpu() { return *cpu_; }
+
+ private:
+  std::unique_ptr<GuestMemory> memory_;
+  std::unique_ptr<InterpBackend> cpu_;
+  CpuState base_;
+};
+
+}  // namespace deja::difftest
