@@ -87,7 +87,9 @@ int guest_main(void) {
   uint64_t final = shared_counter;
   printf("final count: %lu of %lu (lost updates: %lu)\n", final, total, total - final);
   printf("context switches: %lu\n", switches);
-  ok &= final <= total && final >= INCREMENTS && switches >= WORKERS;
+  /* Lost updates can only lower the count (an unlucky schedule can lower it far: any bound but >= 1
+     would be a guess), and every worker had to be switched to at least once. */
+  ok &= final >= 1 && final <= total && switches >= WORKERS;
   printf("threads-race: %s\n", ok ? "done" : "FAILED");
   return ok ? 0 : 1;
 }
