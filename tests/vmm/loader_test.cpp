@@ -403,6 +403,12 @@ TEST(LoaderDirect, IdentityMapCoversRamAbove4GiB) {
   auto physical = translate(memory, loaded->initial_state.cr3, kBig - 8);
   ASSERT_TRUE(physical);
   EXPECT_EQ(*physical, kBig - 8);
+  // mem_upper is a 32-bit KiB count up to 4 GiB; the memory map carries the whole of RAM.
+  const uint64_t info = loaded->initial_state.gpr[kRdi];
+  EXPECT_EQ(read32(memory, info + 8), ((uint64_t{1} << 32) - (1 << 20)) / 1024);
+  const uint64_t last = read32(memory, info + 48) + 2 * 24;
+  EXPECT_EQ(read64(memory, last + 4), 0x100000u);
+  EXPECT_EQ(read64(memory, last + 12), kBig - 0x100000);
 }
 
 TEST(LoaderDirect, MultibootImageMayUseTheLongModeAreas) {
@@ -663,6 +669,26 @@ TEST(LoaderRejects, SixtyThousandSegmentsAreCheckedQuickly) {
   put(image, 64 + 59999 * 56 + 24, 0x100008, 8);  // the last segment's p_paddr now lands inside segment 0
   expect_rejected(load_bytes(image), {"segment 59999", "overlaps segment 0"});
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(LoaderRejects, InconsistentAoutKludge) {
+  auto image_with = [](uint32_t header_addr, uint32_t load_addr, uint32_t load_end, uint32_t bss_end, uint32_t entry) {
+    std::vector<uint8_t> image = pattern(0x2000, 9);
+    const uint32_t flags = multiboot::kAoutKludge;
+    put(image, 0x40, multiboot::kHeaderMagic, 4);
+    put(image, 0x44, flags, 4);
+    put(image, 0x48, uint32_t(-(multiboot::kHeaderMagic + flags)), 4);
+    for (uint32_t i = 0, v[] = {header_addr, load_addr, load_end, bss_end, entry}; i < 5; ++i) put(image, 0x4c + 4 * i, v[i], 4);
+    return image;
+  };
+  expect_rejected(load_bytes(image_with(0x200040, 0x300000, 0, 0, 0x200100)), {"load_addr 0x300000", "header_addr"});
+  expect_rejected(load_bytes(image_with(0x201000, 0x200000, 0, 0, 0x200100)), {"before the header"});
+  expect_rejected(load_bytes(image_with(0x200040, 0x200000, 0x210000, 0, 0x200100)), {"truncated", "a.out kludge"});
+  expect_rejected(load_bytes(image_with(0x200040, 0x200000, 0x201000, 0x200800, 0x200100)), {"bss_end_addr"});
+  expect_rejected(load_bytes(image_with(0x200040, 0x200000, 0, 0, 0x300000)), {"entry point 0x300000"});
+  auto cut = image_with(0x200040, 0x200000, 0, 0, 0x200100);
+  cut.resize(0x54);  // the address fields are cut off
+  expect_rejected(load_bytes(cut), {"truncated", "bit 16"});
 }
 
 TEST(LoaderRejects, LinuxBzImageIsRecognised) {
