@@ -731,6 +731,20 @@ TEST(LoaderRealImages, ProjectGuestsLoadAsMultibootElf32) {
   if (checked == 0) GTEST_SKIP() << "no guest images in " << DEJA_GUEST_IMAGE_DIR << " (build the `guests` target)";
 }
 
+TEST(LoaderRealImages, ProjectHello64BootsDirectIntoLongMode) {
+  const std::string path = std::string(DEJA_GUEST_IMAGE_DIR) + "/hello64.elf";
+  auto file = read_boot_file(path, "guest image");
+  if (!file) GTEST_SKIP() << path << " not built (build the `guests` target)";
+  GuestMemory memory = make_ram(64 << 20);
+  auto loaded = load_guest_image(memory, path, {});
+  ASSERT_TRUE(loaded) << loaded.error().message;
+  EXPECT_EQ(loaded->format, "elf64-direct");
+  uint64_t entry;
+  std::memcpy(&entry, file->data() + 24, 8);
+  EXPECT_EQ(loaded->initial_state.rip, entry);
+  EXPECT_TRUE(loaded->initial_state.cs.l);
+}
+
 // ---- fuzzing: any mutation yields an image or a clean error, never a crash ----
 
 void fuzz(const std::vector<uint8_t>& valid, uint32_t seed, int iterations) {
