@@ -614,8 +614,16 @@ VcpuExit* KvmBackend::stop_with_diagnostic(ExitKind kind, std::string reason) {
   exit_ = VcpuExit{};
   exit_.rip = current_rip();
   std::string detail = std::move(reason) + "\n";
-  if (auto state = get_state()) detail += format_cpu_state(*state);
-  else detail += "(registers unavailable: " + state.error().message + ")\n";
+  if (auto state = get_state()) {
+    if (kind == ExitKind::kShutdown && state->rip == 0xfff0 && state->cs.selector == 0xf000) {
+      // svm.c shutdown_interception() reinitialises the VMCB before reporting the shutdown.
+      detail += "note: KVM on AMD (SVM) resets the vCPU on a triple fault, so these are reset-state registers; "
+                "the last exits below locate the fault (or rerun with --backend interp for the faulting state)\n";
+    }
+    detail += format_cpu_state(*state);
+  } else {
+    detail += "(registers unavailable: " + state.error().message + ")\n";
+  }
   uint64_t shown = std::min<uint64_t>(exit_serial_, kRecentExits);
   detail += fmt::format("last {} exits, oldest first:\n", shown);
   for (uint64_t i = exit_serial_ - shown; i < exit_serial_; ++i) {

@@ -422,6 +422,9 @@ TEST_F(KvmTest, TripleFaultStopsWithDiagnostic) {
   EXPECT_NE(exit->detail.find("cr0="), std::string::npos) << exit->detail;
   EXPECT_NE(exit->detail.find("last 1 exits"), std::string::npos) << exit->detail;
   EXPECT_NE(exit->detail.find("io-out rip=0x10000 at=0x80"), std::string::npos) << exit->detail;
+  if (exit->detail.find("rip =000000000000fff0") != std::string::npos) {
+    EXPECT_NE(exit->detail.find("resets the vCPU"), std::string::npos) << "SVM reset state must be flagged";
+  }
 }
 
 TEST_F(KvmTest, KickStopsARunningAndTheNextRun) {
