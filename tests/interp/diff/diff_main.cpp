@@ -88,6 +88,9 @@ int main(int argc, char** argv) {
   app.add_option("--length", max_length, "maximum instructions per sequence; a third of the sequences have one")
       ->check(CLI::Range(1, 200));
   app.add_option("--show", show, "failures printed in full");
+  bool avoid_xadd_same_register = false;
+  app.add_flag("--avoid-xadd-same-register", avoid_xadd_same_register,
+               "known interp defect: XADD r, r with one register writes the old value instead of the sum");
   CLI11_PARSE(app, argc, argv);
 
   std::printf("interp_diff: seed %llu, %d sequences (reproduce with --seed %llu --count %d --length %d)\n",
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
   const deja::CpuModel& model = deja::CpuModel::current();
   Generator generator(seed, host_has_bmi1() && (model.cpuid(7, 0).ebx & (1u << 3)),
                       host_has_lzcnt() && (model.cpuid(0x80000001, 0).ecx & (1u << 5)));
+  generator.avoid_xadd_same_register = avoid_xadd_same_register;
   std::mt19937_64 lengths(seed ^ 0x5eed);
   const auto start = std::chrono::steady_clock::now();
   int failures = 0, faults_agreed = 0, instructions = 0, unimplemented_runs = 0;

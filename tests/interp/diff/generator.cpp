@@ -371,7 +371,10 @@ bool Generator::emit_one(Sequence& seq) {
     }
     case 10: {  // XADD / CMPXCHG
       const unsigned w = width_of(true);
-      ok = encode(rng_() % 2 ? ZYDIS_MNEMONIC_XADD : ZYDIS_MNEMONIC_CMPXCHG, {rm(w), reg(gpr(w))}, b);
+      const bool xadd = rng_() % 2;
+      const Opnd dst = rm(w), src = reg(gpr(w));
+      if (xadd && avoid_xadd_same_register && dst.kind == Opnd::kReg && dst.reg == src.reg) return false;
+      ok = encode(xadd ? ZYDIS_MNEMONIC_XADD : ZYDIS_MNEMONIC_CMPXCHG, {dst, src}, b);
       step.defines = kAll;
       step.cls = "xadd/cmpxchg";
       break;
