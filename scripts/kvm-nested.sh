@@ -142,8 +142,8 @@ done
 qemu_args=(
   -accel tcg -cpu max -m "$mem" -smp 1
   -kernel "$kernel" -initrd "$initrd"
-  -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init deja.out=$outdir deja.shares=$(IFS=,; echo "${shares[*]}")"
-  -display none -monitor none -serial "file:$outdir/console.log" -no-reboot
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init mitigations=off tsc=reliable no_timer_check i8042.noaux i8042.nokbd deja.out=$outdir deja.shares=$(IFS=,; echo "${shares[*]}")"
+  -nodefaults -display none -monitor none -serial "file:$outdir/console.log" -no-reboot
   -virtfs "local,path=/,mount_tag=deja_root,security_model=none,readonly=on,multidevs=remap"
 )
 index=0

@@ -26,7 +26,8 @@ done
 
 nine_p="trans=virtio,version=9p2000.L,msize=262144"
 mkdir -p /host
-if ! mount -t 9p -o "$nine_p,ro" deja_root /host; then
+# The root is read-only and does not change during a run, so the guest page cache may keep it (cache=loose).
+if ! mount -t 9p -o "$nine_p,ro,cache=loose" deja_root /host; then
   say "FAILED: cannot mount the host root over 9p"
   echo "DEJA-NESTED-ENV-FAILED" > /dev/ttyS0
   reboot -f
