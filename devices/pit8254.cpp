@@ -50,7 +50,7 @@ bool Pit8254::Channel::out_at(uint64_t tick) const {
 }
 
 uint16_t Pit8254::Channel::count_at(uint64_t tick) const {
-  if (!loaded) return count_register;
+  if (!loaded) return count_register;  // undefined on silicon; the last written value here
   uint64_t n = reload();
   uint64_t c = counted(tick);
   switch (mode) {
@@ -187,12 +187,14 @@ void Pit8254::write_counter(Channel& ch, uint8_t value, uint64_t tick) {
   ch.settle(tick);
   if ((ch.mode == 1 || ch.mode == 5)) {
     // The count is transferred on the next gate trigger; a running one-shot is not disturbed.
+    if (!ch.triggered) ch.counting_count = ch.count_register;
     ch.loaded = true;
     return;
   }
   // Modes 0 and 4 restart with the new count. Modes 2 and 3 would finish the current period
   // first; here the new period starts at once (documented simplification).
   ch.loaded = true;
+  ch.counting_count = ch.count_register;
   ch.counted_before_anchor = 0;
   ch.anchor_tick = tick;
 }
@@ -260,6 +262,7 @@ void Pit8254::set_gate(unsigned channel, bool level) {
     case 1:
     case 5:
       ch.triggered = true;
+      ch.counting_count = ch.count_register;
       [[fallthrough]];
     case 2:
     case 3:
@@ -295,6 +298,7 @@ std::vector<uint8_t> Pit8254::save() const {
     w.u8(ch.access);
     w.boolean(ch.bcd);
     w.u16(ch.count_register);
+    w.u16(ch.counting_count);
     w.boolean(ch.write_high_next);
     w.boolean(ch.read_high_next);
     w.boolean(ch.loaded);
@@ -321,6 +325,7 @@ Result<> Pit8254::restore(std::span<const uint8_t> state) {
     ch.access = r.u8();
     ch.bcd = r.boolean();
     ch.count_register = r.u16();
+    ch.counting_count = r.u16();
     ch.write_high_next = r.boolean();
     ch.read_high_next = r.boolean();
     ch.loaded = r.boolean();

@@ -60,6 +60,7 @@ class Pit8254 : public Device {
     uint8_t access = 3;      // 1 = lobyte, 2 = hibyte, 3 = lobyte then hibyte
     bool bcd = false;
     uint16_t count_register = 0;  // as written; 0 means 65536
+    uint16_t counting_count = 0;  // the value the counting element was last loaded with
     bool write_high_next = false;  // lohi: the next write is the high byte
     bool read_high_next = false;   // lohi: the next read is the high byte
     bool loaded = false;           // a count was written since the control word
@@ -75,7 +76,7 @@ class Pit8254 : public Device {
     uint64_t load_tick = 0;    // tick of the last count write (NULL COUNT until the next tick)
     bool null_count = true;
 
-    uint32_t reload() const { return count_register == 0 ? 65536u : count_register; }
+    uint32_t reload() const { return counting_count == 0 ? 65536u : counting_count; }
     bool counting() const;
     uint64_t counted(uint64_t tick) const;
     void settle(uint64_t tick);
