@@ -78,8 +78,10 @@ std::string hex(std::span<const uint8_t> bytes) {
   return out;
 }
 
-std::string event_kind_name(const trace::Event& e) {
-  switch (e.kind_case()) {
+std::string event_kind_name(const trace::Event& e) { return trace_detail::kind_name_of_case(e.kind_case()); }
+
+std::string trace_detail::kind_name_of_case(size_t kind_case) {
+  switch (static_cast<trace::Event::KindCase>(kind_case)) {
     case trace::Event::kPortRead: return "port_read";
     case trace::Event::kMmioRead: return "mmio_read";
     case trace::Event::kClock: return "clock";
@@ -94,7 +96,7 @@ std::string event_kind_name(const trace::Event& e) {
     case trace::Event::KIND_NOT_SET: return "none";
   }
   // A kind added to trace.proto by a newer deja, read by this one.
-  return fmt::format("unknown_{}", static_cast<int>(e.kind_case()));
+  return fmt::format("unknown_{}", kind_case);
 }
 
 const trace::Coordinate* event_coordinate(const trace::Event& e) {

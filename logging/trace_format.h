@@ -64,6 +64,9 @@ class Sha256Stream {
   void* ctx_;  // EVP_MD_CTX*, kept opaque so OpenSSL headers stay out of this header
 };
 
+// event_kind_name() for a raw Event::kind_case() value, so counters need not build a string per event.
+std::string kind_name_of_case(size_t kind_case);
+
 // chain_n = SHA-256(chain_{n-1} || frame fields (16 bytes) || payload).
 Sha256 chain_next(const Sha256& previous, std::span<const uint8_t> frame_fields, std::span<const uint8_t> payload);
 

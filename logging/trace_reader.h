@@ -78,7 +78,7 @@ class TraceReader {
 
   uint64_t events_read_ = 0;
   std::vector<trace::ChunkIndex> chunks_;  // what was actually read, to check the footer's index against
-  std::map<std::string, uint64_t> events_by_kind_;
+  std::vector<uint64_t> count_by_case_;  // indexed by Event::kind_case(); named only when compared/written
   std::unique_ptr<trace_detail::Sha256Stream> serial_sha_;
   uint64_t serial_bytes_ = 0;
   std::optional<trace::Footer> footer_;

@@ -47,6 +47,14 @@ VerifyReport verify_trace(const std::string& path) {
                             first_end_index);
     }
   }
+  if (problem.empty()) {
+    for (const auto& input : reader.header().inputs())
+      if (!input.sha256().empty() && input.sha256().size() != 32) {
+        problem = fmt::format("header input {} ({}) has a {}-byte SHA-256, not 32", input.path(), input.role(),
+                              input.sha256().size());
+        break;
+      }
+  }
   report.first_problem = problem;
   report.ok = problem.empty() && report.complete;
   const trace::Header& h = reader.header();

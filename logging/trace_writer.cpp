@@ -120,7 +120,9 @@ Result<> TraceWriter::append(const trace::Event& event) {
   }
   ++chunk_events_;
   ++events_written_;
-  ++events_by_kind_[event_kind_name(event)];
+  size_t kind = static_cast<size_t>(event.kind_case());
+  if (kind >= count_by_case_.size()) count_by_case_.resize(kind + 1);
+  ++count_by_case_[kind];
   if (event.has_serial_output()) {
     serial_sha_.update(event.serial_output().data().data(), event.serial_output().data().size());
     serial_bytes_ += event.serial_output().data().size();
@@ -185,7 +187,10 @@ Result<> TraceWriter::finish(trace::Footer footer) {
   footer.clear_chunks();
   for (const auto& entry : index_) *footer.add_chunks() = entry;
   footer.clear_events_by_kind();
-  for (const auto& [kind, count] : events_by_kind_) (*footer.mutable_events_by_kind())[kind] = count;
+  for (size_t kind = 0; kind < count_by_case_.size(); ++kind) {
+    if (count_by_case_[kind] == 0) continue;
+    (*footer.mutable_events_by_kind())[kind_name_of_case(kind)] = count_by_case_[kind];
+  }
   footer.set_total_events(events_written_);
   Sha256 serial = serial_sha_.finish();
   footer.set_serial_output_sha256(serial.data(), serial.size());

@@ -66,7 +66,7 @@ class TraceWriter {
 
   uint64_t events_written_ = 0;
   std::vector<trace::ChunkIndex> index_;  // one small entry per chunk, needed for the footer
-  std::map<std::string, uint64_t> events_by_kind_;
+  std::vector<uint64_t> count_by_case_;  // indexed by Event::kind_case(); named only when compared/written
   trace_detail::Sha256Stream serial_sha_;
   uint64_t serial_bytes_ = 0;
 };

@@ -315,6 +315,20 @@ TEST(TraceOpen, CutInsideHeaderIsAnErrorNamingTheCut) {
   EXPECT_NE(reader.error().message.find("truncated inside its header"), std::string::npos) << reader.error().message;
 }
 
+TEST(TraceVerify, MalformedInputHashIsReported) {
+  TempDir dir;
+  trace::Header header = testing::sample_header();
+  header.mutable_inputs(0)->set_sha256("short");
+  auto writer = TraceWriter::create(dir.file("t.trace"), header);
+  ASSERT_TRUE(writer.has_value());
+  for (const auto& e : testing::sample_events(5)) ASSERT_TRUE((*writer)->append(e).has_value());
+  ASSERT_TRUE((*writer)->finish(trace::Footer{}).has_value());
+  VerifyReport report = verify_trace(dir.file("t.trace"));
+  EXPECT_FALSE(report.ok);
+  EXPECT_NE(report.first_problem.find("guests/hello.elf (image) has a 5-byte SHA-256"), std::string::npos)
+      << report.first_problem;
+}
+
 TEST(TraceVerify, MissingOrMisplacedEndEventIsReported) {
   TempDir dir;
   auto events = testing::sample_events(40);
