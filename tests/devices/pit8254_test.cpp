@@ -263,5 +263,21 @@ TEST_F(PitFixture, ControlWordResetsOutAndStopsUntilCountWritten) {
   EXPECT_EQ(inb(pit, 0), 0x70);  // OUT low, NULL COUNT, lohi, mode 0
 }
 
+TEST_F(PitFixture, Mode1NewCountWaitsForTheNextTrigger) {
+  program(2, 1, 100);
+  outb(port61, 0, 0x01);  // trigger at tick 0
+  at_tick(10);
+  outb(pit, 2, 0x20);  // new count 0x0320 = 800 while the one-shot runs
+  outb(pit, 2, 0x03);
+  at_tick(100);
+  EXPECT_TRUE(out2());  // the running one-shot kept its count of 100
+  outb(port61, 0, 0x00);
+  outb(port61, 0, 0x01);  // retrigger at tick 100 with 800
+  at_tick(899);
+  EXPECT_FALSE(out2());
+  at_tick(900);
+  EXPECT_TRUE(out2());
+}
+
 }  // namespace
 }  // namespace deja
