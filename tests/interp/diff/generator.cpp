@@ -169,7 +169,7 @@ bool Generator::emit_one(Sequence& seq) {
   Step step;
   std::vector<uint8_t>& b = step.bytes;
   bool ok = true;
-  const unsigned cls = static_cast<unsigned>(rng_() % 21);
+  const unsigned cls = static_cast<unsigned>(rng_() % 23);
   switch (cls) {
     case 0: {  // two-operand ALU
       static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_ADD, ZYDIS_MNEMONIC_OR,  ZYDIS_MNEMONIC_ADC,
@@ -502,6 +502,46 @@ bool Generator::emit_one(Sequence& seq) {
         default: ok = encode(ZYDIS_MNEMONIC_MOVQ, {xmm(), xmm()}, b); break;
       }
       step.cls = "sse-mov";
+      break;
+    }
+    case 19: {  // flag instructions
+      switch (rng_() % 5) {
+        case 0: b = {0xf8}; step.defines = kCf; break;                         // CLC
+        case 1: b = {0xf9}; step.defines = kCf; break;                         // STC
+        case 2: b = {0xf5}; step.reads = step.defines = kCf; break;            // CMC
+        case 3: b = {0x9f}; step.reads = kAll & ~kOf; break;                   // LAHF
+        default: b = {0x9e}; step.defines = kAll & ~kOf; break;                // SAHF
+      }
+      step.cls = "flags";
+      break;
+    }
+    case 20:
+    case 21: {  // string instructions, with RSI/RDI/RCX set up inside the data page, forward or backward
+      auto lea_disp = [&](uint8_t modrm, uint32_t disp) {
+        b.insert(b.end(), {0x49, 0x8d, modrm});
+        for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(disp >> (8 * i)));
+      };
+      lea_disp(0xb7, 0x300 + static_cast<uint32_t>(rng_() % 0x200));  // lea rsi, [r15 + disp32]
+      lea_disp(0xbf, 0x300 + static_cast<uint32_t>(rng_() % 0x200));  // lea rdi, [r15 + disp32]
+      const uint32_t n = static_cast<uint32_t>(rng_() % 40);
+      b.push_back(0xb9);  // mov ecx, n
+      for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(n >> (8 * i)));
+      const bool backward = rng_() % 3 == 0;
+      if (backward) b.push_back(0xfd);  // STD
+      static constexpr uint8_t kOpcodes[] = {0xa4, 0xaa, 0xac, 0xa6, 0xae};  // MOVS, STOS, LODS, CMPS, SCAS (byte forms)
+      const unsigned which = static_cast<unsigned>(rng_() % 5);
+      const bool compares = which >= 3;
+      const unsigned prefix = static_cast<unsigned>(rng_() % 3);  // none, REP/REPE, REPNE (compares only)
+      if (prefix == 1 || (prefix == 2 && !compares)) b.push_back(0xf3);
+      if (prefix == 2 && compares) b.push_back(0xf2);
+      const unsigned size = static_cast<unsigned>(rng_() % 4);  // b, w, d, q
+      if (size == 1) b.push_back(0x66);
+      if (size == 3) b.push_back(0x48);
+      b.push_back(static_cast<uint8_t>(kOpcodes[which] + (size ? 1 : 0)));
+      if (backward) b.push_back(0xfc);  // CLD
+      // With a REP prefix and RCX = 0 a compare writes no flags, so only a non-empty run defines them.
+      if (compares) step.defines = (prefix == 0 || n > 0) ? kAll : 0;
+      step.cls = "string";
       break;
     }
     default: {  // Jcc over the next step: both paths must agree, so the next step is generated first
