@@ -3,6 +3,8 @@
 
 #include "interp/decoded_insn.h"
 
+#include <algorithm>
+
 namespace deja::interp {
 namespace {
 
@@ -162,6 +164,26 @@ DecodedInsn* DecodeCache::insert(uint64_t gpa, const DecodedInsn& insn) {
   page->insns.push_back(insn);
   slot = uint16_t(page->insns.size());
   return &page->insns.back();
+}
+
+void DecodeCache::invalidate_range(uint64_t gpa, unsigned size) {
+  const uint64_t pfn = gpa >> 12;
+  Page* page = pfn == last_pfn_ ? last_page_ : lookup_page(pfn);
+  if (!page) return;
+  // Re-decoded entries are appended, so a page that keeps being rewritten is dropped whole.
+  if (page->insns.size() > 8192) {
+    invalidate(pfn);
+    return;
+  }
+  const uint64_t offset = gpa & 0xfff;
+  const uint64_t first = offset >= 14 ? offset - 14 : 0;
+  const uint64_t end = std::min<uint64_t>(offset + size, 4096);
+  bool dropped = false;
+  for (uint64_t i = first; i < end; ++i) {
+    dropped |= page->slot[i] != 0;
+    page->slot[i] = 0;
+  }
+  if (dropped) ++invalidations_;
 }
 
 void DecodeCache::invalidate(uint64_t pfn) {

@@ -69,6 +69,9 @@ class DecodeCache {
   // Drops the decoded code of page `pfn`. Pages are retired into a graveyard instead of freed,
   // because the instruction being executed may be the one whose store invalidated its own page.
   void invalidate(uint64_t pfn);
+  // Drops the entries that may overlap guest-physical bytes [gpa, gpa+size) within one page: those
+  // starting up to 14 bytes before. Cheap enough for code and hot data sharing a page.
+  void invalidate_range(uint64_t gpa, unsigned size);
   void release_retired() {
     if (!graveyard_.empty()) graveyard_.clear();
   }

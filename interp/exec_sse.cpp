@@ -140,7 +140,7 @@ void InterpBackend::exec_sse(const DecodedInsn& insn) {
     if (op.size >= 16) {
       if (!unaligned_ok && (address & 15)) raise(kGp, 0, true);
       // Probe both halves before writing either, so a fault leaves memory untouched.
-      read_mem(op.seg, address + 8, 8);
+      probe_write(op.seg, address, 16);
       write_mem(op.seg, address, 8, x.lo);
       write_mem(op.seg, address + 8, 8, x.hi);
     } else {
@@ -165,7 +165,7 @@ void InterpBackend::exec_sse(const DecodedInsn& insn) {
       if (mnemonic == ZYDIS_MNEMONIC_FXSAVE || mnemonic == ZYDIS_MNEMONIC_FXSAVE64) {
         uint32_t mask = interp::sse::mxcsr::kWritable;
         std::memcpy(s_.fxsave.data() + kMxcsrMaskOffset, &mask, 4);
-        read_mem(m.seg, address + 504, 8);  // probe the far end first
+        probe_write(m.seg, address, 512);
         for (size_t offset = 0; offset < 512; offset += 8) {
           uint64_t chunk = 0;
           std::memcpy(&chunk, s_.fxsave.data() + offset, 8);

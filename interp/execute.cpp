@@ -259,7 +259,7 @@ void InterpBackend::execute(const DecodedInsn& insn) {
       }
       reg_write(kRbp, stack_addr_size() == 8 ? 8 : bytes, frame);
       uint64_t rsp = s_.gpr[kRsp] - alloc;
-      write_mem(2, rsp, 1, read_mem(2, rsp, 1));  // the new stack top must be writable
+      probe_write(2, rsp, 1);  // the new stack top must be writable
       reg_write(kRsp, stack_addr_size(), rsp);
       return;
     }
@@ -659,7 +659,7 @@ void InterpBackend::exec_string(const DecodedInsn& insn) {
     }
     case kIns: {
       // Probe the destination first so a page fault cannot swallow a device read.
-      write_mem(0, rdi, n, read_mem(0, rdi, n));
+      probe_write(0, rdi, n);
       write_mem(0, rdi, n, port_in(uint16_t(s_.gpr[kRdx]), n));
       advance_di = true;
       break;

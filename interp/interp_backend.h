@@ -123,6 +123,8 @@ class InterpBackend : public Backend {
   void write_phys(uint64_t gpa, const void* data, unsigned size);
   uint64_t read_mem(int seg, uint64_t offset, unsigned size);
   void write_mem(int seg, uint64_t offset, unsigned size, uint64_t value);
+  // Raises the fault a write of [offset, offset+size) would raise, without accessing memory.
+  void probe_write(int seg, uint64_t offset, unsigned size);
   // System-structure access (descriptor tables, TSS, IDT) is supervisor regardless of CPL.
   uint64_t read_sys(uint64_t linear, unsigned size);
   void write_sys(uint64_t linear, unsigned size, uint64_t value);

@@ -144,10 +144,21 @@ uint64_t InterpBackend::walk(uint64_t linear, Access access, bool user, TlbEntry
 }
 
 void InterpBackend::note_code_write(uint64_t gpa, unsigned size) {
-  uint64_t first = gpa >> 12, last = (gpa + size - 1) >> 12;
-  for (uint64_t pfn = first; pfn <= last; ++pfn) {
-    if (cache_.has_code(pfn)) cache_.invalidate(pfn);
+  // Callers pass ranges within one page, except page-table updates (4 or 8 aligned bytes).
+  if (cache_.has_code(gpa >> 12)) cache_.invalidate_range(gpa, size);
+}
+
+void InterpBackend::probe_write(int seg_index, uint64_t offset, unsigned size) {
+  uint64_t linear;
+  if (mode64()) {
+    linear = seg_index >= 4 ? offset + segment_base(seg_index) : offset;
+    canonical_check(linear, seg_index == 2);
+    canonical_check(linear + size - 1, seg_index == 2);
+  } else {
+    linear = (segment_base(seg_index) + offset) & 0xffffffffu;
   }
+  translate(linear, Access::kWrite, is_user());
+  translate(linear + size - 1, Access::kWrite, is_user());
 }
 
 void InterpBackend::read_phys(uint64_t gpa, void* out, unsigned size) {
@@ -169,7 +180,7 @@ void InterpBackend::read_phys(uint64_t gpa, void* out, unsigned size) {
 void InterpBackend::write_phys(uint64_t gpa, const void* data, unsigned size) {
   if (gpa < ram_size_ && size <= ram_size_ - gpa) [[likely]] {
     std::memcpy(ram_ + gpa, data, size);
-    if (cache_.has_code(gpa >> 12) || cache_.has_code((gpa + size - 1) >> 12)) note_code_write(gpa, size);
+    if (cache_.has_code(gpa >> 12)) [[unlikely]] cache_.invalidate_range(gpa, size);
     return;
   }
   uint64_t ignored = 0;
