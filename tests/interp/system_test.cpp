@@ -346,5 +346,127 @@ TEST(InterpSystem, DivideErrorIsFault) {
   EXPECT_EQ(vm.state().gpr[kR14], kCode + 7);
 }
 
+// Far transfers: RETFQ, JMP m16:64, and a round trip through compatibility mode (CS.L=0 under LMA).
+TEST(InterpSystem, FarTransfersAndCompatibilityMode) {
+  TestVm vm = TestVm::long_mode();
+  vm.code(R"(
+    push 0x08
+    lea rax, [rip + after_retf]
+    push rax
+    retfq
+  after_retf:
+    mov r8, 1
+    lea rax, [rip + far_ptr]
+    rex.w jmp fword ptr [rax]
+  far_ptr:
+    .quad after_jmp
+    .word 0x08
+  after_jmp:
+    mov r9, 2
+    lea rax, [rip + compat]
+    mov dword ptr [rip + compat_ptr], eax
+    jmp fword ptr [rip + compat_ptr]
+  compat_ptr:
+    .long 0
+    .word 0x18
+  .code32
+  compat:
+    mov ecx, 0x11223344
+    push 0x08
+    call 1f
+  1:
+    add dword ptr [esp], back64 - 1b
+    retf
+  .code64
+  back64:
+    mov r10, rcx
+    hlt
+  )");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.gpr[kR8], 1u);
+  EXPECT_EQ(s.gpr[kR9], 2u);
+  EXPECT_EQ(s.gpr[kR10], 0x11223344u);
+  EXPECT_TRUE(s.cs.l);
+  EXPECT_EQ(s.cs.selector, 0x08);
+}
+
+TEST(InterpSystem, AtomicsAndWideCompareExchange) {
+  TestVm vm = TestVm::long_mode();
+  vm.write64(0x200000, 5);
+  vm.write64(0x200010, 0x1111);
+  vm.write64(0x200018, 0x2222);
+  vm.code(R"(
+    mov rdi, 0x200000
+    mov eax, 3
+    lock xadd qword ptr [rdi], rax
+    mov r8, rax
+    mov eax, 8
+    mov ecx, 42
+    lock cmpxchg qword ptr [rdi], rcx
+    setz r9b
+    mov eax, 0x1111
+    mov edx, 0x2222
+    mov ebx, 0x3333
+    mov ecx, 0x4444
+    lock cmpxchg16b xmmword ptr [rdi + 16]
+    setz r10b
+    hlt
+  )");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.gpr[kR8], 5u);
+  EXPECT_EQ(s.gpr[kR9] & 0xff, 1u);
+  EXPECT_EQ(vm.read64(0x200000), 42u);
+  EXPECT_EQ(s.gpr[kR10] & 0xff, 1u);
+  EXPECT_EQ(vm.read64(0x200010), 0x3333u);
+  EXPECT_EQ(vm.read64(0x200018), 0x4444u);
+}
+
+// Delivery through a 32-bit IDT (interrupt gate) and IRETD, in the Multiboot entry state.
+TEST(InterpSystem, ProtectedModeIdtDeliveryAndIretd) {
+  TestVm vm = TestVm::protected_mode();
+  const uint64_t handler32 = kCode + 0x800;
+  uint64_t gate = (handler32 & 0xffff) | (uint64_t(kCode32) << 16) | (0xeull << 40) | (1ull << 47) |
+                  (((handler32 >> 16) & 0xffff) << 48);
+  vm.write64(kIdt + 0x30 * 8, gate);
+  vm.load(handler32, assemble(".code32\n mov esi, [esp]\n mov edi, [esp + 4]\n pushfd\n pop ebp\n iretd\n", handler32));
+  vm.code(R"(
+    lidt [idt_desc]
+    sti
+    int 0x30
+    pushfd
+    pop ebx
+    hlt
+  idt_desc:
+    .word 0x7ff
+    .long 0x4000
+  )", 32);
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  CpuState s = vm.state();
+  EXPECT_EQ(s.gpr[kRsi], kCode + 10);  // return EIP: after LIDT (7), STI (1), INT 0x30 (2)
+  EXPECT_EQ(s.gpr[kRdi], kCode32);
+  EXPECT_EQ(s.gpr[kRbp] & 0x200, 0u);    // the interrupt gate cleared IF
+  EXPECT_EQ(s.gpr[kRbx] & 0x200, 0x200u);  // IRETD restored it
+}
+
+TEST(InterpSystem, RepOutsbExitsOncePerByte) {
+  TestVm vm = TestVm::long_mode();
+  vm.load(0x200000, {'a', 'b', 'c'});
+  vm.code("mov rsi, 0x200000\n mov ecx, 3\n mov dx, 0x3f8\n rep outsb\n hlt\n");
+  std::string text;
+  for (;;) {
+    VcpuExit exit = vm.run();
+    if (exit.kind != ExitKind::kIoOut) {
+      EXPECT_EQ(exit.kind, ExitKind::kHlt);
+      break;
+    }
+    text += char(exit.value);
+    EXPECT_EQ(exit.rip, kCode + 7 + 5 + 4);
+  }
+  EXPECT_EQ(text, "abc");
+  EXPECT_EQ(*vm.cpu->instruction_count(), 5u);
+}
+
 }  // namespace
 }  // namespace deja::test
