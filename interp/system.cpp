@@ -406,9 +406,10 @@ bool InterpBackend::take_response(ExitKind kind, uint64_t key, uint64_t& value, 
   if (response_cursor_ >= responses_.size()) return false;
   const Response& response = responses_[response_cursor_];
   if (response.kind != kind || response.key != key) {
-    // The instruction took a different path on re-execution: a bug, since its inputs did not change.
-    DEJA_ASSERT(false, "interp: re-executed instruction at {:#x} asked for {} {:#x}, recorded {} {:#x}", insn_rip_,
-                exit_kind_name(kind), key, exit_kind_name(response.kind), response.key);
+    // The re-executed instruction took another path (the VMM changed memory it depends on, e.g.
+    // a page table, between the exit and this run()): the stale answers no longer apply.
+    responses_.resize(response_cursor_);
+    return false;
   }
   ++response_cursor_;
   value = response.value;
@@ -440,6 +441,10 @@ void InterpBackend::deliver_event(uint8_t vector, bool has_error_code, uint32_t 
     deliver(vector, has_error_code, error_code, software, return_rip);
     s_.halted = false;
     delivering_ = outer;
+  } catch (const ExitRequest&) {
+    // The IDT, GDT, TSS or handler stack is outside RAM: no device can sensibly answer that.
+    delivering_ = outer;
+    triple_fault(fmt::format("delivering vector {} touched guest-physical {:#x} outside RAM", vector, exit_.address));
   } catch (const GuestException& nested) {
     delivering_ = outer;
     if (vector == kDf) {
