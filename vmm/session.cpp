@@ -642,8 +642,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   }
   finish_outcome_message(*outcome);
   if (options.stats) session.print_stats();
-  Digest cpu_ram = session.final_cpu_ram_digest();
-  if (options.print_digest) say("digest {}", cpu_ram.hex());
+  if (options.print_digest) say("digest {}", session.final_cpu_ram_digest().hex());
 
   if (mode == Mode::kRecord) {
     Digest full = session.final_machine_digest();
@@ -777,6 +776,7 @@ int replay_trace(const ReplayOptions& options) {
   if (!outcome) return report_error(outcome.error());
 
   bool end_matched = false;
+  std::optional<Digest> final_digest;
   if (outcome->status != exit_status::kDivergence && outcome->status != exit_status::kTraceEnded) {
     if (outcome->recorded_end) {
       end_matched = true;  // replay_end_here() matched the End of an interrupted recording
@@ -784,6 +784,7 @@ int replay_trace(const ReplayOptions& options) {
       // The recording must end the same way, with the same state.
       end_matched = true;
       Digest full = session.final_machine_digest();
+      final_digest = full;
       std::string got(reinterpret_cast<const char*>(full.bytes.data()), full.bytes.size());
       if (end->exit_status() != outcome->status) {
         engine.report_divergence("the guest's exit status differs", fmt::format("status {}", end->exit_status()),
@@ -814,13 +815,14 @@ int replay_trace(const ReplayOptions& options) {
     return exit_status::kTraceEnded;
   }
   finish_outcome_message(*outcome);
-  Digest cpu_ram = session.final_cpu_ram_digest();
-  if (options.print_digest) say("digest {}", cpu_ram.hex());
+  if (options.print_digest) say("digest {}", session.final_cpu_ram_digest().hex());
   if (!options.quiet) {
     auto instructions = session.machine().backend().instruction_count();
-    say("replay OK: {} events, {} instructions, final state digest matches ({}), exit status {}",
-        engine.events_processed(), instructions ? fmt::format("{}", *instructions) : std::string("(not counted on kvm)"),
-        session.final_machine_digest().hex(), outcome->status);
+    say("replay OK: {} events, {} instructions, {}, exit status {}", engine.events_processed(),
+        instructions ? fmt::format("{}", *instructions) : std::string("(not counted on kvm)"),
+        final_digest ? "final state digest matches (" + final_digest->hex() + ")"
+                     : std::string("stopped where the recording stopped"),
+        outcome->status);
   }
   return outcome->status;
 }
