@@ -10,6 +10,7 @@
 
 #include "logging/trace_inspect.h"
 #include "logging/trace_verify.h"
+#include "vmm/build_info.h"
 #include "vmm/exit_status.h"
 #include "vmm/guest_memory.h"
 #include "vmm/session.h"
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
                "  2 bad arguments/image/trace, 4 guest stopped abnormally, 6 replay diverged,\n"
                "  8 trace ended early (truncated/corrupt), 10 host failure, 12 interrupted."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string(DEJA_VERSION) + " (" + DEJA_BUILD_ID + ")");
+  app.set_version_flag("--version", std::string(deja_version()) + " (" + build_id() + ")");
 
   RunArgs run_args;
   auto* run = app.add_subcommand("run", "run a guest");

@@ -14,6 +14,7 @@
 #include "interp/interp_backend.h"
 #include "logging/trace_format.h"
 #include "logging/trace_inspect.h"
+#include "vmm/build_info.h"
 #include "vmm/cpu_model.h"
 #include "vmm/digest.h"
 #include "vmm/exit_status.h"
@@ -596,8 +597,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     header.set_format_version(kTraceFormatVersion);
     header.set_cpu_model_version(CpuModel::current().version());
     header.set_device_model_version(kDeviceModelVersion);
-    header.set_build_id(DEJA_BUILD_ID);
-    header.set_deja_version(DEJA_VERSION);
+    header.set_build_id(build_id());
+    header.set_deja_version(deja_version());
     header.set_host(host_description());
     header.set_start_unix_ns(start_unix_ns);
     *header.add_inputs() = input_file("image", options.image_path, inputs->image);
