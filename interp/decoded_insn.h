@@ -64,6 +64,16 @@ class DecodeCache {
 
   DecodedInsn* insert(uint64_t gpa, const DecodedInsn& insn);
 
+  // Direct pointers into page `pfn` for the fetch fast path: valid until the next insert() into
+  // that page or the next generation() change.
+  bool view(uint64_t pfn, const uint16_t*& slots, DecodedInsn*& insns) {
+    Page* page = pfn == last_pfn_ ? last_page_ : lookup_page(pfn);
+    if (!page) return false;
+    slots = page->slot.data();
+    insns = page->insns.data();
+    return true;
+  }
+
   bool has_code(uint64_t pfn) const { return pfn < has_code_.size() && has_code_[pfn]; }
 
   // Drops the decoded code of page `pfn`. Pages are retired into a graveyard instead of freed,

@@ -36,14 +36,26 @@ const interp::DecodedInsn& InterpBackend::fetch_decoded() {
   const uint8_t fetch_key = uint8_t(mode | (cpl() << 4));
   if ((linear >> 12) == fetch_page_ && fetch_key == fetch_mode_ && cache_.generation() == fetch_cache_generation_)
       [[likely]] {
-    if (interp::DecodedInsn* cached = cache_.find(fetch_phys_ | (linear & 0xfff), mode)) [[likely]] return *cached;
+    if (uint16_t slot = fetch_slots_[linear & 0xfff]) [[likely]] {
+      interp::DecodedInsn& cached = fetch_insns_[slot - 1];
+      if (cached.mode == mode) [[likely]] return cached;
+    }
   }
+  fetch_page_ = ~0ull;
   if (mode == interp::kMode64) canonical_check(linear, false);
   const uint64_t phys = translate(linear, Access::kExec, is_user());
-  fetch_page_ = linear >> 12;
-  fetch_phys_ = phys & ~0xfffull;
-  fetch_mode_ = fetch_key;
-  fetch_cache_generation_ = cache_.generation();
+  const interp::DecodedInsn& insn = fetch_decoded_slow(linear, phys, mode);
+  // Remember where this page's decoded code lives (after any insert that may have moved it).
+  if (cache_.view(phys >> 12, fetch_slots_, fetch_insns_)) {
+    fetch_page_ = linear >> 12;
+    fetch_phys_ = phys & ~0xfffull;
+    fetch_mode_ = fetch_key;
+    fetch_cache_generation_ = cache_.generation();
+  }
+  return insn;
+}
+
+const interp::DecodedInsn& InterpBackend::fetch_decoded_slow(uint64_t linear, uint64_t phys, uint8_t mode) {
   if (phys >= ram_size_) {
     exit_ = VcpuExit{};
     exit_.kind = ExitKind::kFault;

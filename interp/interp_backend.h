@@ -64,6 +64,7 @@ class InterpBackend : public Backend {
   void step();
   void execute(const interp::DecodedInsn& insn);
   const interp::DecodedInsn& fetch_decoded();
+  const interp::DecodedInsn& fetch_decoded_slow(uint64_t linear, uint64_t phys, uint8_t mode);
   void invalidate_fetch() { fetch_page_ = ~0ull; }
   void decode_at(uint64_t linear, interp::DecodedInsn& out);
   uint8_t decode_mode() const;
@@ -191,7 +192,9 @@ class InterpBackend : public Backend {
   uint64_t fetch_page_ = ~0ull;
   uint64_t fetch_phys_ = 0;
   uint8_t fetch_mode_ = 0;
-  uint64_t fetch_cache_generation_ = 0;  // instructions that straddle a page boundary are not cached
+  uint64_t fetch_cache_generation_ = 0;
+  const uint16_t* fetch_slots_ = nullptr;
+  interp::DecodedInsn* fetch_insns_ = nullptr;  // instructions that straddle a page boundary are not cached
   std::array<TlbEntry, kTlbSize> tlb_{};
 
   VcpuExit exit_;
