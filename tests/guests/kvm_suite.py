@@ -109,7 +109,6 @@ def main():
                     step(name, "replay kvm trace on kvm", [args.deja, "replay", "--backend", "kvm", kvm_trace],
                          stdout_expected=rec.stdout)
             if os.path.exists(interp_trace):
-                rec_out = subprocess.run([args.deja, "inspect", "--serial", interp_trace], stdout=subprocess.PIPE)
                 step(name, "replay interp trace on kvm", [args.deja, "replay", "--backend", "kvm", interp_trace])
             if name in DETERMINISTIC:
                 digests[name] = digest_of(step(name, "digest on kvm",
