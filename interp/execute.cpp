@@ -136,7 +136,10 @@ void InterpBackend::execute(const DecodedInsn& insn) {
       write_operand(insn, 0, read_operand(insn, 1));
       return;
     }
-    case ZYDIS_MNEMONIC_MOVZX: write_operand(insn, 0, read_operand(insn, 1)); return;
+    case ZYDIS_MNEMONIC_MOVZX:
+    case ZYDIS_MNEMONIC_MOVNTI:  // the non-temporal hint has no architectural effect
+      write_operand(insn, 0, read_operand(insn, 1));
+      return;
     case ZYDIS_MNEMONIC_MOVSX:
     case ZYDIS_MNEMONIC_MOVSXD:
       write_operand(insn, 0, interp::sign_extend(read_operand(insn, 1), insn.op[1].size * 8));
