@@ -67,6 +67,35 @@ TEST(InterpSystem, TlbHonoursInvlpgAndCr3Reload) {
   EXPECT_EQ(s.gpr[kRcx], 0xbbbbu);
 }
 
+// With CR4.PGE a global translation survives a CR3 reload; a non-global one is walked again.
+TEST(InterpSystem, GlobalPagesSurviveCr3Reload) {
+  TestVm vm = TestVm::long_mode();
+  CpuState s = vm.state();
+  s.cr4 |= cr4::kPge;
+  vm.set_state(s);
+  vm.write64(kPt + 0x1e0 * 8, 0x1e0000 | 0x107);  // global
+  vm.write64(0x1e0000, 0xaaaa);
+  vm.write64(0x1e1000, 0xcccc);
+  vm.write64(0x1d0000, 0xbbbb);
+  vm.code(R"(
+    mov rax, [0x1e0000]
+    mov rbx, [0x1e1000]
+    mov qword ptr [0x7000 + 0x1e0 * 8], 0x1d0107
+    mov qword ptr [0x7000 + 0x1e1 * 8], 0x1d0007
+    mov rdx, cr3
+    mov cr3, rdx
+    mov rcx, [0x1e0000]
+    mov rsi, [0x1e1000]
+    hlt
+  )");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  s = vm.state();
+  EXPECT_EQ(s.gpr[kRax], 0xaaaau);
+  EXPECT_EQ(s.gpr[kRbx], 0xccccu);
+  EXPECT_EQ(s.gpr[kRcx], 0xaaaau);  // global: still the old translation
+  EXPECT_EQ(s.gpr[kRsi], 0xbbbbu);  // non-global: re-walked after the CR3 load
+}
+
 // IRETQ to ring 3, INT from ring 3 through a DPL-3 gate with IST, and through one using TSS.RSP0.
 TEST(InterpSystem, InterruptFromRing3WithIstAndRsp0) {
   for (uint8_t ist : {1, 0}) {
