@@ -203,6 +203,8 @@ void InterpBackend::exec_sse(const DecodedInsn& insn) {
   // Everything below is an SSE/SSE2 instruction on XMM registers.
   bool is_sse = false;
   for (int i = 0; i < insn.operand_count; ++i) is_sse |= insn.op[i].kind == OpKind::kXmm;
+  is_sse |= mnemonic == ZYDIS_MNEMONIC_CVTSD2SI || mnemonic == ZYDIS_MNEMONIC_CVTTSD2SI ||
+            mnemonic == ZYDIS_MNEMONIC_CVTSS2SI || mnemonic == ZYDIS_MNEMONIC_CVTTSS2SI;
   if (!is_sse) raise_ud(insn, true);
   sse_checks();
   const Operand& dst = insn.op[0];

@@ -411,8 +411,9 @@ void InterpBackend::execute(const DecodedInsn& insn) {
     case ZYDIS_MNEMONIC_XADD: {
       uint64_t dst = read_operand(insn, 0), src = read_operand(insn, 1);
       auto r = alu_binary(BinaryOp::kAdd, dst, src, w, s_.rflags);
-      write_operand(insn, 0, r.value);
+      // Source first: with the same register in both operands the sum is what remains.
       write_operand(insn, 1, dst);
+      write_operand(insn, 0, r.value);
       s_.rflags = r.flags;
       return;
     }
