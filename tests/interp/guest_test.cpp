@@ -99,21 +99,9 @@ TEST_P(InterpGuest, MatchesExpectedSerialOutput) {
   std::cout << name << ": " << result.instructions << " instructions\n";
 }
 
-INSTANTIATE_TEST_SUITE_P(Guests, InterpGuest, ::testing::Values("hello", "exceptions", "paging", "memory", "cpu-bound"));
-
-// Throughput on flat 64-bit integer code (reported, and a loose floor so a collapse is noticed).
-TEST(InterpPerf, CpuBoundThroughput) {
-  std::ifstream probe(std::string(DEJA_GUEST_DIR) + "/cpu-bound.elf");
-  if (!probe) GTEST_SKIP() << "cpu-bound.elf is not built";
-  auto start = std::chrono::steady_clock::now();
-  GuestResult result = run_guest("cpu-bound", "n=3000000");
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_EQ(result.exit_code, 0) << result.stop;
-  double mips = double(result.instructions) / seconds / 1e6;
-  std::cout << "cpu-bound: " << result.instructions << " instructions in " << seconds << " s = " << mips
-            << " M instructions/s\n";
-  EXPECT_GT(mips, 1.0);
-}
+INSTANTIATE_TEST_SUITE_P(Guests, InterpGuest, ::testing::Values("hello", "exceptions", "paging", "cpu-bound"));
+// (memory, ~700 M instructions, runs through `deja` in tests/guests; throughput is measured by bench/rr_bench.py,
+// not by a timed test.)
 
 }  // namespace
 }  // namespace deja::test
