@@ -1,7 +1,6 @@
 // Runs the project's freestanding guests (Multiboot, 32-bit entry -> long mode) on the interp backend with a minimal port loop.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <fstream>
 #include <sstream>
 
