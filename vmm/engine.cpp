@@ -326,6 +326,11 @@ void Engine::record_heartbeat(const Position& where, uint64_t instructions) {
   *d->mutable_at() = to_proto(where);
   d->set_instructions(instructions);
   append(std::move(e));
+  // Seal the chunk: after a crash the trace then reaches at least this heartbeat.
+  flush_output();
+  if (writer_) {
+    if (auto r = writer_->flush(); !r && write_error_.empty()) write_error_ = r.error().message;
+  }
 }
 
 static bool is_positional(const trace::Event& e) {

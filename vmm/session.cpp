@@ -433,6 +433,7 @@ Result<Outcome> Session::run() {
       auto deadline = machine_->next_deadline_ns();
       uint64_t kick = deadline ? engine_.host_origin_ns() + *deadline : UINT64_MAX;
       if (input_ && !input_->at_end()) kick = std::min(kick, HostClock::monotonic_ns() + 10'000'000);
+      if (mode == Mode::kRecord) kick = std::min(kick, next_heartbeat_);
       kick_at_.store(kick);
     }
 
@@ -682,7 +683,12 @@ std::string find_input(const trace::Header& h, const std::string& role, const tr
 int replay_trace(const ReplayOptions& options) {
   install_signal_handlers();
   auto reader = TraceReader::open(options.trace_path);
-  if (!reader) return report_error(reader.error());
+  if (!reader) {
+    // A trace that cannot be opened is a bad argument, not a host failure.
+    Error e = reader.error();
+    if (e.kind == ErrorKind::kHost) e.kind = ErrorKind::kInvalidArgument;
+    return report_error(e);
+  }
   const trace::Header header = (*reader)->header();
   const auto& rc = header.config();
 
@@ -817,6 +823,12 @@ int replay_trace(const ReplayOptions& options) {
   }
   finish_outcome_message(*outcome);
   if (options.print_digest) say("digest {}", session.final_cpu_ram_digest().hex());
+  // Everything up to the End event replayed; say so if the index after it is damaged or missing.
+  engine.peek();
+  if (TraceReader* r = engine.reader(); r && !r->complete()) {
+    say("note: {} has no valid index after its last event ({}); `deja verify` reports it",
+        options.trace_path, engine.trace_error().empty() ? r->end_description() : engine.trace_error());
+  }
   if (!options.quiet) {
     auto instructions = session.machine().backend().instruction_count();
     say("replay OK: {} events, {} instructions, {}, exit status {}", engine.events_processed(),

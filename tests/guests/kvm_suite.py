@@ -61,7 +61,7 @@ def digest_of(p):
 def guest_options(name, sources):
     opts = []
     if name == "cpu-bound":
-        opts += ["--cmdline", "n=2000000"]
+        opts += ["--cmdline", "n=100000"]
     if name == "serial-echo":
         opts += ["--serial-in", os.path.join(sources, "serial-echo.input")]
     return opts

@@ -116,7 +116,11 @@ def damaged_traces():
     for cut in cuts:
         with open(damaged, "wb") as f:
             f.write(data[:cut])
+        if deja("verify", damaged).returncode != 1:
+            fail(f"verify accepted a trace truncated at byte {cut}")
         p = deja("replay", damaged, timeout=120)
+        if p.returncode == 1 and b"no valid index" in p.stderr:
+            continue  # every event survived; only the footer index was cut, and replay says so
         if p.returncode not in (2, 8):
             fail(f"trace truncated at byte {cut}/{len(data)}: replay exited {p.returncode}\n"
                  f"{p.stderr.decode(errors='replace')}")
@@ -124,19 +128,19 @@ def damaged_traces():
             prefixes += 1
             if b"valid prefix" not in p.stderr and b"trace" not in p.stderr:
                 fail(f"truncated replay did not say where the trace ends: {p.stderr.decode(errors='replace')}")
-        if deja("verify", damaged).returncode != 1:
-            fail(f"verify accepted a trace truncated at byte {cut}")
     for k in range(1, 30):
         pos = len(data) * k // 30
         flipped = bytearray(data)
         flipped[pos] ^= 0x5A
         with open(damaged, "wb") as f:
             f.write(flipped)
-        p = deja("replay", damaged, timeout=120)
-        if p.returncode not in (2, 6, 8):
-            fail(f"byte {pos} flipped: replay exited {p.returncode}\n{p.stderr.decode(errors='replace')}")
         if deja("verify", damaged).returncode != 1:
             fail(f"verify accepted a trace with byte {pos} flipped")
+        p = deja("replay", damaged, timeout=120)
+        if p.returncode == 1 and b"no valid index" in p.stderr:
+            continue
+        if p.returncode not in (2, 6, 8):
+            fail(f"byte {pos} flipped: replay exited {p.returncode}\n{p.stderr.decode(errors='replace')}")
     print(f"damaged traces: {len(cuts)} truncations ({prefixes} replayed a valid prefix), 29 flipped bytes: all handled")
 
 
