@@ -124,6 +124,8 @@ class Session {
   std::optional<Coordinate> stop_set_;
   uint64_t wall_ns_ = 0;
   bool warned_spin_ = false;
+  uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
+  static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
   static constexpr uint64_t kHeartbeatNs = 1'000'000'000;
   uint64_t next_heartbeat_ = 0;
 
@@ -288,6 +290,7 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
   if (guest_caused(exit.kind)) {
     ++guest_exits_;
     last_exit_rip_ = exit.rip;
+    if (engine_.mode() == Mode::kRecord) last_guest_exit_host_ns_ = HostClock::monotonic_ns();
   }
   switch (exit.kind) {
     case ExitKind::kIoIn: {
@@ -351,13 +354,24 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
     case ExitKind::kDebug:
       break;
     case ExitKind::kKicked:
-      if (engine_.mode() == Mode::kRecord && engine_.progress() == ProgressMode::kExitSync && !warned_spin_) {
+      if (engine_.mode() == Mode::kRecord && engine_.progress() == ProgressMode::kExitSync) {
+        // Exit-synchronous recording can let time in only at the guest's own exits. A guest that
+        // spins without I/O while its timer is due would wait forever: warn, then stop cleanly.
         auto deadline = machine_->next_deadline_ns();
-        if (deadline && engine_.host_now_ns() > *deadline + 1'000'000'000) {
+        uint64_t now = engine_.host_now_ns();
+        uint64_t quiet = HostClock::monotonic_ns() - last_guest_exit_host_ns_;
+        if (deadline && now > *deadline + kSpinWarnNs && quiet > kSpinWarnNs && !warned_spin_) {
           warned_spin_ = true;
-          say("warning: the guest has run for over a second without I/O while a timer event is due; without a PMU, "
-              "KVM recording delivers interrupts only at the guest's next I/O exit (use --backend interp for exact "
-              "timing)");
+          say("warning: the guest has run for a second without I/O while a timer event is due; exit-synchronous "
+              "recording (KVM without a PMU) delivers interrupts only at the guest's I/O and HLT exits");
+        }
+        if (deadline && now > *deadline + kSpinStopNs && quiet > kSpinStopNs) {
+          return Outcome{exit_status::kGuestStopped,
+                         fmt::format("stopped: the guest spun for {} s without I/O while a timer interrupt was due; "
+                                     "exit-synchronous recording cannot deliver it (record with --backend interp "
+                                     "--progress exact)",
+                                     kSpinStopNs / 1'000'000'000),
+                         false};
         }
       }
       break;
@@ -786,7 +800,8 @@ int replay_trace(const ReplayOptions& options) {
   std::optional<Digest> final_digest;
   if (outcome->status != exit_status::kDivergence && outcome->status != exit_status::kTraceEnded) {
     if (outcome->recorded_end) {
-      end_matched = true;  // replay_end_here() matched the End of an interrupted recording
+      // replay_end_here() matched the End of a recording that stopped here (interrupted, or stopped by deja).
+      end_matched = engine.expect_end("the recording's end") != nullptr;
     } else if (const trace::End* end = engine.expect_end(fmt::format("the guest stopped: {}", outcome->reason))) {
       // The recording must end the same way, with the same state.
       end_matched = true;

@@ -40,6 +40,21 @@ def record(name, trace, *extra):
     return p
 
 
+def spinning_guest_in_exit_sync_mode():
+    """timer spins waiting for ticks; exit-synchronous recording cannot deliver them and must stop, not hang."""
+    trace = os.path.join(TMP, "spin.trace")
+    start = time.monotonic()
+    p = deja("record", "-o", trace, "--backend", "interp", "--progress", "exit-sync", guest("timer"), timeout=120)
+    err = p.stderr.decode(errors="replace")
+    if p.returncode != 4 or "without I/O" not in err:
+        fail(f"a guest spinning without I/O in exit-sync recording: exit {p.returncode}: {err}")
+    r = deja("replay", trace)
+    if r.returncode != 4 or r.stdout != p.stdout:
+        fail(f"the stopped recording does not replay to the same stop: exit {r.returncode}: "
+             f"{r.stderr.decode(errors='replace')}")
+    print(f"spinning guest, exit-sync: stopped after {time.monotonic() - start:.1f} s and replays to the same stop")
+
+
 def threads_race_outcomes():
     outcomes = {}
     for i in range(20):
@@ -177,6 +192,7 @@ def main():
         bad_traces()
         damaged_traces()
         killed_recording()
+        spinning_guest_in_exit_sync_mode()
         threads_race_outcomes()
     print("PASS")
 
