@@ -117,6 +117,7 @@ class Session {
   std::unique_ptr<Machine> machine_;
   std::unique_ptr<FdInput> input_;
   uint64_t guest_exits_ = 0;
+  ExitKind last_exit_kind_ = ExitKind::kKicked;
   uint64_t last_exit_rip_ = 0;
   uint64_t digest_interval_ = 16384;
   uint64_t next_digest_at_ = 16384;
@@ -223,7 +224,11 @@ Result<> Session::deliver_interrupts() {
     cpu.request_interrupt_window(false);
     return {};
   }
-  if (!cpu.can_inject_interrupt()) {
+  // In exit-sync mode an interrupt is injected only at an interrupt-window exit: a clean instruction
+  // boundary on every backend. Right after an I/O exit the backends disagree on whether the
+  // half-finished instruction lets an interrupt in (KVM completes it on the next entry).
+  bool boundary = engine_.progress() != ProgressMode::kExitSync || last_exit_kind_ == ExitKind::kInterruptWindow;
+  if (!boundary || !cpu.can_inject_interrupt()) {
     cpu.request_interrupt_window(true);
     return {};
   }
@@ -287,6 +292,7 @@ std::optional<Outcome> Session::replay_end_here() {
 
 Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
   ++exit_counts_[exit.kind];
+  last_exit_kind_ = exit.kind;
   if (guest_caused(exit.kind)) {
     ++guest_exits_;
     last_exit_rip_ = exit.rip;
