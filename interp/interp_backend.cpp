@@ -115,6 +115,7 @@ void InterpBackend::step() {
   if (hlt_executed_) {
     s_.halted = true;
     hlt_rip_ = insn_rip_;
+    hlt_unreported_ = true;
   }
   if (software_interrupt_ >= 0) {
     deliver_event(uint8_t(software_interrupt_), false, 0, !icebp_, s_.rip);
@@ -173,6 +174,14 @@ Result<VcpuExit*> InterpBackend::run() {
       if (budget_ != 0 && steps_ - budget_start_ >= budget_) {
         budget_ = 0;
         return finish(ExitKind::kKicked);
+      }
+      // Every HLT is reported as an exit before anything else happens, as KVM does: the VMM counts
+      // guest-caused exits, and exit-synchronous coordinates must mean the same on both backends.
+      if (s_.halted && hlt_unreported_) {
+        hlt_unreported_ = false;
+        VcpuExit* out = finish(ExitKind::kHlt);
+        out->rip = hlt_rip_;
+        return out;
       }
       if (window_requested_ && can_inject_interrupt()) return finish(ExitKind::kInterruptWindow);
       if (s_.halted) {

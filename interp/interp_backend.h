@@ -143,6 +143,7 @@ class InterpBackend : public Backend {
   bool mode64() const { return long_mode() && s_.cs.l; }
   SegmentReg& seg(int index);
   void load_segment(int index, uint16_t selector);
+  void mark_accessed(uint16_t selector, SegmentReg& desc);
   SegmentReg read_descriptor(uint16_t selector, uint8_t vector_on_fault);
   uint64_t descriptor_address(uint16_t selector, uint8_t vector_on_fault);
   void load_code_segment_far(uint16_t selector, uint64_t target, bool is_call, unsigned opsize);
@@ -227,6 +228,7 @@ class InterpBackend : public Backend {
   bool rep_continues_ = false;   // a REP iteration finished with more to do: RIP stays
   bool hlt_executed_ = false;
   uint64_t hlt_rip_ = 0;
+  bool hlt_unreported_ = false;  // a HLT retired and its kHlt exit has not been returned yet
   int delivering_ = -1;       // vector being delivered, for double-fault classification
   bool shutdown_ = false;
   std::string shutdown_detail_;

@@ -224,10 +224,12 @@ Result<> Session::deliver_interrupts() {
     cpu.request_interrupt_window(false);
     return {};
   }
-  // In exit-sync mode an interrupt is injected only at an interrupt-window exit: a clean instruction
-  // boundary on every backend. Right after an I/O exit the backends disagree on whether the
-  // half-finished instruction lets an interrupt in (KVM completes it on the next entry).
-  bool boundary = engine_.progress() != ProgressMode::kExitSync || last_exit_kind_ == ExitKind::kInterruptWindow;
+  // In exit-sync mode an interrupt is injected only where every backend agrees the guest is between
+  // instructions: at a HLT exit or an interrupt-window exit. Right after an I/O exit the backends
+  // disagree on whether the half-finished instruction lets an interrupt in, and an emulated CPU
+  // (nested KVM under QEMU) may open the window a few instructions late.
+  bool boundary = engine_.progress() != ProgressMode::kExitSync || last_exit_kind_ == ExitKind::kInterruptWindow ||
+                  last_exit_kind_ == ExitKind::kHlt;
   if (!boundary || !cpu.can_inject_interrupt()) {
     cpu.request_interrupt_window(true);
     return {};
