@@ -5,8 +5,6 @@
 #include <xxhash.h>
 
 #include <cstring>
-#include <cstdio>
-#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -86,12 +84,6 @@ Digest finish(XXH3_state_t* h) {
 }  // namespace
 
 Digest cpu_ram_digest(const CpuState& state, const GuestMemory& memory) {
-  if (const char* dump = getenv("DEJA_DUMP_RAM")) {  // TEMP-DEBUG
-    FILE* f = fopen(dump, "wb");
-    fwrite(memory.host_base(), 1, memory.size(), f);
-    fclose(f);
-    fprintf(stderr, "%s\n", format_cpu_state(state).c_str());
-  }
   return finish(start_cpu_ram(state, memory));
 }
 

@@ -258,13 +258,16 @@ boot_info_phys: .quad 0
 
         .balign 16
         .globl gdt
+// Accessed bits preset (type 0xB/0x3): the CPU never writes the table back, so the final RAM does
+// not depend on which segment loads a CPU model marks (the SDM says all of them; QEMU's TCG, the
+// CPU under the nested KVM harness, only MOV/POP Sreg, not IRET/far RET/JMP or event delivery).
 gdt:
         .quad 0                         // 0x00 null
-        .quad 0x00AF9A000000FFFF        // 0x08 kernel code, 64-bit
-        .quad 0x00CF92000000FFFF        // 0x10 kernel data
-        .quad 0x00CFFA000000FFFF        // 0x18 user code, 32-bit (SYSRET's STAR base)
-        .quad 0x00CFF2000000FFFF        // 0x20 user data
-        .quad 0x00AFFA000000FFFF        // 0x28 user code, 64-bit
+        .quad 0x00AF9B000000FFFF        // 0x08 kernel code, 64-bit
+        .quad 0x00CF93000000FFFF        // 0x10 kernel data
+        .quad 0x00CFFB000000FFFF        // 0x18 user code, 32-bit (SYSRET's STAR base)
+        .quad 0x00CFF3000000FFFF        // 0x20 user data
+        .quad 0x00AFFB000000FFFF        // 0x28 user code, 64-bit
         .quad 0, 0                      // 0x30 TSS (16 bytes, filled in by runtime.c)
 gdt_end:
         .balign 8

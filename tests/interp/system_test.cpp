@@ -130,6 +130,20 @@ TEST(InterpSystem, InterruptFromRing3WithIstAndRsp0) {
   }
 }
 
+// Loading a descriptor into CS or SS sets its accessed bit in the GDT (SDM vol. 3A 3.4.5.1): here
+// IRETQ loads CS 0x2b and SS 0x23, and the INT 0x80 gate loads CS 0x08.
+TEST(InterpSystem, IretqAndEventDeliverySetDescriptorAccessedBits) {
+  TestVm vm = TestVm::long_mode();
+  for (uint64_t selector : {0x08, 0x20, 0x28}) vm.write64(kGdt + selector, vm.read64(kGdt + selector) & ~(1ull << 40));
+  vm.write64(kTss + 4, 0x70000);
+  vm.idt_gate(0x80, kHandler, 0, 3);
+  handler(vm, kHandler, "hlt\n");
+  vm.code("push 0x23\n push 0x50000\n push 0x2\n push 0x2b\n lea rax, [rip + 1f]\n push rax\n iretq\n 1: int 0x80\n");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  for (uint64_t selector : {0x08, 0x20, 0x28}) EXPECT_TRUE(vm.read64(kGdt + selector) & (1ull << 40)) << selector;
+  EXPECT_EQ(vm.state().cs.type & 1, 1);
+}
+
 TEST(InterpSystem, IntThroughDpl0GateFromRing3IsGeneralProtection) {
   TestVm vm = TestVm::long_mode();
   vm.write64(kTss + 4, 0x70000);
