@@ -217,7 +217,9 @@ Result<> InterpBackend::set_state(const CpuState& state) {
 }
 
 bool InterpBackend::can_inject_interrupt() {
-  return (s_.rflags & rflags::kIf) && !s_.interrupt_shadow && !pending_irq_ && responses_.empty();
+  // With an exit outstanding (an I/O instruction waiting for its value), an injected interrupt is
+  // delivered right after that instruction completes: what KVM does with KVM_INTERRUPT at an I/O exit.
+  return (s_.rflags & rflags::kIf) && !s_.interrupt_shadow && !pending_irq_;
 }
 
 Result<> InterpBackend::inject_interrupt(uint8_t vector) {

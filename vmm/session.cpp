@@ -224,19 +224,20 @@ Result<> Session::deliver_interrupts() {
     cpu.request_interrupt_window(false);
     return {};
   }
-  // In exit-sync mode an interrupt is injected only where every backend agrees the guest is between
-  // instructions: at a HLT exit or an interrupt-window exit. Right after an I/O exit the backends
-  // disagree on whether the half-finished instruction lets an interrupt in, and an emulated CPU
-  // (nested KVM under QEMU) may open the window a few instructions late.
-  bool boundary = engine_.progress() != ProgressMode::kExitSync || last_exit_kind_ == ExitKind::kInterruptWindow ||
-                  last_exit_kind_ == ExitKind::kHlt;
-  if (!boundary || !cpu.can_inject_interrupt()) {
+  if (engine_.progress() == ProgressMode::kExitSync && engine_.mode() != Mode::kRun) {
+    // Exit-synchronous: inject only at guest-caused exits (delivered right after the exiting
+    // instruction), never through interrupt-window exits, whose timing an emulated CPU (nested KVM
+    // under QEMU) does not reproduce exactly from run to run.
+    cpu.request_interrupt_window(false);
+    if (!guest_caused(last_exit_kind_) || !cpu.can_inject_interrupt()) return {};
+  } else if (!cpu.can_inject_interrupt()) {
     cpu.request_interrupt_window(true);
     return {};
   }
   uint8_t vector = machine_->pic().acknowledge();
   engine_.interrupt(vector, position());
   cpu.request_interrupt_window(false);
+  last_exit_kind_ = ExitKind::kKicked;  // one injection per exit
   return cpu.inject_interrupt(vector);
 }
 
