@@ -30,26 +30,6 @@ void ignore_kick_signal(int) {}
 
 std::string errno_text(int error) { return std::strerror(error); }
 
-std::string_view kind_name(ExitKind kind) {
-  switch (kind) {
-    case ExitKind::kIoIn: return "io-in";
-    case ExitKind::kIoOut: return "io-out";
-    case ExitKind::kMmioRead: return "mmio-read";
-    case ExitKind::kMmioWrite: return "mmio-write";
-    case ExitKind::kHlt: return "hlt";
-    case ExitKind::kRdtsc: return "rdtsc";
-    case ExitKind::kRdrand: return "rdrand";
-    case ExitKind::kMsrRead: return "msr-read";
-    case ExitKind::kMsrWrite: return "msr-write";
-    case ExitKind::kInterruptWindow: return "interrupt-window";
-    case ExitKind::kKicked: return "kicked";
-    case ExitKind::kCoordinateReached: return "coordinate-reached";
-    case ExitKind::kDebug: return "debug";
-    case ExitKind::kShutdown: return "shutdown";
-    case ExitKind::kFault: return "fault";
-  }
-  return "?";
-}
 
 // Names for the feature bits deja's models use, so a missing one is reported as "CX16", not a bit number.
 struct FeatureName {
@@ -628,7 +608,7 @@ VcpuExit* KvmBackend::stop_with_diagnostic(ExitKind kind, std::string reason) {
   detail += fmt::format("last {} exits, oldest first:\n", shown);
   for (uint64_t i = exit_serial_ - shown; i < exit_serial_; ++i) {
     const auto& e = recent_[i % kRecentExits];
-    detail += fmt::format("  #{} {} rip={:#x} at={:#x}\n", i, kind_name(e.kind), e.rip, e.where);
+    detail += fmt::format("  #{} {} rip={:#x} at={:#x}\n", i, exit_kind_name(e.kind), e.rip, e.where);
   }
   exit_.detail = std::move(detail);
   return finish(kind);

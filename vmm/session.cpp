@@ -54,6 +54,19 @@ class TeeSink : public ByteSink {
   uint64_t bytes_ = 0;
 };
 
+// Bus accesses of 1 to 8 bytes, little-endian, as the exits carry them.
+uint64_t bus_read(Bus& bus, uint64_t address, unsigned size) {
+  uint8_t data[8] = {};
+  bus.read(address, std::span(data, size));
+  return load_le(std::span(data, size));
+}
+
+void bus_write(Bus& bus, uint64_t address, unsigned size, uint64_t value) {
+  uint8_t data[8];
+  store_le(std::span(data, size), value);
+  bus.write(address, std::span(data, size));
+}
+
 struct Outcome {
   int status = 0;
   std::string reason;       // "guest exit", "triple fault", ...
@@ -302,31 +315,20 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
     if (engine_.mode() == Mode::kRecord) last_guest_exit_host_ns_ = HostClock::monotonic_ns();
   }
   switch (exit.kind) {
-    case ExitKind::kIoIn: {
-      uint8_t data[8] = {};
-      machine_->pio().read(exit.port, std::span(data, exit.size));
-      exit.value = engine_.port_read(exit.port, exit.size, load_le(std::span(data, exit.size)), exit.rip);
+    case ExitKind::kIoIn:
+      exit.value = engine_.port_read(exit.port, exit.size, bus_read(machine_->pio(), exit.port, exit.size), exit.rip);
       break;
-    }
-    case ExitKind::kIoOut: {
-      uint8_t data[8];
-      store_le(std::span(data, exit.size), exit.value);
-      machine_->pio().write(exit.port, std::span(data, exit.size));
+    case ExitKind::kIoOut:
+      bus_write(machine_->pio(), exit.port, exit.size, exit.value);
       if (auto status = machine_->debug_exit().exit_status()) return Outcome{*status, "guest exit", true};
       break;
-    }
-    case ExitKind::kMmioRead: {
-      uint8_t data[8] = {};
-      machine_->mmio().read(exit.address, std::span(data, exit.size));
-      exit.value = engine_.mmio_read(exit.address, exit.size, load_le(std::span(data, exit.size)), exit.rip);
+    case ExitKind::kMmioRead:
+      exit.value =
+          engine_.mmio_read(exit.address, exit.size, bus_read(machine_->mmio(), exit.address, exit.size), exit.rip);
       break;
-    }
-    case ExitKind::kMmioWrite: {
-      uint8_t data[8];
-      store_le(std::span(data, exit.size), exit.value);
-      machine_->mmio().write(exit.address, std::span(data, exit.size));
+    case ExitKind::kMmioWrite:
+      bus_write(machine_->mmio(), exit.address, exit.size, exit.value);
       break;
-    }
     case ExitKind::kRdtsc:
       exit.value = engine_.rdtsc(exit.rip, exit.is_rdtscp);
       break;
