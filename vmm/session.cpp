@@ -807,6 +807,10 @@ int replay_trace(const ReplayOptions& options) {
   auto outcome = session.run();
   if (!outcome) return report_error(outcome.error());
 
+  if (outcome->status == exit_status::kInterrupted && !outcome->recorded_end) {
+    say("replay interrupted after {} events", engine.events_processed());
+    return exit_status::kInterrupted;
+  }
   bool end_matched = false;
   std::optional<Digest> final_digest;
   if (outcome->status != exit_status::kDivergence && outcome->status != exit_status::kTraceEnded) {
