@@ -54,8 +54,10 @@ void Engine::flush_output() {
   if (auto r = writer_->append(e); !r) write_error_ = r.error().message;
 }
 
+// Serial output is logged in blocks (at 4 KiB, heartbeats and the end), not before every event: replay
+// compares it as a byte stream, so its exact place among the other events does not matter, and a
+// per-character event would double the size of an output-heavy trace.
 void Engine::append(trace::Event event) {
-  flush_output();
   remember(event);
   ++events_;
   if (writer_) {
@@ -391,10 +393,10 @@ const trace::End* Engine::expect_end(const std::string& what) {
 }
 
 Result<> Engine::finish_record(trace::End end, trace::Footer footer) {
+  flush_output();  // all output precedes the End event, where replay checks it
   trace::Event e;
   *e.mutable_end() = std::move(end);
   append(std::move(e));
-  flush_output();
   if (!write_error_.empty()) return fail(ErrorKind::kHost, "writing the trace failed: {}", write_error_);
   if (!writer_) return {};
   return writer_->finish(std::move(footer));
