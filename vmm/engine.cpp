@@ -65,7 +65,6 @@ void Engine::append(trace::Event event) {
   }
 }
 
-void Engine::record_event(trace::Event event) { append(std::move(event)); }
 
 const trace::Event* Engine::peek() {
   while (!lookahead_ && !exhausted_ && reader_) {
@@ -193,7 +192,7 @@ uint64_t Engine::rdtsc(uint64_t rip, bool rdtscp) {
     }
     return 0;
   }
-  uint64_t value = ns_to_tsc(host_now_ns()) + tsc_offset_;
+  uint64_t value = tsc_now();
   if (mode_ == Mode::kRecord) {
     trace::Event e;
     e.mutable_rdtsc()->set_value(value);
@@ -249,7 +248,7 @@ uint64_t Engine::msr_read(uint32_t msr, uint64_t rip, uint64_t live_value) {
   return live_value;
 }
 
-uint64_t Engine::tsc_now() { return ns_to_tsc(host_now_ns()) + tsc_offset_; }
+uint64_t Engine::tsc_now() { return ns_to_tsc(host_now_ns()); }
 
 static bool same_coordinate(const trace::Coordinate& recorded, const Position& p, ProgressMode progress) {
   if (recorded.vcpu() != p.at.vcpu || recorded.rip() != p.at.rip || recorded.rcx() != p.at.rcx ||

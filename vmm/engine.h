@@ -96,7 +96,6 @@ class Engine : public Clock {
   // Replay: the next event (output events skipped and checked); nullptr at the end of the trace.
   const trace::Event* peek();
   const trace::End* expect_end(const std::string& what);
-  void record_event(trace::Event event);
   // Record: log a state digest; replay: compare with the recorded one.
   void record_digest(const Position& where, std::span<const uint8_t> digest, uint64_t instructions);
 
@@ -134,7 +133,6 @@ class Engine : public Clock {
   HostClock host_clock_;
   uint64_t last_now_ = 0;
   std::optional<uint64_t> frozen_now_;
-  uint64_t tsc_offset_ = 0;
   std::function<Position()> where_;
 
   std::unique_ptr<TraceWriter> writer_;

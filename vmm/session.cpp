@@ -104,7 +104,6 @@ class Session {
 
   Result<Outcome> run();
   void print_stats() const;
-  Result<CpuState> state() { return machine_->backend().get_state(); }
   Digest final_cpu_ram_digest();
   Digest final_machine_digest();
   uint64_t wall_ns() const { return wall_ns_; }
