@@ -139,7 +139,6 @@ uint64_t Engine::now_ns() {
 }
 
 uint64_t Engine::port_read(uint16_t port, unsigned size, uint64_t device_value, uint64_t rip) {
-  std::string what = fmt::format("port_read port={:#x} size={} value={:#x} rip={:#x}", port, size, device_value, rip);
   if (mode_ == Mode::kRecord) {
     trace::Event e;
     auto* r = e.mutable_port_read();
@@ -149,6 +148,7 @@ uint64_t Engine::port_read(uint16_t port, unsigned size, uint64_t device_value, 
     r->set_rip(rip);
     append(std::move(e));
   } else if (mode_ == Mode::kReplay) {
+    std::string what = fmt::format("port_read port={:#x} size={} value={:#x} rip={:#x}", port, size, device_value, rip);
     if (const auto* e = expect(trace::Event::kPortRead, what)) {
       const auto& r = e->port_read();
       if (r.port() != port || r.size() != size || r.rip() != rip || r.value() != device_value) {
@@ -161,8 +161,6 @@ uint64_t Engine::port_read(uint16_t port, unsigned size, uint64_t device_value, 
 }
 
 uint64_t Engine::mmio_read(uint64_t address, unsigned size, uint64_t device_value, uint64_t rip) {
-  std::string what =
-      fmt::format("mmio_read address={:#x} size={} value={:#x} rip={:#x}", address, size, device_value, rip);
   if (mode_ == Mode::kRecord) {
     trace::Event e;
     auto* r = e.mutable_mmio_read();
@@ -172,6 +170,8 @@ uint64_t Engine::mmio_read(uint64_t address, unsigned size, uint64_t device_valu
     r->set_rip(rip);
     append(std::move(e));
   } else if (mode_ == Mode::kReplay) {
+    std::string what =
+        fmt::format("mmio_read address={:#x} size={} value={:#x} rip={:#x}", address, size, device_value, rip);
     if (const auto* e = expect(trace::Event::kMmioRead, what)) {
       const auto& r = e->mmio_read();
       if (r.address() != address || r.size() != size || r.rip() != rip || r.value() != device_value) {
@@ -184,8 +184,8 @@ uint64_t Engine::mmio_read(uint64_t address, unsigned size, uint64_t device_valu
 }
 
 uint64_t Engine::rdtsc(uint64_t rip, bool rdtscp) {
-  std::string what = fmt::format("rdtsc rip={:#x}{}", rip, rdtscp ? " (rdtscp)" : "");
   if (mode_ == Mode::kReplay) {
+    std::string what = fmt::format("rdtsc rip={:#x}{}", rip, rdtscp ? " (rdtscp)" : "");
     if (const auto* e = expect(trace::Event::kRdtsc, what)) {
       if (e->rdtsc().rip() != rip || e->rdtsc().rdtscp() != rdtscp) diverge("RDTSC differs", describe_event(*e), what);
       return e->rdtsc().value();
@@ -204,8 +204,8 @@ uint64_t Engine::rdtsc(uint64_t rip, bool rdtscp) {
 }
 
 std::pair<uint64_t, bool> Engine::rdrand(uint64_t rip, bool rdseed) {
-  std::string what = fmt::format("{} rip={:#x}", rdseed ? "rdseed" : "rdrand", rip);
   if (mode_ == Mode::kReplay) {
+    std::string what = fmt::format("{} rip={:#x}", rdseed ? "rdseed" : "rdrand", rip);
     if (const auto* e = expect(trace::Event::kRdrand, what)) {
       if (e->rdrand().rip() != rip || e->rdrand().rdseed() != rdseed) {
         diverge("RDRAND differs", describe_event(*e), what);
@@ -229,8 +229,8 @@ std::pair<uint64_t, bool> Engine::rdrand(uint64_t rip, bool rdseed) {
 }
 
 uint64_t Engine::msr_read(uint32_t msr, uint64_t rip, uint64_t live_value) {
-  std::string what = fmt::format("msr_read msr={:#x} rip={:#x}", msr, rip);
   if (mode_ == Mode::kReplay) {
+    std::string what = fmt::format("msr_read msr={:#x} rip={:#x}", msr, rip);
     if (const auto* e = expect(trace::Event::kMsrRead, what)) {
       if (e->msr_read().msr() != msr || e->msr_read().rip() != rip) diverge("MSR read differs", describe_event(*e), what);
       return e->msr_read().value();
