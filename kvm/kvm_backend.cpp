@@ -1,6 +1,8 @@
 // KvmBackend: drives one KVM vCPU and translates kvm_run exits into deja's typed VcpuExit (the only file that includes <linux/kvm.h>).
 #include "kvm/kvm_backend.h"
 
+#include "kvm/perf_counter.h"
+
 #include <fcntl.h>
 #include <linux/kvm.h>
 #include <pthread.h>
@@ -191,7 +193,7 @@ class FileDescriptor {
   int fd_ = -1;
 };
 
-class KvmBackend final : public Backend {
+class KvmBackend final : public Backend, public KvmVcpu {
  public:
   static Result<std::unique_ptr<Backend>> create(GuestMemory& memory, const CpuModel& model);
   ~KvmBackend() override;
@@ -204,13 +206,12 @@ class KvmBackend final : public Backend {
   Result<> inject_interrupt(uint8_t vector) override;
   void request_interrupt_window(bool enable) override;
   void kick() override;
-  std::optional<uint64_t> branch_count() const override { return std::nullopt; }
+  ProgressCounter* progress_counter() override { return counter_.get(); }
   std::optional<uint64_t> instruction_count() const override { return std::nullopt; }
-  Result<> set_stop(std::optional<Coordinate> target) override {
-    if (!target) return {};
-    return fail(ErrorKind::kUnsupported,
-                "the KVM backend cannot stop at an exact coordinate without a PMU (use --backend interp)");
-  }
+  Result<> set_debug(const DebugControl& control) override;
+
+  volatile uint8_t* immediate_exit_flag() override { return &run_->immediate_exit; }
+  void adopt_progress_counter(std::unique_ptr<ProgressCounter> counter) override { counter_ = std::move(counter); }
 
  private:
   KvmBackend() = default;
@@ -259,6 +260,7 @@ class KvmBackend final : public Backend {
   std::atomic<pthread_t> vcpu_thread_{};
   std::atomic<bool> vcpu_thread_known_{false};
   bool signal_mask_set_ = false;
+  std::unique_ptr<ProgressCounter> counter_;  // the host PMU counter, once attach_pmu_counter succeeded
 
   struct RecentExit {
     ExitKind kind;
@@ -505,9 +507,12 @@ Result<> KvmBackend::prepare_kick_signal() {
     sigemptyset(&action.sa_mask);
     ::sigaction(kKickSignal, &action, nullptr);
   }
+  // The PMU overflow signal follows the same discipline, so an overflow that lands outside KVM_RUN stops
+  // the next KVM_RUN instead of being lost (kvm/perf_counter.h).
   sigset_t block;
   sigemptyset(&block);
   sigaddset(&block, kKickSignal);
+  sigaddset(&block, pmu_overflow_signal());
   sigset_t old;
   if (int error = ::pthread_sigmask(SIG_BLOCK, &block, &old); error != 0) {
     return fail(ErrorKind::kHost, "blocking the kick signal failed: {}", errno_text(error));
@@ -515,6 +520,7 @@ Result<> KvmBackend::prepare_kick_signal() {
   // Inside KVM_RUN the thread's usual mask applies, minus the kick signal.
   sigset_t during_run = old;
   sigdelset(&during_run, kKickSignal);
+  sigdelset(&during_run, pmu_overflow_signal());
   // The kernel's sigset is 8 bytes on x86-64, glibc's sigset_t is larger; KVM insists on the former.
   SignalMask mask{};
   mask.len = 8;
@@ -632,12 +638,14 @@ Result<VcpuExit*> KvmBackend::run() {
   if (result < 0) {
     if (error == EINTR || error == EAGAIN) {
       __atomic_store_n(&run_->immediate_exit, 0, __ATOMIC_SEQ_CST);
-      // Drop a kick signal still pending from the same kick, or the next run() would stop at once again.
-      sigset_t kick_only;
-      sigemptyset(&kick_only);
-      sigaddset(&kick_only, kKickSignal);
+      // Drop a kick or overflow signal still pending from the same stop, or the next run() would stop at once
+      // again. Both are kKicked: the caller reads the progress counter to tell a reached target from a kick.
+      sigset_t stop_signals;
+      sigemptyset(&stop_signals);
+      sigaddset(&stop_signals, kKickSignal);
+      sigaddset(&stop_signals, pmu_overflow_signal());
       timespec zero{};
-      while (::sigtimedwait(&kick_only, nullptr, &zero) == kKickSignal) {
+      while (::sigtimedwait(&stop_signals, nullptr, &zero) > 0) {
       }
       exit_ = VcpuExit{};
       exit_.rip = current_rip();
@@ -975,6 +983,30 @@ Result<> KvmBackend::inject_interrupt(uint8_t vector) {
   }
   injected_since_exit_ = true;
   halted_ = false;
+  return {};
+}
+
+Result<> KvmBackend::set_debug(const DebugControl& control) {
+  // KVM_SET_GUEST_DEBUG takes the complete debug configuration each time; clearing it is control = 0.
+  kvm_guest_debug debug{};
+  if (control.single_step || control.breakpoint) {
+    debug.control = KVM_GUESTDBG_ENABLE;
+    // KVM sets RFLAGS.TF behind the guest's back (hidden from KVM_GET_REGS): a trap after each instruction,
+    // and after each iteration of a REP string instruction (SDM Vol. 3, 18.3.1.4).
+    if (control.single_step) debug.control |= KVM_GUESTDBG_SINGLESTEP;
+    if (control.breakpoint) {
+      debug.control |= KVM_GUESTDBG_USE_HW_BP;
+      debug.arch.debugreg[0] = *control.breakpoint;
+      // DR7 (SDM Vol. 3, 18.2.4): L0 enables DR0; R/W0 = 00 and LEN0 = 00 make it an instruction breakpoint,
+      // a fault taken before the instruction executes. Bit 10 reads as 1.
+      debug.arch.debugreg[7] = (uint64_t{1} << 0) | (uint64_t{1} << 10);
+    }
+  }
+  if (::ioctl(vcpu_.get(), KVM_SET_GUEST_DEBUG, &debug) < 0) {
+    return fail(ErrorKind::kHost, "KVM_SET_GUEST_DEBUG (single_step={}, breakpoint={}) failed: {}",
+                control.single_step, control.breakpoint ? fmt::format("{:#x}", *control.breakpoint) : "none",
+                errno_text(errno));
+  }
   return {};
 }
 

@@ -15,6 +15,17 @@ namespace deja {
 // `memory` must outlive the backend.
 Result<std::unique_ptr<Backend>> make_kvm_backend(GuestMemory& memory, const CpuModel& model);
 
+// The KVM-specific surface that attach_pmu_counter (kvm/pmu.cpp) needs from a backend made by
+// make_kvm_backend; other backends do not implement it, so a dynamic_cast tells them apart.
+class KvmVcpu {
+ public:
+  virtual ~KvmVcpu() = default;
+  // kvm_run->immediate_exit: setting it to 1 makes the current or next KVM_RUN return at once.
+  virtual volatile uint8_t* immediate_exit_flag() = 0;
+  // Makes `counter` (opened on the vCPU thread) the backend's progress_counter().
+  virtual void adopt_progress_counter(std::unique_ptr<ProgressCounter> counter) = 0;
+};
+
 // Guest-physical pages KVM reserves for itself (VMX real-mode TSS and identity page table; unused on
 // SVM but still registered). They sit just below the BIOS area at 4 GiB - 16 MiB, above the local APIC
 // and HPET windows, so guest RAM must end below kKvmReservedBase.

@@ -12,6 +12,9 @@
 #include <gtest/gtest.h>
 
 #include "kvm/kvm_backend.h"
+#include "kvm/perf_counter.h"
+#include "kvm/pmu.h"
+#include "kvm/pmu_selftest.h"
 
 namespace deja {
 namespace {
@@ -150,11 +153,199 @@ TEST(KvmFactory, FailsClearlyWithoutDevKvm) {
 
 TEST_F(KvmTest, BackendNameAndNoExactProgress) {
   EXPECT_EQ(backend_->name(), "kvm");
+  EXPECT_EQ(backend_->progress_counter(), nullptr) << "no counter until attach_pmu_counter succeeds";
   EXPECT_FALSE(backend_->branch_count().has_value());
   EXPECT_FALSE(backend_->instruction_count().has_value());
-  auto stop = backend_->set_stop(Coordinate{.branches = 10});
-  ASSERT_FALSE(stop);
-  EXPECT_EQ(stop.error().kind, ErrorKind::kUnsupported);
+}
+
+// The nested harness (QEMU TCG) has no PMU: attaching must fail clearly and leave no counter behind. On a host
+// with a supported PMU it must succeed and count.
+TEST_F(KvmTest, AttachPmuCounterSucceedsOrFailsClearly) {
+  auto ok = attach_pmu_counter(*backend_);
+  if (ok) {
+    ASSERT_NE(backend_->progress_counter(), nullptr);
+    EXPECT_TRUE(backend_->progress_counter()->describe().starts_with("pmu ")) << backend_->progress_counter()->describe();
+    return;
+  }
+  EXPECT_EQ(ok.error().kind, ErrorKind::kUnsupported);
+  EXPECT_EQ(backend_->progress_counter(), nullptr);
+  const std::string& message = ok.error().message;
+  bool unknown_cpu = message.find("not supported") != std::string::npos ||
+                     message.find("not in deja's PMU table") != std::string::npos;
+  bool no_pmu = message.find("perf_event_open of the counting event") != std::string::npos;
+  EXPECT_TRUE(unknown_cpu || no_pmu) << message;
+
+  // Whatever the CPU, the real perf path on the vCPU thread must fail with the event named, not crash.
+  PmuModel zen = supported_pmu_models().back();
+  auto forced = attach_pmu_counter_with(*backend_, zen, {});
+  if (!forced) {
+    EXPECT_NE(forced.error().message.find(zen.name + " retired conditional branches"), std::string::npos)
+        << forced.error().message;
+    EXPECT_EQ(backend_->progress_counter(), nullptr);
+  }
+}
+
+// The self-test's calibration guests run on KVM to their HLT with every port exit, as on the software CPU.
+TEST_F(KvmTest, CalibrationGuestsRunToTheirHlt) {
+  for (const CalibrationGuest& guest : {calibration_loop(100'000), calibration_loop_with_exits(4'000, 100)}) {
+    auto run = run_calibration_guest(*backend_, *memory_, guest);
+    ASSERT_TRUE(run) << run.error().message;
+    EXPECT_EQ(run->port_exits, guest.port_exits);
+    EXPECT_EQ(run->stop_rip, kCalibrationEntry + guest.code.size() - 1);
+    EXPECT_FALSE(run->branches.has_value()) << "no PMU counter attached";
+    EXPECT_EQ(state().gpr[kRcx], 0u);
+  }
+}
+
+TEST_F(KvmTest, SingleStepVisitsEachInstructionInOrder) {
+  load(kCode, {
+                  0x90,                          // 10000: nop
+                  0xb8, 0x01, 0x00, 0x00, 0x00,  // 10001: mov eax, 1
+                  0x01, 0xc0,                    // 10006: add eax, eax
+                  0xff, 0xc3,                    // 10008: inc ebx
+                  0xe6, 0x80,                    // 1000a: out 0x80, al
+                  0x90,                          // 1000c: nop
+                  0xf4,                          // 1000d: hlt
+              });
+  start(long_mode(kCode));
+  ASSERT_TRUE(backend_->set_debug({.single_step = true}));
+  for (uint64_t next : {0x10001u, 0x10006u, 0x10008u, 0x1000au}) {
+    VcpuExit* exit = run();
+    ASSERT_EQ(exit->kind, ExitKind::kDebug) << "expected a step to " << std::hex << next << ", got "
+                                            << exit_kind_name(exit->kind);
+    EXPECT_EQ(exit->rip, next);
+    EXPECT_EQ(state().rip, next);
+  }
+  EXPECT_EQ(state().gpr[kRax], 2u);
+  EXPECT_EQ(state().rflags & rflags::kTf, 0u) << "the VMM's trap flag stays hidden from the guest state";
+  // The OUT still exits to the VMM; its step completes on the next run().
+  VcpuExit* exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoOut);
+  EXPECT_EQ(exit->port, 0x80);
+  EXPECT_EQ(exit->value, 2u);
+  EXPECT_EQ(exit->rip, 0x1000au);
+  exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kDebug) << exit_kind_name(exit->kind);
+  EXPECT_EQ(exit->rip, 0x1000cu);
+  exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kDebug);
+  EXPECT_EQ(exit->rip, 0x1000du);
+  // Cleared, the guest runs freely to its HLT.
+  ASSERT_TRUE(backend_->set_debug({}));
+  exit = run();
+  EXPECT_EQ(exit->kind, ExitKind::kHlt);
+}
+
+TEST_F(KvmTest, BreakpointStopsBeforeTheInstructionEveryIteration) {
+  load(kCode, {
+                  0xb9, 0x05, 0x00, 0x00, 0x00,  // 10000: mov ecx, 5
+                  0x31, 0xc0,                    // 10005: xor eax, eax
+                  0xff, 0xc0,                    // 10007: loop: inc eax
+                  0xff, 0xc9,                    // 10009: dec ecx
+                  0x75, 0xfa,                    // 1000b: jnz loop
+                  0xe6, 0x80,                    // 1000d: out 0x80, al
+                  0xf4,                          // 1000f: hlt
+              });
+  start(long_mode(kCode));
+  const uint64_t dec_ecx = 0x10009;
+  for (uint64_t iteration = 1; iteration <= 5; ++iteration) {
+    ASSERT_TRUE(backend_->set_debug({.breakpoint = dec_ecx}));
+    VcpuExit* exit = run();
+    ASSERT_EQ(exit->kind, ExitKind::kDebug) << "iteration " << iteration << ": " << exit_kind_name(exit->kind);
+    EXPECT_EQ(exit->rip, dec_ecx);
+    CpuState s = state();
+    EXPECT_EQ(s.rip, dec_ecx);
+    EXPECT_EQ(s.gpr[kRax], iteration) << "inc eax ran";
+    EXPECT_EQ(s.gpr[kRcx], 6 - iteration) << "dec ecx has not run yet (fault-like)";
+    // Past it: clear the breakpoint and single-step once.
+    ASSERT_TRUE(backend_->set_debug({.single_step = true}));
+    exit = run();
+    ASSERT_EQ(exit->kind, ExitKind::kDebug);
+    EXPECT_EQ(exit->rip, 0x1000bu);
+    EXPECT_EQ(state().gpr[kRcx], 5 - iteration);
+  }
+  ASSERT_TRUE(backend_->set_debug({.breakpoint = dec_ecx}));
+  VcpuExit* exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoOut) << "the loop is over: no sixth stop";
+  EXPECT_EQ(exit->value, 5u);
+}
+
+TEST_F(KvmTest, SingleStepStopsOncePerRepIteration) {
+  const uint64_t source = kData, destination = kData + 0x100;
+  load(source, {0x11, 0x22, 0x33, 0x44});
+  load(kCode, {
+                  0xb9, 0x04, 0x00, 0x00, 0x00,  // 10000: mov ecx, 4
+                  0xbe, 0x00, 0x20, 0x01, 0x00,  // 10005: mov esi, 0x12000
+                  0xbf, 0x00, 0x21, 0x01, 0x00,  // 1000a: mov edi, 0x12100
+                  0xfc,                          // 1000f: cld
+                  0xf3, 0xa4,                    // 10010: rep movsb
+                  0xe6, 0x80,                    // 10012: out 0x80, al
+                  0xf4,                          // 10014: hlt
+              });
+  start(long_mode(kCode));
+  ASSERT_TRUE(backend_->set_debug({.single_step = true}));
+  for (uint64_t next : {0x10005u, 0x1000au, 0x1000fu, 0x10010u}) {
+    VcpuExit* exit = run();
+    ASSERT_EQ(exit->kind, ExitKind::kDebug);
+    EXPECT_EQ(exit->rip, next);
+  }
+  for (uint64_t remaining = 3;; --remaining) {
+    VcpuExit* exit = run();
+    ASSERT_EQ(exit->kind, ExitKind::kDebug);
+    CpuState s = state();
+    EXPECT_EQ(s.gpr[kRcx], remaining);
+    EXPECT_EQ(s.gpr[kRdi], destination + 4 - remaining) << "one byte copied per stop";
+    if (remaining == 0) {
+      EXPECT_EQ(exit->rip, 0x10012u) << "after the last iteration RIP moves on";
+      break;
+    }
+    EXPECT_EQ(exit->rip, 0x10010u) << "between iterations RIP stays on the REP instruction";
+  }
+  EXPECT_EQ(read_u64(destination) & 0xffffffff, 0x44332211u);
+  ASSERT_TRUE(backend_->set_debug({}));
+  EXPECT_EQ(run()->kind, ExitKind::kIoOut);
+  EXPECT_EQ(run()->kind, ExitKind::kHlt);
+}
+
+TEST_F(KvmTest, DebugControlsLeaveIoExitsAlone) {
+  load(kCode, {
+                  0xb0, 0x41,  // 10000: mov al, 0x41
+                  0xe6, 0x80,  // 10002: out 0x80, al
+                  0xe4, 0x81,  // 10004: in al, 0x81
+                  0xe6, 0x82,  // 10006: out 0x82, al
+                  0xf4,        // 10008: hlt
+              });
+  start(long_mode(kCode));
+  // A breakpoint the guest never reaches changes nothing.
+  ASSERT_TRUE(backend_->set_debug({.breakpoint = kCode + 0x1000}));
+  VcpuExit* exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoOut);
+  EXPECT_EQ(exit->value, 0x41u);
+  EXPECT_EQ(exit->rip, 0x10002u);
+  exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoIn);
+  EXPECT_EQ(exit->port, 0x81);
+  exit->value = 0x99;
+  exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoOut);
+  EXPECT_EQ(exit->port, 0x82);
+  EXPECT_EQ(exit->value, 0x99u) << "the IN's answer reached the guest";
+  EXPECT_EQ(run()->kind, ExitKind::kHlt);
+
+  // Single-stepping an IN: the exit comes first, the answer lands, then the step completes.
+  start(long_mode(kCode + 4));
+  ASSERT_TRUE(backend_->set_debug({.single_step = true}));
+  exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoIn);
+  exit->value = 0x37;
+  exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kDebug);
+  EXPECT_EQ(exit->rip, 0x10006u);
+  EXPECT_EQ(state().gpr[kRax] & 0xff, 0x37u);
+  ASSERT_TRUE(backend_->set_debug({}));
+  exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoOut);
+  EXPECT_EQ(exit->value, 0x37u);
 }
 
 TEST_F(KvmTest, PortOutAndInExitWithValuesAndRip) {
