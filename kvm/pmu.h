@@ -8,7 +8,7 @@
 
 namespace deja {
 
-// One check of the self-test (docs/pmu.md), in the order they run; later checks are skipped
+// One check of the self-test (docs/pmu-hosts.md), in the order they run; later checks are skipped
 // (passed = false, skipped = true) once one fails.
 struct PmuCheck {
   std::string name;    // e.g. "counter opens", "counts guest only", "deterministic", "overflow within skid"
