@@ -103,10 +103,12 @@ void InterpBackend::step() {
   } catch (const GuestException& ex) {
     responses_.clear();
     s_.interrupt_shadow = false;
+    ++executed_;
     deliver_event(ex.vector, ex.has_error_code, ex.error_code, false, insn_rip_);
     return;
   }
   // Retired.
+  ++executed_;
   responses_.clear();
   s_.rip = next_rip_;
   ++steps_;
@@ -163,9 +165,14 @@ Result<VcpuExit*> InterpBackend::run() {
         deliver_event(vector, false, 0, false, s_.rip);
         continue;
       }
-      if (stop_ && branches_ == stop_->branches && s_.rip == stop_->rip && s_.gpr[kRcx] == stop_->rcx) {
-        stop_.reset();
-        return finish(ExitKind::kCoordinateReached);
+      if (debug_.single_step && executed_ != step_origin_) {
+        step_origin_ = executed_;
+        return finish(ExitKind::kDebug);
+      }
+      if (debug_.breakpoint && !s_.halted && *debug_.breakpoint == current_linear_rip()) return finish(ExitKind::kDebug);
+      if (overflow_at_ && branches_ >= *overflow_at_) {
+        overflow_at_.reset();
+        return finish(ExitKind::kKicked);
       }
       if (kicked_.load(std::memory_order_relaxed)) {
         kicked_.store(false, std::memory_order_relaxed);
@@ -228,8 +235,24 @@ Result<> InterpBackend::inject_interrupt(uint8_t vector) {
   return {};
 }
 
-Result<> InterpBackend::set_stop(std::optional<Coordinate> target) {
-  stop_ = target;
+Result<> InterpBackend::set_debug(const DebugControl& control) {
+  debug_ = control;
+  step_origin_ = executed_;
+  return {};
+}
+
+void InterpBackend::emulate_pmu_skid(uint64_t skid, uint64_t seed) {
+  counter_.skid_ = skid;
+  counter_.random_.seed(seed);
+}
+
+std::string InterpBackend::Counter::describe() const {
+  return skid_ == 0 ? std::string("interp") : fmt::format("emulated-pmu:{}", skid_);
+}
+
+Result<> InterpBackend::Counter::arm(uint64_t at) {
+  uint64_t late = skid_ == 0 ? 0 : std::uniform_int_distribution<uint64_t>(0, skid_)(random_);
+  cpu_.overflow_at_ = at + late;
   return {};
 }
 

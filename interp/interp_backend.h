@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -30,9 +31,13 @@ class InterpBackend : public Backend {
   Result<> inject_interrupt(uint8_t vector) override;
   void request_interrupt_window(bool enable) override { window_requested_ = enable; }
   void kick() override { kicked_.store(true, std::memory_order_relaxed); }
-  std::optional<uint64_t> branch_count() const override { return branches_; }
+  ProgressCounter* progress_counter() override { return &counter_; }
   std::optional<uint64_t> instruction_count() const override { return instructions_; }
-  Result<> set_stop(std::optional<Coordinate> target) override;
+  Result<> set_debug(const DebugControl& control) override;
+
+  // Makes the progress counter behave like a hardware PMU (for testing CoordinateSeeker without one):
+  // an armed overflow stops the vCPU a random 0..skid branches late, drawn from a generator seeded with `seed`.
+  void emulate_pmu_skid(uint64_t skid, uint64_t seed);
 
   // run() returns kKicked after `n` more retired instructions (deterministic timeslices); 0 = off.
   void set_instruction_budget(uint64_t n) {
@@ -68,6 +73,9 @@ class InterpBackend : public Backend {
   void invalidate_fetch() { fetch_page_ = ~0ull; }
   void decode_at(uint64_t linear, interp::DecodedInsn& out);
   uint8_t decode_mode() const;
+  uint64_t current_linear_rip() const {
+    return decode_mode() == interp::kMode64 ? s_.rip : ((s_.cs.base + s_.rip) & 0xffffffffu);
+  }
   void raise(uint8_t vector, uint32_t error_code = 0, bool has_error_code = false) const;
   [[noreturn]] void raise_ud(const interp::DecodedInsn& insn, bool unimplemented);
   void exec_string(const interp::DecodedInsn& insn);
@@ -216,7 +224,27 @@ class InterpBackend : public Backend {
   uint64_t branches_ = 0;
   uint64_t budget_ = 0;
   uint64_t budget_start_ = 0;
-  std::optional<Coordinate> stop_;
+  // The exact branch counter; with an emulated skid it stops late like a PMU overflow interrupt.
+  class Counter final : public ProgressCounter {
+   public:
+    explicit Counter(InterpBackend& cpu) : cpu_(cpu) {}
+    std::string describe() const override;
+    uint64_t read() override { return cpu_.branches_; }
+    Result<> arm(uint64_t at) override;
+    void disarm() override { cpu_.overflow_at_.reset(); }
+    uint64_t skid() const override { return skid_; }
+
+   private:
+    friend class InterpBackend;
+    InterpBackend& cpu_;
+    uint64_t skid_ = 0;
+    std::mt19937_64 random_;
+  };
+  Counter counter_{*this};
+  std::optional<uint64_t> overflow_at_;  // branch count at which an armed overflow stops run()
+  DebugControl debug_;
+  uint64_t executed_ = 0;     // step() calls that finished (retired, faulted, or one REP iteration)
+  uint64_t step_origin_ = 0;  // executed_ when single-stepping last stopped
   std::atomic<bool> kicked_{false};
   bool window_requested_ = false;
   std::optional<uint8_t> pending_irq_;

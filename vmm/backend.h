@@ -8,6 +8,7 @@
 
 #include "vmm/cpu_state.h"
 #include "vmm/error.h"
+#include "vmm/progress_counter.h"
 
 namespace deja {
 
@@ -23,8 +24,9 @@ enum class ExitKind : uint8_t {
   kMsrWrite,          // WRMSR of `value` to such an MSR: VMM may set `fault` for #GP
   kInterruptWindow,   // the guest can now accept an interrupt (requested with request_interrupt_window)
   kKicked,            // run() returned because kick() was called or the instruction budget ran out
-  kCoordinateReached, // the stop coordinate set with set_stop() was reached exactly
-  kDebug,             // single-step or breakpoint (time-travel debugging)
+  kDebug,             // single-step completed or breakpoint reached (set_debug)
+  kCoordinateReached, // CoordinateSeeker: the target coordinate was reached exactly
+  kCoordinateMissed,  // CoordinateSeeker: the vCPU went past the target without reaching it (`detail`)
   kShutdown,          // triple fault: the VM cannot continue
   kFault,             // failed entry, internal error, or unimplemented state: `detail` says what
 };
@@ -56,6 +58,16 @@ struct Coordinate {
   bool operator==(const Coordinate&) const = default;
 };
 
+// The VMM's own debug controls (not the guest's debug registers, which stay the guest's).
+struct DebugControl {
+  // run() returns kDebug after one instruction, or one iteration of a REP string instruction.
+  bool single_step = false;
+  // run() returns kDebug before executing the instruction at this linear address (a fault-like
+  // instruction breakpoint; to continue past it, clear it and single-step once).
+  std::optional<uint64_t> breakpoint;
+  bool operator==(const DebugControl&) const = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -81,13 +93,15 @@ class Backend {
   // Makes a current or the next run() return kKicked soon. Thread- and async-signal-safe.
   virtual void kick() = 0;
 
-  // Exact progress, where the backend has it (interp always; KVM with a usable PMU).
-  virtual std::optional<uint64_t> branch_count() const = 0;
+  // Exact progress, where the backend has it (interp always; KVM with a usable PMU), else nullptr.
+  virtual ProgressCounter* progress_counter() = 0;
+  std::optional<uint64_t> branch_count() {
+    ProgressCounter* counter = progress_counter();
+    return counter ? std::optional<uint64_t>(counter->read()) : std::nullopt;
+  }
   virtual std::optional<uint64_t> instruction_count() const = 0;
-  // Stop with kCoordinateReached when the vCPU is exactly at `target` (before executing the
-  // instruction at target.rip, with target.branches branches retired and RCX equal). Backends
-  // without exact progress return kUnsupported.
-  virtual Result<> set_stop(std::optional<Coordinate> target) = 0;
+  // Single-step and instruction breakpoint, reported as kDebug exits.
+  virtual Result<> set_debug(const DebugControl& control) = 0;
 };
 
 }  // namespace deja

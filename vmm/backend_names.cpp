@@ -17,6 +17,7 @@ std::string_view exit_kind_name(ExitKind kind) {
     case ExitKind::kInterruptWindow: return "interrupt-window";
     case ExitKind::kKicked: return "kicked";
     case ExitKind::kCoordinateReached: return "coordinate-reached";
+    case ExitKind::kCoordinateMissed: return "coordinate-missed";
     case ExitKind::kDebug: return "debug";
     case ExitKind::kShutdown: return "shutdown";
     case ExitKind::kFault: return "fault";

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "kvm/pmu.h"
 #include "logging/trace_inspect.h"
 #include "logging/trace_verify.h"
 #include "vmm/build_info.h"
@@ -41,9 +42,10 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--serial-out", a.serial_out, "file receiving COM1's output (default '-' = stdout)");
   cmd->add_option("--module", a.modules, "Multiboot boot module: 'PATH' or 'PATH ARGS' (repeatable)");
   cmd->add_option("--progress", a.progress,
-                  "where asynchronous events land: exact (interp: any instruction, by branch count) or exit-sync "
-                  "(only at guest I/O and HLT exits; the only mode KVM has without a PMU)")
-      ->check(CLI::IsMember({"exact", "exit-sync"}));
+                  "where asynchronous events land: exact (any instruction, by branch count: interp, or KVM with a "
+                  "usable PMU), exit-sync (only at guest I/O and HLT exits), or emulated-pmu:SKID[:SEED] (interp "
+                  "counting like a PMU whose overflow lands up to SKID branches late; for testing). Default: exact "
+                  "on interp; on KVM exact when `deja selftest` passes, else exit-sync");
   cmd->add_flag("--stats", a.stats, "print exit counts, unknown ports and unimplemented instructions at the end");
   cmd->add_flag("--digest", a.digest, "print the final state digest (registers, control registers, RAM hash)");
   cmd->add_option("IMAGE", a.image, "guest image: Multiboot ELF32/ELF64, or ELF64 for direct 64-bit boot")->required();
@@ -67,13 +69,14 @@ Result<SessionOptions> to_session(const RunArgs& a) {
     }
   }
   if (a.progress.empty()) {
-    o.progress = o.machine.backend == "kvm" ? ProgressMode::kExitSync : ProgressMode::kExact;
+    o.progress.automatic = o.machine.backend == "kvm";
   } else {
-    o.progress = a.progress == "exact" ? ProgressMode::kExact : ProgressMode::kExitSync;
-    if (o.progress == ProgressMode::kExact && o.machine.backend == "kvm") {
-      return fail(ErrorKind::kUnsupported,
-                  "--progress exact needs an exact progress counter, which the KVM backend does not have without a "
-                  "PMU; use --progress exit-sync or --backend interp");
+    auto progress = parse_progress(a.progress);
+    if (!progress) return std::unexpected(progress.error());
+    o.progress = *progress;
+    if (o.progress.emulated_skid && o.machine.backend != "interp") {
+      return fail(ErrorKind::kInvalidArgument, "--progress {} emulates a PMU on the software CPU: add --backend interp",
+                  a.progress);
     }
   }
   o.image_path = a.image;
@@ -121,6 +124,9 @@ int main(int argc, char** argv) {
   replay->add_option("TRACE", replay_opts.trace_path, "trace file")->required();
   replay->add_option("--backend", replay_opts.backend, "kvm or interp (default: the recording's, if usable here)")
       ->check(CLI::IsMember({"kvm", "interp"}));
+  replay->add_option("--progress", replay_opts.progress,
+                     "exact-mode traces: the counter to reach coordinates with: exact, or emulated-pmu:SKID[:SEED] "
+                     "(interp; default: as recorded)");
   replay->add_option("--image", replay_opts.image_path, "guest image (default: the path in the trace; hash-checked)");
   replay->add_option("--serial-out", replay_opts.serial_out, "where the replayed serial output goes (default stdout)");
   replay->add_flag("--stats", replay_opts.stats, "print exit counts at the end");
@@ -140,6 +146,9 @@ int main(int argc, char** argv) {
   std::string verify_path;
   auto* verify = app.add_subcommand("verify", "check a trace: checksums, hash chain, index, completeness");
   verify->add_option("TRACE", verify_path, "trace file")->required();
+
+  auto* selftest = app.add_subcommand(
+      "selftest", "check whether this host's PMU can give KVM exact interrupt timing (docs/pmu.md)");
 
   try {
     app.parse(argc, argv);
@@ -171,6 +180,32 @@ int main(int argc, char** argv) {
       return 1;
     }
     return 0;
+  }
+  if (selftest->parsed()) {
+    PmuSelftest result = run_pmu_selftest();
+    for (const auto& c : result.checks) {
+      std::printf("%-24s %s%s%s\n", c.name.c_str(), c.skipped ? "skipped" : c.passed ? "ok" : "FAILED",
+                  c.detail.empty() ? "" : ": ", c.detail.c_str());
+    }
+    if (result.usable()) {
+      std::printf("precise interrupt timing on KVM: available (%s)\n", result.counter.c_str());
+      return 0;
+    }
+    std::printf("precise interrupt timing on KVM: unavailable; deja records KVM guests exit-synchronously\n");
+    return exit_status::kHostFailure;
+  }
+  if (selftest->parsed()) {
+    PmuSelftest result = run_pmu_selftest();
+    for (const auto& c : result.checks) {
+      std::printf("%-24s %s%s%s\n", c.name.c_str(), c.skipped ? "skipped" : c.passed ? "ok" : "FAILED",
+                  c.detail.empty() ? "" : ": ", c.detail.c_str());
+    }
+    if (result.usable()) {
+      std::printf("precise interrupt timing on KVM: available (%s)\n", result.counter.c_str());
+      return 0;
+    }
+    std::printf("precise interrupt timing on KVM: unavailable; deja records KVM guests exit-synchronously\n");
+    return exit_status::kHostFailure;
   }
   return exit_status::kUsage;
 }

@@ -5,16 +5,20 @@
 #include <signal.h>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <random>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "interp/interp_backend.h"
+#include "kvm/pmu.h"
 #include "logging/trace_format.h"
 #include "logging/trace_inspect.h"
 #include "vmm/build_info.h"
+#include "vmm/coordinate_seeker.h"
 #include "vmm/cpu_model.h"
 #include "vmm/digest.h"
 #include "vmm/exit_status.h"
@@ -97,13 +101,20 @@ class Session {
     return {};
   }
 
+  Result<> setup_progress(const ProgressChoice& choice);
+  // Exact mode: what counts progress (for the trace header and messages).
+  std::string counter_description() {
+    ProgressCounter* c = machine_->backend().progress_counter();
+    return c ? c->describe() : std::string();
+  }
+
   void attach_input(std::unique_ptr<FdInput> input) { input_ = std::move(input); }
   Machine& machine() { return *machine_; }
   uint64_t serial_bytes() const { return tee_ ? tee_->bytes() : 0; }
   void set_digest_interval(uint64_t n) { digest_interval_ = n; }
 
   Result<Outcome> run();
-  void print_stats() const;
+  void print_stats();
   Digest final_cpu_ram_digest();
   Digest final_machine_digest();
   uint64_t wall_ns() const { return wall_ns_; }
@@ -134,7 +145,7 @@ class Session {
   uint64_t digest_interval_ = 16384;
   uint64_t next_digest_at_ = 16384;
   std::map<ExitKind, uint64_t> exit_counts_;
-  std::optional<Coordinate> stop_set_;
+  std::unique_ptr<CoordinateSeeker> seeker_;  // replay in exact mode
   uint64_t wall_ns_ = 0;
   bool warned_spin_ = false;
   uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
@@ -160,6 +171,28 @@ bool Session::guest_caused(ExitKind kind) const {
     default:
       return false;
   }
+}
+
+Result<> Session::setup_progress(const ProgressChoice& choice) {
+  if (choice.mode != ProgressMode::kExact) return {};
+  Backend& cpu = machine_->backend();
+  if (choice.emulated_skid) {
+    auto* interp = dynamic_cast<InterpBackend*>(&cpu);
+    if (!interp) {
+      return fail(ErrorKind::kInvalidArgument,
+                  "--progress emulated-pmu needs the software CPU (--backend interp); {} has a real counter or none",
+                  cpu.name());
+    }
+    uint64_t seed = choice.emulated_seed ? *choice.emulated_seed : std::random_device{}();
+    interp->emulate_pmu_skid(*choice.emulated_skid, seed);
+    say("note: emulating a PMU whose overflow lands up to {} branches late (repeat with --progress "
+        "emulated-pmu:{}:{})",
+        *choice.emulated_skid, *choice.emulated_skid, seed);
+  } else if (!cpu.progress_counter()) {
+    if (auto r = attach_pmu_counter(cpu); !r) return r;
+  }
+  if (engine_.mode() == Mode::kReplay) seeker_ = std::make_unique<CoordinateSeeker>(cpu, *cpu.progress_counter());
+  return {};
 }
 
 Position Session::position() {
@@ -363,6 +396,13 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
     case ExitKind::kCoordinateReached:
     case ExitKind::kDebug:
       break;
+    case ExitKind::kCoordinateMissed:
+      if (engine_.mode() == Mode::kReplay && engine_.peek()) {
+        engine_.report_divergence("the guest went past the point where the recording has its next event, "
+                                  "without reaching it: " + exit.detail,
+                                  describe_event(*engine_.peek()), "no stop at that coordinate");
+      }
+      break;
     case ExitKind::kKicked:
       if (engine_.mode() == Mode::kRecord && engine_.progress() == ProgressMode::kExitSync) {
         // Exit-synchronous recording can let time in only at the guest's own exits. A guest that
@@ -441,18 +481,15 @@ Result<Outcome> Session::run() {
     if (g_stop_requested.load()) return Outcome{exit_status::kInterrupted, "interrupted", false};
     if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
 
-    if (mode == Mode::kReplay && exact) {
-      std::optional<Coordinate> target;
+    if (seeker_) {
+      std::optional<SeekTarget> target;
       if (const trace::Event* next = engine_.peek()) {
         const trace::Coordinate* at = nullptr;
         if (engine_.next_positional()) at = &engine_.positional_at(*next);
         if (next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") at = &next->end().at();
-        if (at) target = Coordinate{at->vcpu(), at->branches(), at->rip(), at->rcx()};
+        if (at) target = SeekTarget{Coordinate{at->vcpu(), at->branches(), at->rip(), at->rcx()}, at->gpr_digest()};
       }
-      if (target != stop_set_) {
-        if (auto r = cpu.set_stop(target); !r) return std::unexpected(r.error());
-        stop_set_ = target;
-      }
+      seeker_->set_target(target);
     } else if (mode != Mode::kReplay) {
       auto deadline = machine_->next_deadline_ns();
       uint64_t kick = deadline ? engine_.host_origin_ns() + *deadline : UINT64_MAX;
@@ -461,7 +498,7 @@ Result<Outcome> Session::run() {
       kick_at_.store(kick);
     }
 
-    auto exit = cpu.run();
+    auto exit = seeker_ ? seeker_->run() : cpu.run();
     if (!exit) return std::unexpected(exit.error());
     auto done = handle_exit(**exit);
     if (!done) return std::unexpected(done.error());
@@ -505,11 +542,17 @@ Result<Outcome> Session::run() {
   }
 }
 
-void Session::print_stats() const {
+void Session::print_stats() {
   say("exits by kind:");
   for (const auto& [kind, count] : exit_counts_) say("  {:<20} {}", exit_kind_name(kind), count);
   if (auto n = machine_->backend().instruction_count()) say("instructions retired: {}", *n);
   if (auto n = machine_->backend().branch_count()) say("conditional branches retired: {}", *n);
+  if (seeker_) {
+    const auto& st = seeker_->stats();
+    say("coordinate seeking ({}, skid {}): {} reached, {} counter overflows, {} breakpoint hits, {} single steps",
+        counter_description(), machine_->backend().progress_counter()->skid(), st.reached, st.overflows,
+        st.breakpoint_hits, st.single_steps);
+  }
   const auto& unknown = machine_->pio().unknown_accesses();
   if (unknown.empty()) {
     say("unknown ports: none");
@@ -602,7 +645,22 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   int64_t start_unix_ns = host_unix_time_ns();
   config.rtc_epoch_unix_seconds = start_unix_ns / 1'000'000'000;
 
-  Session session(mode, options.progress);
+  ProgressChoice progress = options.progress;
+  if (progress.automatic) {
+    // A plain run places nothing, so only a recording needs the self-test.
+    progress.mode = ProgressMode::kExitSync;
+    if (mode == Mode::kRecord) {
+      PmuSelftest pmu = run_pmu_selftest();
+      if (pmu.usable()) {
+        progress.mode = ProgressMode::kExact;
+      } else {
+        say("warning: no precise interrupt timing on this host ({}); recording exit-synchronously (see `deja "
+            "selftest`)",
+            pmu.first_failure());
+      }
+    }
+  }
+  Session session(mode, progress.mode);
   std::unique_ptr<FdInput> input;
   if (!options.serial_in.empty()) {
     auto in = FdInput::open(options.serial_in);
@@ -614,6 +672,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       !built) {
     return report_error(built.error());
   }
+  if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
   session.attach_input(std::move(input));
   session.set_digest_interval(options.digest_interval);
 
@@ -644,7 +703,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     c->set_cmdline(config.cmdline);
     c->set_vcpus(1);
     c->set_backend(config.backend);
-    c->set_progress_mode(std::string(progress_mode_name(options.progress)));
+    c->set_progress_mode(std::string(progress_mode_name(progress.mode)));
+    if (progress.mode == ProgressMode::kExact) c->set_progress_counter(session.counter_description());
     c->set_serial_input(!options.serial_in.empty());
     for (const auto& m : options.load.modules) c->add_module_args(m.args);
     c->set_rdtsc_trapped(config.backend == "interp");
@@ -726,11 +786,11 @@ int replay_trace(const ReplayOptions& options) {
                          fmt::format("{} was recorded with device model v{}; this deja implements v{}",
                                      options.trace_path, header.device_model_version(), kDeviceModelVersion)});
   }
-  ProgressMode progress;
+  ProgressChoice progress;
   if (rc.progress_mode() == "exact") {
-    progress = ProgressMode::kExact;
+    progress.mode = ProgressMode::kExact;
   } else if (rc.progress_mode() == "exit-sync") {
-    progress = ProgressMode::kExitSync;
+    progress.mode = ProgressMode::kExitSync;
   } else {
     return report_error({ErrorKind::kUnsupported, fmt::format("{} uses progress mode '{}', which this deja cannot replay",
                                                               options.trace_path, rc.progress_mode())});
@@ -745,12 +805,31 @@ int replay_trace(const ReplayOptions& options) {
       backend = "interp";
     }
   }
-  if (backend == "kvm" && progress == ProgressMode::kExact) {
-    return report_error({ErrorKind::kUnsupported,
-                         fmt::format("{} places interrupts at exact instruction coordinates (recorded on {} in exact "
-                                     "mode); the KVM backend cannot reach them without a PMU: replay with --backend "
-                                     "interp, or record with --progress exit-sync",
-                                     options.trace_path, rc.backend())});
+  if (!options.progress.empty()) {
+    auto choice = parse_progress(options.progress);
+    if (!choice) return report_error(choice.error());
+    if (choice->mode != ProgressMode::kExact || progress.mode != ProgressMode::kExact) {
+      return report_error({ErrorKind::kInvalidArgument,
+                           fmt::format("--progress {}: {} was recorded in {} mode; replay can only choose the counter "
+                                       "of an exact-mode trace (exact or emulated-pmu:SKID)",
+                                       options.progress, options.trace_path, rc.progress_mode())});
+    }
+    progress = *choice;
+  } else if (backend == "interp" && rc.progress_counter().starts_with("emulated-pmu:")) {
+    // Replay a trace recorded with an emulated PMU the same way, so that its skid handling is exercised.
+    auto choice = parse_progress(rc.progress_counter());
+    if (choice) progress = *choice;
+  }
+  if (backend == "kvm" && progress.mode == ProgressMode::kExact) {
+    PmuSelftest pmu = run_pmu_selftest();
+    if (!pmu.usable()) {
+      return report_error({ErrorKind::kUnsupported,
+                           fmt::format("{} places interrupts at exact instruction coordinates (recorded with the {} "
+                                       "counter); KVM on this host cannot reach them: {}; replay with --backend interp",
+                                       options.trace_path, rc.progress_counter().empty() ? rc.backend()
+                                                                                         : rc.progress_counter(),
+                                       pmu.first_failure())});
+    }
   }
 
   const trace::InputFile* image_entry = nullptr;
@@ -795,11 +874,12 @@ int replay_trace(const ReplayOptions& options) {
   config.device_semantics = rc.device_semantics();
   if (!options.test_device_semantics.empty()) config.device_semantics = options.test_device_semantics;
 
-  Session session(Mode::kReplay, progress);
+  Session session(Mode::kReplay, progress.mode);
   if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules);
       !built) {
     return report_error(built.error());
   }
+  if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
   session.engine().attach_reader(std::move(*reader));
   Engine& engine = session.engine();
 
@@ -869,6 +949,40 @@ int replay_trace(const ReplayOptions& options) {
   return outcome->status;
 }
 
+
+Result<ProgressChoice> parse_progress(const std::string& spec) {
+  ProgressChoice c;
+  if (spec == "exact") return c;
+  if (spec == "exit-sync") {
+    c.mode = ProgressMode::kExitSync;
+    return c;
+  }
+  constexpr std::string_view kEmulated = "emulated-pmu:";
+  if (spec.starts_with(kEmulated)) {
+    std::string rest = spec.substr(kEmulated.size());
+    std::string skid_text = rest.substr(0, rest.find(':'));
+    auto number = [&](const std::string& text, const char* what) -> Result<uint64_t> {
+      uint64_t v = 0;
+      auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+        return fail(ErrorKind::kInvalidArgument, "--progress {}: the {} '{}' is not a non-negative integer", spec,
+                    what, text);
+      }
+      return v;
+    };
+    auto skid = number(skid_text, "skid");
+    if (!skid) return std::unexpected(skid.error());
+    c.emulated_skid = *skid;
+    if (rest.find(':') != std::string::npos) {
+      auto seed = number(rest.substr(rest.find(':') + 1), "seed");
+      if (!seed) return std::unexpected(seed.error());
+      c.emulated_seed = *seed;
+    }
+    return c;
+  }
+  return fail(ErrorKind::kInvalidArgument,
+              "--progress '{}' is not one of exact, exit-sync, emulated-pmu:SKID or emulated-pmu:SKID:SEED", spec);
+}
 
 int run_guest(const SessionOptions& options) { return run_or_record(options, Mode::kRun); }
 int record_guest(const SessionOptions& options) { return run_or_record(options, Mode::kRecord); }

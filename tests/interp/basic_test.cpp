@@ -1,4 +1,4 @@
-// Interp backend: instruction execution, exits, progress counting, stop coordinates and the decode cache.
+// Interp backend: instruction execution, exits, progress counting and the decode cache.
 #include <gtest/gtest.h>
 
 #include "tests/interp/interp_test_util.h"
@@ -83,38 +83,6 @@ TEST(InterpBasic, ConditionalBranchKindsCount) {
     ASSERT_EQ(vm.run().kind, ExitKind::kHlt) << c.name;
     EXPECT_EQ(*vm.cpu->branch_count(), c.branches) << c.name;
   }
-}
-
-TEST(InterpBasic, RepMovsStopsMidwayAndResumes) {
-  TestVm vm = TestVm::long_mode();
-  std::vector<uint8_t> source(100);
-  for (size_t i = 0; i < source.size(); ++i) source[i] = uint8_t(i + 1);
-  vm.load(0x200000, source);
-  vm.code(R"(
-    mov rsi, 0x200000
-    mov rdi, 0x300000
-    mov ecx, 100
-    cld
-    rep movsb
-    hlt
-  )");
-  auto rep_rip = kCode + 5 + 5 + 5 + 1 + 2;  // mov rsi/rdi imm32 (7 bytes each with REX.W)
-  rep_rip = kCode + 7 + 7 + 5 + 1;
-  ASSERT_TRUE(vm.cpu->set_stop(Coordinate{0, 0, rep_rip, 60}).has_value());
-  VcpuExit exit = vm.run();
-  ASSERT_EQ(exit.kind, ExitKind::kCoordinateReached);
-  CpuState s = vm.state();
-  EXPECT_EQ(s.rip, rep_rip);
-  EXPECT_EQ(s.gpr[kRcx], 60u);
-  EXPECT_EQ(s.gpr[kRsi], 0x200000u + 40);
-  EXPECT_EQ(vm.read64(0x300000 + 32) & 0xff, 33u);
-  EXPECT_EQ(vm.read64(0x300000 + 40), 0u);  // not copied yet
-  EXPECT_EQ(*vm.cpu->instruction_count(), 4u);  // the REP has not retired
-  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
-  s = vm.state();
-  EXPECT_EQ(s.gpr[kRcx], 0u);
-  EXPECT_EQ(vm.read64(0x300000 + 96) & 0xffffffff, 0x64636261u);
-  EXPECT_EQ(*vm.cpu->instruction_count(), 6u);
 }
 
 TEST(InterpBasic, SelfModifyingCodeInSamePage) {

@@ -1,0 +1,96 @@
+// CoordinateSeeker: skid-early overflow, then breakpoints and single steps, to the exact coordinate.
+#include "vmm/coordinate_seeker.h"
+
+#include <fmt/format.h>
+
+#include "vmm/digest.h"
+
+namespace deja {
+
+Result<> CoordinateSeeker::apply(const DebugControl& control) {
+  if (control == debug_) return {};
+  if (auto r = cpu_.set_debug(control); !r) return r;
+  debug_ = control;
+  return {};
+}
+
+VcpuExit* CoordinateSeeker::own_exit(ExitKind kind, std::string detail) {
+  exit_ = VcpuExit{};
+  exit_.kind = kind;
+  exit_.detail = std::move(detail);
+  return &exit_;
+}
+
+Result<VcpuExit*> CoordinateSeeker::run() {
+  for (;;) {
+    if (!target_) {
+      if (auto r = apply(DebugControl{}); !r) return std::unexpected(r.error());
+      if (armed_) counter_.disarm();
+      armed_ = false;
+      return cpu_.run();
+    }
+    const Coordinate& want = target_->at;
+    auto state = cpu_.get_state();
+    if (!state) return std::unexpected(state.error());
+    exit_ = VcpuExit{};
+    const uint64_t count = counter_.read();
+    if (count == want.branches && state->rip == want.rip && state->gpr[kRcx] == want.rcx &&
+        (!target_->gpr_digest || gpr_digest(*state) == *target_->gpr_digest)) {
+      target_.reset();
+      ++stats_.reached;
+      if (auto r = apply(DebugControl{}); !r) return std::unexpected(r.error());
+      counter_.disarm();
+      armed_ = false;
+      VcpuExit* e = own_exit(ExitKind::kCoordinateReached);
+      e->rip = state->rip;
+      return e;
+    }
+    if (count > want.branches) {
+      std::string detail =
+          fmt::format("the {} counter reads {} conditional branches at rip {:#x}, past the target {} at rip {:#x} "
+                      "rcx {:#x} (skid bound {})",
+                      counter_.describe(), count, state->rip, want.branches, want.rip, want.rcx, counter_.skid());
+      target_.reset();
+      if (auto r = apply(DebugControl{}); !r) return std::unexpected(r.error());
+      counter_.disarm();
+      armed_ = false;
+      return own_exit(ExitKind::kCoordinateMissed, std::move(detail));
+    }
+
+    DebugControl control;
+    uint64_t arm_at;
+    if (want.branches - count > counter_.skid()) {
+      // Far away: run freely until the counter is within its skid of the target.
+      arm_at = want.branches - counter_.skid();
+    } else {
+      // Close: an overflow one branch past the target says the guest went by it.
+      arm_at = want.branches + 1;
+      if (state->rip == want.rip) {
+        // At the target RIP but not the target: step past this visit (a breakpoint would stop here
+        // again at once), one REP iteration or one instruction at a time.
+        control.single_step = true;
+      } else {
+        const bool code64 = (state->efer & efer::kLma) && state->cs.l;
+        control.breakpoint = code64 ? want.rip : (state->cs.base + want.rip) & 0xffffffffu;
+      }
+    }
+    if (auto r = counter_.arm(arm_at); !r) return std::unexpected(r.error());
+    armed_ = true;
+    if (auto r = apply(control); !r) return std::unexpected(r.error());
+
+    auto exit = cpu_.run();
+    if (!exit) return exit;
+    switch ((*exit)->kind) {
+      case ExitKind::kDebug:
+        ++(control.single_step ? stats_.single_steps : stats_.breakpoint_hits);
+        continue;
+      case ExitKind::kKicked:
+        ++stats_.overflows;
+        return exit;
+      default:
+        return exit;
+    }
+  }
+}
+
+}  // namespace deja
