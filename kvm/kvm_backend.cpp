@@ -499,13 +499,15 @@ Result<> KvmBackend::setup_msr_filter() {
 
 Result<> KvmBackend::prepare_kick_signal() {
   // Install a no-op handler only where nobody else handles the signal: its default action would kill us.
-  struct sigaction current {};
-  ::sigaction(kKickSignal, nullptr, &current);
-  if (current.sa_handler == SIG_DFL) {
-    struct sigaction action {};
-    action.sa_handler = ignore_kick_signal;
-    sigemptyset(&action.sa_mask);
-    ::sigaction(kKickSignal, &action, nullptr);
+  for (int signal : {kKickSignal, pmu_overflow_signal()}) {
+    struct sigaction current {};
+    ::sigaction(signal, nullptr, &current);
+    if (current.sa_handler == SIG_DFL) {
+      struct sigaction action {};
+      action.sa_handler = ignore_kick_signal;
+      sigemptyset(&action.sa_mask);
+      ::sigaction(signal, &action, nullptr);
+    }
   }
   // The PMU overflow signal follows the same discipline, so an overflow that lands outside KVM_RUN stops
   // the next KVM_RUN instead of being lost (kvm/perf_counter.h).

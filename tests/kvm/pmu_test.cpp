@@ -264,6 +264,15 @@ TEST_F(PerfErrors, AsksForGuestOnlyPinnedEventsOnThisThread) {
   EXPECT_EQ(FakePerf::attrs[1].disabled, 1u) << "the overflow event waits for arm()";
 }
 
+TEST_F(PerfErrors, IoctlFailuresNameTheRequest) {
+  // Both events "open" (as /dev/null), but the overflow event then refuses PERF_EVENT_IOC_PERIOD.
+  std::string message = open_error({0, 0}, skylake_);
+  EXPECT_TRUE(contains(message, "PERF_EVENT_IOC_PERIOD")) << message;
+  EXPECT_TRUE(contains(message, "Intel Skylake")) << message;
+  EXPECT_TRUE(contains(message, std::strerror(ENOTTY))) << message;
+  for (int fd : FakePerf::opened) EXPECT_EQ(::fcntl(fd, F_GETFD), -1) << "fd " << fd << " leaked";
+}
+
 TEST_F(PerfErrors, HybridIntelUsesTheCoreAndWarns) {
   write(host_.event_source_dir + "/cpu_core/type", "8\n");
   PmuModel alderlake = model_of("GenuineIntel", 6, 0x97);
