@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -38,8 +40,16 @@ struct CalibrationRun {
 Result<CalibrationRun> run_calibration_guest(Backend& cpu, GuestMemory& memory, const CalibrationGuest& guest,
                                              std::optional<uint64_t> arm_at = std::nullopt);
 
-// run_pmu_selftest() with the perf syscall and files of `host` (tests make them fail on purpose).
-PmuSelftest run_pmu_selftest_with(const PerfHost& host);
+// What the self-test runs on; every empty member means the real thing. Tests substitute the perf syscall
+// (to make it fail on purpose) or the whole vCPU and counter (the software CPU with an emulated PMU) to
+// exercise the calibration checks on machines without a PMU.
+struct SelftestHost {
+  PerfHost perf;
+  std::function<CpuIdentity()> identify;                                    // host_cpu_identity
+  std::function<Result<std::unique_ptr<Backend>>(GuestMemory&)> make_vcpu;  // make_kvm_backend
+  std::function<Result<>(Backend&, const PmuModel&)> attach;                // attach_pmu_counter_with(perf)
+};
+PmuSelftest run_pmu_selftest_with(const SelftestHost& host);
 // attach_pmu_counter() with an explicit table row and perf host.
 Result<> attach_pmu_counter_with(Backend& kvm_backend, const PmuModel& model, const PerfHost& host);
 

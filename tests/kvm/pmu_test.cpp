@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "interp/interp_backend.h"
+#include "kvm/kvm_backend.h"
 #include "kvm/perf_counter.h"
 #include "kvm/pmu.h"
 #include "kvm/pmu_selftest.h"
@@ -163,7 +164,8 @@ TEST(PmuTable, HostDetectionAgreesWithProcCpuinfo) {
 struct FakePerf {
   static inline std::vector<perf_event_attr> attrs;
   static inline std::vector<std::pair<pid_t, int>> targets;
-  static inline std::vector<int> answers;  // >= 0: open /dev/null as the fd; < 0: fail with -answer as errno
+  // 0: /dev/null as the fd; 1 / 2: a pipe that reads as counts 0 then 5 / 3 then 3; < 0: fail with errno -answer.
+  static inline std::vector<int> answers;
   static inline std::vector<int> opened;
   static int open(perf_event_attr* attr, pid_t pid, int cpu, int, unsigned long) {
     attrs.push_back(*attr);
@@ -174,7 +176,17 @@ struct FakePerf {
       errno = -answer;
       return -1;
     }
-    int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int fd = -1;
+    if (answer == 0) {
+      fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    } else {
+      int ends[2];
+      if (::pipe2(ends, O_CLOEXEC) != 0) return -1;
+      const uint64_t counts[2] = {answer == 1 ? 0u : 3u, answer == 1 ? 5u : 3u};
+      if (::write(ends[1], counts, sizeof(counts)) != sizeof(counts)) return -1;
+      ::close(ends[1]);
+      fd = ends[0];
+    }
     opened.push_back(fd);
     return fd;
   }
@@ -395,6 +407,170 @@ TEST(CalibrationGuest, ArmedCounterStopsWithinItsSkid) {
   ASSERT_TRUE(run->branches.has_value());
   EXPECT_GE(*run->branches, 5'000u);
   EXPECT_LE(*run->branches, 5'050u);
+}
+
+// The software CPU behind a progress counter that misbehaves the way a bad PMU or kernel could, so the
+// self-test's calibration checks can be seen to catch each fault (no machine here has a real PMU).
+enum class Fault { kNone, kCountsHostWork, kDrifts, kStopsEarly };
+
+class FaultyVcpu final : public Backend, public ProgressCounter, public KvmVcpu {
+ public:
+  FaultyVcpu(std::unique_ptr<Backend> inner, Fault fault) : inner_(std::move(inner)), fault_(fault) {}
+  std::string_view name() const override { return "faulty"; }
+  Result<VcpuExit*> run() override {
+    auto exit = inner_->run();
+    if (exit && (*exit)->kind == ExitKind::kIoOut) {
+      if (fault_ == Fault::kCountsHostWork) ++extra_;
+      extra_ += std::exchange(pending_drift_, 0);
+    }
+    return exit;
+  }
+  Result<CpuState> get_state() override { return inner_->get_state(); }
+  Result<> set_state(const CpuState& state) override {
+    // From the third calibration run on, 7 phantom branches appear during the run.
+    if (fault_ == Fault::kDrifts && ++loads_ >= 3) pending_drift_ = 7;
+    return inner_->set_state(state);
+  }
+  bool can_inject_interrupt() override { return inner_->can_inject_interrupt(); }
+  Result<> inject_interrupt(uint8_t vector) override { return inner_->inject_interrupt(vector); }
+  void request_interrupt_window(bool enable) override { inner_->request_interrupt_window(enable); }
+  void kick() override { inner_->kick(); }
+  ProgressCounter* progress_counter() override { return this; }
+  // Posing as a KVM vCPU lets the real attach path (PerfCounter::open with a scripted perf) run against it.
+  volatile uint8_t* immediate_exit_flag() override { return &immediate_exit_; }
+  void adopt_progress_counter(std::unique_ptr<ProgressCounter> counter) override { adopted_ = std::move(counter); }
+  std::optional<uint64_t> instruction_count() const override { return inner_->instruction_count(); }
+  Result<> set_debug(const DebugControl& control) override { return inner_->set_debug(control); }
+
+  std::string describe() const override { return "faulty " + inner_->progress_counter()->describe(); }
+  uint64_t read() override { return inner_->progress_counter()->read() + extra_; }
+  Result<> arm(uint64_t at) override {
+    uint64_t early = fault_ == Fault::kStopsEarly ? skid() + 10 : 0;
+    return inner_->progress_counter()->arm(at - extra_ - early);
+  }
+  void disarm() override { inner_->progress_counter()->disarm(); }
+  uint64_t skid() const override { return inner_->progress_counter()->skid(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  Fault fault_;
+  uint64_t extra_ = 0;
+  uint64_t pending_drift_ = 0;
+  int loads_ = 0;
+  uint8_t immediate_exit_ = 0;
+  std::unique_ptr<ProgressCounter> adopted_;
+};
+
+// The whole self-test with the software CPU standing in for KVM and an emulated PMU (skid 100) for perf.
+PmuSelftest selftest_on_emulated_pmu(Fault fault) {
+  SelftestHost host;
+  host.identify = [] { return CpuIdentity{.vendor = "GenuineIntel", .family = 6, .model = 0x5e}; };
+  host.make_vcpu = [fault](GuestMemory& memory) -> Result<std::unique_ptr<Backend>> {
+    auto cpu = make_interp_backend(memory, CpuModel::current());
+    if (!cpu) return std::unexpected(cpu.error());
+    dynamic_cast<InterpBackend&>(**cpu).emulate_pmu_skid(100, 42);
+    return std::unique_ptr<Backend>(new FaultyVcpu(std::move(*cpu), fault));
+  };
+  host.attach = [](Backend&, const PmuModel&) -> Result<> { return {}; };
+  return run_pmu_selftest_with(host);
+}
+
+TEST(PmuSelftestChecks, PassOnAWellBehavedCounter) {
+  PmuSelftest result = selftest_on_emulated_pmu(Fault::kNone);
+  EXPECT_TRUE(result.usable()) << result.first_failure();
+  std::vector<std::string> names;
+  for (const auto& c : result.checks) names.push_back(c.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"/dev/kvm usable", "CPU microarchitecture", "counter opens",
+                                             "counts guest only", "deterministic", "overflow within skid"}));
+  EXPECT_TRUE(result.counter.starts_with("faulty ")) << result.counter;
+  EXPECT_TRUE(contains(result.checks[1].detail, "Intel Skylake (GenuineIntel family 0x6 model 0x5e")) << result.checks[1].detail;
+  EXPECT_TRUE(contains(result.checks[3].detail, "KVM counted 100000, software CPU 100000")) << result.checks[3].detail;
+  EXPECT_TRUE(contains(result.checks[5].detail, "armed at 1000000 branches, stopped at 10")) << result.checks[5].detail;
+}
+
+TEST(PmuSelftestChecks, CatchHostWorkCounted) {
+  PmuSelftest result = selftest_on_emulated_pmu(Fault::kCountsHostWork);
+  EXPECT_FALSE(result.usable());
+  EXPECT_TRUE(result.first_failure().starts_with("counts guest only: ")) << result.first_failure();
+  EXPECT_TRUE(contains(result.first_failure(), "counts host code")) << result.first_failure();
+}
+
+TEST(PmuSelftestChecks, CatchDriftBetweenRuns) {
+  PmuSelftest result = selftest_on_emulated_pmu(Fault::kDrifts);
+  EXPECT_FALSE(result.usable());
+  EXPECT_TRUE(result.first_failure().starts_with("deterministic: three runs of the same guest counted 80000, 80007 and 80007"))
+      << result.first_failure();
+  EXPECT_TRUE(result.checks.back().skipped);
+}
+
+TEST(PmuSelftestChecks, CatchAnEarlyOverflow) {
+  PmuSelftest result = selftest_on_emulated_pmu(Fault::kStopsEarly);
+  EXPECT_FALSE(result.usable());
+  EXPECT_TRUE(result.first_failure().starts_with("overflow within skid: ")) << result.first_failure();
+  EXPECT_TRUE(contains(result.first_failure(), "stopped EARLY")) << result.first_failure();
+}
+
+TEST(PmuSelftestChecks, ReportAnAttachFailureAtCounterOpens) {
+  SelftestHost host;
+  host.identify = [] { return CpuIdentity{.vendor = "GenuineIntel", .family = 6, .model = 0x5e}; };
+  host.make_vcpu = [](GuestMemory& memory) { return make_interp_backend(memory, CpuModel::current()); };
+  PmuSelftest result = run_pmu_selftest_with(host);
+  EXPECT_FALSE(result.usable());
+  EXPECT_TRUE(result.first_failure().starts_with("counter opens: ")) << result.first_failure();
+  EXPECT_TRUE(contains(result.first_failure(), "'interp'")) << result.first_failure();
+}
+
+// The real attach path against a vCPU posing as KVM, with perf_event_open scripted: the AMD SpecLockMap check
+// and the counter-open failure, each with the message a user acts on.
+PmuSelftest selftest_with_scripted_perf(CpuIdentity cpu, std::vector<int> script, const std::string& paranoid) {
+  static const std::string paranoid_path =
+      (std::filesystem::temp_directory_path() / ("deja-pmu-paranoid-" + std::to_string(::getpid()))).string();
+  std::ofstream(paranoid_path) << paranoid;
+  FakePerf::reset(std::move(script));
+  SelftestHost host;
+  host.perf.perf_event_open = FakePerf::open;
+  host.perf.paranoid_path = paranoid_path;
+  host.identify = [cpu] { return cpu; };
+  host.make_vcpu = [](GuestMemory& memory) -> Result<std::unique_ptr<Backend>> {
+    auto inner = make_interp_backend(memory, CpuModel::current());
+    if (!inner) return std::unexpected(inner.error());
+    return std::unique_ptr<Backend>(new FaultyVcpu(std::move(*inner), Fault::kNone));
+  };
+  PmuSelftest result = run_pmu_selftest_with(host);
+  std::filesystem::remove(paranoid_path);
+  return result;
+}
+
+TEST(PmuSelftestChecks, PermissionDeniedAtCounterOpensSaysWhatToSet) {
+  PmuSelftest result = selftest_with_scripted_perf({.vendor = "GenuineIntel", .family = 6, .model = 0x8f}, {-EACCES}, "2");
+  EXPECT_FALSE(result.usable());
+  const std::string failure = result.first_failure();
+  EXPECT_TRUE(failure.starts_with("counter opens: perf_event_open of the counting event for Intel SapphireRapid"))
+      << failure;
+  EXPECT_TRUE(contains(failure, " is 2; counting guest kernel code needs 1 or lower")) << failure;
+  EXPECT_TRUE(contains(failure, "CAP_PERFMON")) << failure;
+  EXPECT_TRUE(result.counter.empty());
+}
+
+TEST(PmuSelftestChecks, AmdSpecLockMapIsCheckedLikeRr) {
+  const CpuIdentity zen3{.vendor = "AuthenticAMD", .family = 0x19, .model = 0x21};
+  // Enabled: the lock-instruction counter moved (0 -> 5) across a locked add.
+  PmuSelftest enabled = selftest_with_scripted_perf(zen3, {1}, "1");
+  EXPECT_TRUE(enabled.first_failure().starts_with("AMD SpecLockMap off: a locked add counted 5 SpecLockMap commits"))
+      << enabled.first_failure();
+  EXPECT_TRUE(contains(enabled.first_failure(), "0xc0011020")) << enabled.first_failure();
+  EXPECT_EQ(FakePerf::attrs.at(0).config, 0x510825u);
+  EXPECT_EQ(FakePerf::attrs.at(0).exclude_guest, 1u) << "the check measures the host's own locked add";
+  // Disabled: the count stayed (3 -> 3); the self-test goes on to open the branch counter (which fails here).
+  PmuSelftest disabled = selftest_with_scripted_perf(zen3, {2, -ENOENT}, "1");
+  ASSERT_GE(disabled.checks.size(), 4u);
+  EXPECT_EQ(disabled.checks[2].name, "AMD SpecLockMap off");
+  EXPECT_TRUE(disabled.checks[2].passed) << disabled.checks[2].detail;
+  EXPECT_TRUE(disabled.first_failure().starts_with("counter opens: ")) << disabled.first_failure();
+  EXPECT_TRUE(contains(disabled.first_failure(), "AMD Zen 3 retired conditional branches (raw 0x5100d1")) << disabled.first_failure();
+  // Not measurable: the check passes and says so.
+  PmuSelftest unknown = selftest_with_scripted_perf(zen3, {-ENOENT, -ENOENT}, "1");
+  EXPECT_TRUE(contains(unknown.checks.at(2).detail, "could not be checked")) << unknown.checks.at(2).detail;
 }
 
 }  // namespace
