@@ -55,19 +55,26 @@ def spinning_guest_in_exit_sync_mode():
     print(f"spinning guest, exit-sync: stopped after {time.monotonic() - start:.1f} s and replays to the same stop")
 
 
-def threads_race_outcomes():
-    outcomes = {}
-    for i in range(20):
-        trace = os.path.join(TMP, f"race{i}.trace")
-        rec = record("threads-race", trace)
-        rep = deja("replay", trace)
-        if rep.returncode != 1 or rep.stdout != rec.stdout:
-            fail(f"threads-race recording {i} did not replay to its own outcome:\n{rec.stdout.decode()}\n"
-                 f"---\n{rep.stdout.decode()}\n{rep.stderr.decode(errors='replace')}")
-        outcomes[rec.stdout] = outcomes.get(rec.stdout, 0) + 1
-    print(f"threads-race: 20 recordings, {len(outcomes)} distinct outcomes, each replayed exactly")
-    if len(outcomes) < 2:
-        fail("threads-race gave the same outcome 20 times: interrupts are not landing at host-timed points")
+def progress_options():
+    """--progress values are checked, with messages naming the value."""
+    for args, words in [
+        (["record", "-o", os.path.join(TMP, "x.trace"), "--backend", "interp", "--progress", "sometimes"],
+         "'sometimes' is not one of"),
+        (["record", "-o", os.path.join(TMP, "x.trace"), "--backend", "interp", "--progress", "emulated-pmu:lots"],
+         "the skid 'lots' is not"),
+        (["run", "--backend", "interp", "--progress", "emulated-pmu:5:-1"], "the seed '-1' is not"),
+        (["run", "--backend", "kvm", "--progress", "emulated-pmu:5"], "add --backend interp"),
+    ]:
+        p = deja(*args, guest("hello"))
+        err = p.stderr.decode(errors="replace")
+        if p.returncode != 2 or words not in err:
+            fail(f"deja {' '.join(args)}: exit {p.returncode}, expected 2 and '{words}': {err}")
+    trace = os.path.join(TMP, "exact.trace")
+    record("hello", trace)
+    p = deja("replay", "--progress", "exit-sync", trace)
+    if p.returncode != 2 or "can only choose the counter" not in p.stderr.decode(errors="replace"):
+        fail(f"replay --progress exit-sync of an exact trace: exit {p.returncode}: {p.stderr.decode(errors='replace')}")
+    print("progress options: bad values refused with their names")
 
 
 def changed_image_refused():
@@ -193,7 +200,7 @@ def main():
         damaged_traces()
         killed_recording()
         spinning_guest_in_exit_sync_mode()
-        threads_race_outcomes()
+        progress_options()
     print("PASS")
 
 
