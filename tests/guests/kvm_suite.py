@@ -78,6 +78,45 @@ def expected_file(name, sources):
     return None
 
 
+def pmu_fallback(args):
+    """Without a usable PMU (as in the nested harness), KVM recording falls back to exit-synchronous delivery with a
+    one-line warning naming the failed self-test check, and an exact-mode trace is refused up front on KVM."""
+    image = os.path.join(args.guests, "hello.elf")
+    exact_trace = os.path.join(args.work, "hello.exact.trace")
+    if args.phase == "host-before":
+        step("pmu", "record on interp (exact)", [args.deja, "record", "-o", exact_trace, "--backend", "interp", image])
+        return
+    if args.phase != "nested":
+        return
+    selftest = step("pmu", "selftest reports the PMU unusable", [args.deja, "selftest"], expect_status=10)
+    trace = os.path.join(args.work, "hello.fallback.trace")
+    rec = step("pmu", "record on kvm falls back to exit-sync", [args.deja, "record", "-o", trace, "--backend", "kvm",
+                                                                 image])
+    checks = []
+    if rec is not None:
+        err = rec.stderr.decode(errors="replace")
+        warnings = [l for l in err.splitlines() if "warning: no precise interrupt timing on this host (" in l]
+        checks.append((len(warnings) == 1, f"one fallback warning naming the failed check, got: {err}"))
+        failed = [l.split()[0] for l in selftest.stdout.decode().splitlines() if "FAILED" in l] if selftest else []
+        checks.append((bool(failed) and any(f in warnings[0] for f in failed) if warnings else False,
+                       f"the warning names the self-test's failed check {failed}"))
+        header = subprocess.run([args.deja, "inspect", "--json", trace], stdout=subprocess.PIPE).stdout.decode()
+        checks.append(('"progress_mode":"exit-sync"' in header, f"the trace header says exit-sync: {header[:400]}"))
+    for ok, why in checks:
+        print(f"{'ok  ' if ok else 'FAIL'} pmu           {why.split(',')[0][:60]}")
+        if not ok:
+            print(f"     {why}")
+        results.append(ok)
+    refused = step("pmu", "exact trace refused on kvm", [args.deja, "replay", "--backend", "kvm", exact_trace],
+                   expect_status=2)
+    reason = refused.stderr.decode(errors="replace") if refused else ""
+    ok = "KVM on this host cannot reach them" in reason and "--backend interp" in reason
+    print(f"{'ok  ' if ok else 'FAIL'} pmu           refusal names the reason and the way out")
+    if not ok:
+        print(f"     {reason}")
+    results.append(ok)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--phase", choices=["host-before", "nested", "host-after"], required=True)
@@ -91,6 +130,7 @@ def main():
     digests_path = os.path.join(args.work, f"digests-{args.phase}.json")
     digests = {}
 
+    pmu_fallback(args)
     for name in args.names:
         image = os.path.join(args.guests, name + ".elf")
         opts = guest_options(name, args.sources)
