@@ -157,6 +157,22 @@ TEST(Seeker, ReportsATargetTheGuestNeverReaches) {
   }
 }
 
+TEST(Seeker, NoticesAnUnreachableRipWithinTheSkidOfTheTargetCount) {
+  // The target RIP is never executed, so no breakpoint hit can show the overshoot: the counter armed
+  // just past the target must, long before the loop ends.
+  const std::vector<uint8_t> loop = assemble("mov ecx, 1000000\n 1: dec ecx\n jnz 1b\n hlt\n", kCode);
+  for (uint64_t skid : {0u, 5u, 500u}) {
+    TestVm vm = TestVm::long_mode();
+    vm.load(kCode, loop);
+    vm.cpu->emulate_pmu_skid(skid, 3);
+    CoordinateSeeker seeker(*vm.cpu, *vm.cpu->progress_counter());
+    seeker.set_target(SeekTarget{Coordinate{0, 1000, kCode + 0x800, 0}, std::nullopt});
+    VcpuExit exit = seek(seeker);
+    ASSERT_EQ(exit.kind, ExitKind::kCoordinateMissed) << "skid " << skid;
+    EXPECT_LE(*vm.cpu->branch_count(), 1000u + 1 + skid) << "skid " << skid;
+  }
+}
+
 TEST(Seeker, WithoutTargetRunsLikeTheBackend) {
   TestVm vm = program_vm();
   CoordinateSeeker seeker(*vm.cpu, *vm.cpu->progress_counter());
