@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
   verify->add_option("TRACE", verify_path, "trace file")->required();
 
   auto* selftest = app.add_subcommand(
-      "selftest", "check whether this host's PMU can give KVM exact interrupt timing (docs/pmu.md)");
+      "selftest", "check whether this host's PMU can give KVM exact interrupt timing (docs/pmu-hosts.md)");
 
   try {
     app.parse(argc, argv);
