@@ -9,11 +9,18 @@
 
 namespace deja {
 
+struct KvmOptions {
+  // Use the kvm-deja module's RDTSC (and RDTSCP/RDRAND/RDSEED) exits when the host has it (docs/kvm-deja.md).
+  // Replay sets this from the recording: a trace recorded without them must not meet trapped RDTSCs.
+  bool trap_rdtsc = true;
+};
+
 // Opens /dev/kvm and builds a VM whose RAM is `memory` (one slot at guest-physical 0) and whose one vCPU
 // answers CPUID exactly from `model`. Fails with kUnsupported, naming the missing piece, when this host
 // cannot run that model (no /dev/kvm, wrong API version, a missing capability or CPU feature).
 // `memory` must outlive the backend.
-Result<std::unique_ptr<Backend>> make_kvm_backend(GuestMemory& memory, const CpuModel& model);
+Result<std::unique_ptr<Backend>> make_kvm_backend(GuestMemory& memory, const CpuModel& model,
+                                                  const KvmOptions& options = {});
 
 // Guest-physical pages KVM reserves for itself (VMX real-mode TSS and identity page table; unused on
 // SVM but still registered). They sit just below the BIOS area at 4 GiB - 16 MiB, above the local APIC
