@@ -160,6 +160,10 @@ done
   for var in PATH HOME LANG LC_ALL TERM USER $(compgen -e | grep -E '^(DEJA_|GTEST_)' || true); do
     [[ -n "${!var+x}" ]] && printf 'export %s=%q\n' "$var" "${!var}"
   done
+  # --kvm-deja: where the loaded modules came from (tests reload them with scripts/kvm-deja-install.sh).
+  [[ -n "$deja_modules" ]] && printf 'export DEJA_KVM_DEJA_MODULES=%q\n' "$deja_modules"
+  # Tests that meet an imprecision of QEMU's software SVM (docs/kvm-deja.md) need to know they run under it.
+  echo "export DEJA_NESTED_TCG=1"
   printf 'cd %q || exit 125\n' "$cwd"
   printf 'exec'; printf ' %q' "$@"; printf '\n'
 } > "$outdir/command.sh"
