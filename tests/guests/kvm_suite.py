@@ -84,7 +84,7 @@ def trace_rdtsc(deja, trace):
     p = subprocess.run([deja, "inspect", "--events", trace], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     text = p.stdout.decode(errors="replace")
     trapped = re.search(r"rdtsc_trapped=(yes|no)", text)
-    values = [int(v, 16) for v in re.findall(r"rdtsc value=(0x[0-9a-f]+)", text)]
+    values = [int(v, 16) for v in re.findall(r"rdtsc cpu\d+ value=(0x[0-9a-f]+)", text)]
     return (trapped.group(1) == "yes" if trapped else None), values
 
 
