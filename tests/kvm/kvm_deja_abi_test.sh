@@ -22,9 +22,11 @@ expect_refusal() {  # label, expected message part, command...
   [[ $st != 0 && "$out" == *"$want"* ]] || fail "$label: status $st, output '$out' (expected a failure saying '$want')"
 }
 build="$root/scripts/kvm-deja-build.sh"
-expect_refusal "other kernel series" "for Linux 6.1" "$build" --kernel 5.10.0-30-amd64 --out "$(mktemp -d)"
-expect_refusal "missing headers" "install linux-headers-6.1.0-999-amd64" "$build" --kernel 6.1.0-999-amd64 --out "$(mktemp -d)"
-expect_refusal "bad kernel version" "MAJOR.MINOR" "$build" --kernel banana
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+expect_refusal "other kernel series" "for Linux 6.1" "$build" --kernel 5.10.0-30-amd64 --out "$scratch"
+expect_refusal "missing headers" "install linux-headers-6.1.0-999-amd64" "$build" --kernel 6.1.0-999-amd64 --out "$scratch"
+expect_refusal "bad kernel version" "MAJOR.MINOR" "$build" --kernel banana --out "$scratch"
 expect_refusal "install: unknown parameter" "unknown module parameter" "$root/scripts/kvm-deja-install.sh" -- deja_x=1
 
 [[ $failures == 0 ]] && echo "kvm-deja ABI header mirrored; build script refusals are clear"
