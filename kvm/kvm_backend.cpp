@@ -21,6 +21,8 @@
 
 #include <fmt/format.h>
 
+#include "kvm/kvm_deja.h"
+
 namespace deja {
 namespace {
 
@@ -195,10 +197,13 @@ class FileDescriptor {
 
 class KvmBackend final : public Backend, public KvmVcpu {
  public:
-  static Result<std::unique_ptr<Backend>> create(GuestMemory& memory, const CpuModel& model);
+  static Result<std::unique_ptr<Backend>> create(GuestMemory& memory, const CpuModel& model,
+                                                 const KvmOptions& options);
   ~KvmBackend() override;
 
   std::string_view name() const override { return "kvm"; }
+  bool traps_rdtsc() const override { return (deja_.mask & KVM_DEJA_RDTSC) != 0; }
+  std::string rdtsc_untrapped_reason() const override { return deja_.why_not; }
   Result<VcpuExit*> run() override;
   Result<CpuState> get_state() override;
   Result<> set_state(const CpuState& state) override;
@@ -215,7 +220,7 @@ class KvmBackend final : public Backend, public KvmVcpu {
 
  private:
   KvmBackend() = default;
-  Result<> setup(GuestMemory& memory, const CpuModel& model);
+  Result<> setup(GuestMemory& memory, const CpuModel& model, const KvmOptions& options);
   Result<> check_capabilities();
   Result<> setup_cpuid(const CpuModel& model);
   Result<> setup_msr_filter();
@@ -238,6 +243,7 @@ class KvmBackend final : public Backend, public KvmVcpu {
   size_t xsave_size_ = 0;  // 0: no XSAVE support, x87/SSE state goes through KVM_GET/SET_FPU
   bool xsave2_ = false;
   bool tsc_pinned_ = false;
+  kvm_deja::Enabled deja_;  // RDTSC/RDRAND exits of the kvm-deja module, when loaded (docs/kvm-deja.md)
 
   VcpuExit exit_;
   // A string or REP I/O exit is handed to the VMM one element at a time; this is where we are in it.
@@ -272,9 +278,10 @@ class KvmBackend final : public Backend, public KvmVcpu {
   uint64_t exit_serial_ = 0;
 };
 
-Result<std::unique_ptr<Backend>> KvmBackend::create(GuestMemory& memory, const CpuModel& model) {
+Result<std::unique_ptr<Backend>> KvmBackend::create(GuestMemory& memory, const CpuModel& model,
+                                                   const KvmOptions& options) {
   std::unique_ptr<KvmBackend> backend(new KvmBackend());
-  if (auto ok = backend->setup(memory, model); !ok) return std::unexpected(ok.error());
+  if (auto ok = backend->setup(memory, model, options); !ok) return std::unexpected(ok.error());
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
@@ -316,7 +323,7 @@ Result<> KvmBackend::check_capabilities() {
   return {};
 }
 
-Result<> KvmBackend::setup(GuestMemory& memory, const CpuModel& model) {
+Result<> KvmBackend::setup(GuestMemory& memory, const CpuModel& model, const KvmOptions& options) {
   int fd = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     int error = errno;
@@ -371,6 +378,10 @@ Result<> KvmBackend::setup(GuestMemory& memory, const CpuModel& model) {
     return fail(ErrorKind::kUnsupported, "enabling KVM_CAP_X86_USER_SPACE_MSR failed: {}", errno_text(errno));
   }
   if (auto ok = setup_msr_filter(); !ok) return ok;
+  // Before the vCPU exists: the module sets its intercepts when the vCPU is created.
+  auto deja = kvm_deja::enable(kvm_.get(), vm_.get(), options.trap_rdtsc);
+  if (!deja) return std::unexpected(deja.error());
+  deja_ = *deja;
 
   int vcpu = ::ioctl(vm_.get(), KVM_CREATE_VCPU, 0);
   if (vcpu < 0) return fail(ErrorKind::kHost, "KVM_CREATE_VCPU failed: {}", errno_text(errno));
@@ -568,6 +579,10 @@ void KvmBackend::complete_previous_exit() {
     case ExitKind::kMsrWrite:
       run_->msr.error = exit_.fault ? 1 : 0;
       break;
+    case ExitKind::kRdtsc:
+    case ExitKind::kRdrand:
+      kvm_deja::complete(run_->padding, exit_, tsc_aux_);
+      break;
     default:
       break;
   }
@@ -684,6 +699,12 @@ Result<VcpuExit*> KvmBackend::translate_exit() {
       needs_completion_ = true;
       return finish(read ? ExitKind::kMsrRead : ExitKind::kMsrWrite);
     }
+    case KVM_EXIT_DEJA:
+      exit_ = VcpuExit{};
+      exit_.rip = current_rip();
+      if (!kvm_deja::translate(run_->padding, exit_)) return stop_with_diagnostic(ExitKind::kFault, exit_.detail);
+      needs_completion_ = true;
+      return finish(exit_.kind);
     case KVM_EXIT_HLT:
       exit_ = VcpuExit{};
       // KVM has already stepped past the one-byte HLT; the exit names the instruction itself.
@@ -1016,8 +1037,9 @@ void KvmBackend::request_interrupt_window(bool enable) { run_->request_interrupt
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> make_kvm_backend(GuestMemory& memory, const CpuModel& model) {
-  return KvmBackend::create(memory, model);
+Result<std::unique_ptr<Backend>> make_kvm_backend(GuestMemory& memory, const CpuModel& model,
+                                                  const KvmOptions& options) {
+  return KvmBackend::create(memory, model, options);
 }
 
 }  // namespace deja

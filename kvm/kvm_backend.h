@@ -9,11 +9,18 @@
 
 namespace deja {
 
+struct KvmOptions {
+  // Use the kvm-deja module's RDTSC (and RDTSCP/RDRAND/RDSEED) exits when the host has it (docs/kvm-deja.md).
+  // Replay sets this from the recording: a trace recorded without them must not meet trapped RDTSCs.
+  bool trap_rdtsc = true;
+};
+
 // Opens /dev/kvm and builds a VM whose RAM is `memory` (one slot at guest-physical 0) and whose one vCPU
 // answers CPUID exactly from `model`. Fails with kUnsupported, naming the missing piece, when this host
 // cannot run that model (no /dev/kvm, wrong API version, a missing capability or CPU feature).
 // `memory` must outlive the backend.
-Result<std::unique_ptr<Backend>> make_kvm_backend(GuestMemory& memory, const CpuModel& model);
+Result<std::unique_ptr<Backend>> make_kvm_backend(GuestMemory& memory, const CpuModel& model,
+                                                  const KvmOptions& options = {});
 
 // The KVM-specific surface that attach_pmu_counter (kvm/pmu.cpp) needs from a backend made by
 // make_kvm_backend; other backends do not implement it, so a dynamic_cast tells them apart.

@@ -2,12 +2,14 @@
 # Runs one command with a real /dev/kvm inside a Linux guest of QEMU's software emulator (nested SVM), passing back its output and exit status.
 #
 # Usage: scripts/kvm-nested.sh [--timeout SECONDS] [--mem SIZE] [--share DIR]... [--direct-if-possible]
-#                              [--verbose] -- COMMAND [ARGS...]
+#                              [--kvm-deja [--kvm-deja-cache DIR]] [--verbose] -- COMMAND [ARGS...]
 #
 # The guest is the installed Debian kernel with a small busybox initramfs (cached) that loads the KVM
 # modules and then chroots into the host's root filesystem, shared read-only over 9p; the project tree
 # (this script's repository), the current directory and every --share DIR are shared writable at the
 # same absolute paths, so build/deja, build/tests/... and any output files work unchanged.
+# --kvm-deja loads the kvm-deja modules (kvm-deja/patches, built on this host for the guest kernel by
+# scripts/kvm-deja-build.sh, cached in --kvm-deja-cache DIR) instead of the stock kvm.ko / kvm-amd.ko.
 # Exit status: COMMAND's status; 124 on timeout; 125 when the nested environment itself fails.
 set -euo pipefail
 
@@ -17,6 +19,8 @@ timeout_s=600
 mem=2G
 direct=0
 verbose=0
+kvm_deja=0
+kvm_deja_cache=""
 shares=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -25,15 +29,18 @@ while [[ $# -gt 0 ]]; do
     --share) shares+=("$(realpath "$2")"); shift 2 ;;
     --direct-if-possible) direct=1; shift ;;
     --verbose) verbose=1; shift ;;
+    --kvm-deja) kvm_deja=1; shift ;;
+    --kvm-deja-cache) kvm_deja_cache="$2"; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "kvm-nested: unknown option '$1' (the command goes after --)" >&2; exit 2 ;;
   esac
 done
 [[ $# -gt 0 ]] || { echo "kvm-nested: no command given (usage: $0 [options] -- COMMAND...)" >&2; exit 2; }
 [[ "$timeout_s" =~ ^[0-9]+$ ]] || { echo "kvm-nested: --timeout '$timeout_s' is not a number of seconds" >&2; exit 2; }
 
-if [[ $direct == 1 && -c /dev/kvm && -r /dev/kvm && -w /dev/kvm ]]; then
+# A host /dev/kvm runs whatever kvm module the host has loaded; --kvm-deja needs the guest to load ours.
+if [[ $direct == 1 && $kvm_deja == 0 && -c /dev/kvm && -r /dev/kvm && -w /dev/kvm ]]; then
   exec "$@"
 fi
 
@@ -61,11 +68,22 @@ if ldd "$busybox" >/dev/null 2>&1; then die_env "$busybox is dynamically linked;
 command -v qemu-system-x86_64 >/dev/null || die_env "qemu-system-x86_64 not found (install qemu-system-x86)"
 command -v cpio >/dev/null || die_env "cpio not found"
 
+# --- kvm-deja: build (or reuse) the patched modules for the guest kernel, on this host (TCG would take ages).
+deja_modules=""
+if [[ $kvm_deja == 1 ]]; then
+  build_args=(--kernel "$kversion")
+  [[ -n "$kvm_deja_cache" ]] && build_args+=(--out "$kvm_deja_cache")
+  deja_modules="$("$script_dir/kvm-deja-build.sh" "${build_args[@]}" | tail -1)" ||
+    die_env "building the kvm-deja modules for kernel $kversion failed (see above)"
+  [[ -f "$deja_modules/kvm.ko" && -f "$deja_modules/kvm-amd.ko" ]] || die_env "no kvm-deja modules in '$deja_modules'"
+fi
+
 # --- the initramfs, cached by a hash of everything that goes into it.
 cache_root="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/deja"
 wanted_modules=(kvm-amd kvm-intel virtio_pci 9pnet_virtio 9p)
 key="$( { cat "$0" "$script_dir/nested/init.sh"; echo "$kernel $kversion ${wanted_modules[*]}";
-          sha256sum "$busybox" "$moddir/modules.dep"; } | sha256sum | cut -c1-16)"
+          sha256sum "$busybox" "$moddir/modules.dep";
+          if [[ -n "$deja_modules" ]]; then sha256sum "$deja_modules"/*.ko; fi; } | sha256sum | cut -c1-16)"
 initrd="$cache_root/nested-initrd-$key.cpio.gz"
 
 resolve_modules() {  # prints module paths (relative to $moddir), dependencies first, each once
@@ -102,6 +120,13 @@ if [[ ! -s "$initrd" ]]; then
   : > "$staging/modules.order"
   for path in $module_list; do
     name="$(basename "$path")"
+    stem="${name%%.ko*}"
+    if [[ -n "$deja_modules" && -f "$deja_modules/$stem.ko" ]]; then
+      # The kvm-deja build of kvm / kvm-amd / kvm-intel replaces the stock module of the same name.
+      cp "$deja_modules/$stem.ko" "$staging/lib/modules/$stem.ko"
+      echo "$stem.ko" >> "$staging/modules.order"
+      continue
+    fi
     case "$name" in
       *.ko.xz) xz -dc "$moddir/$path" > "$staging/lib/modules/${name%.xz}"; name="${name%.xz}" ;;
       *.ko.zst) zstd -qdc "$moddir/$path" > "$staging/lib/modules/${name%.zst}"; name="${name%.zst}" ;;
@@ -135,6 +160,10 @@ done
   for var in PATH HOME LANG LC_ALL TERM USER $(compgen -e | grep -E '^(DEJA_|GTEST_)' || true); do
     [[ -n "${!var+x}" ]] && printf 'export %s=%q\n' "$var" "${!var}"
   done
+  # --kvm-deja: where the loaded modules came from (tests reload them with scripts/kvm-deja-install.sh).
+  [[ -n "$deja_modules" ]] && printf 'export DEJA_KVM_DEJA_MODULES=%q\n' "$deja_modules"
+  # Tests that meet an imprecision of QEMU's software SVM (docs/kvm-deja.md) need to know they run under it.
+  echo "export DEJA_NESTED_TCG=1"
   printf 'cd %q || exit 125\n' "$cwd"
   printf 'exec'; printf ' %q' "$@"; printf '\n'
 } > "$outdir/command.sh"
@@ -142,7 +171,7 @@ done
 qemu_args=(
   -accel tcg -cpu max -m "$mem" -smp 1
   -kernel "$kernel" -initrd "$initrd"
-  -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init mitigations=off tsc=reliable no_timer_check i8042.noaux i8042.nokbd deja.out=$outdir deja.shares=$(IFS=,; echo "${shares[*]}")"
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init mitigations=off tsc=reliable no_timer_check i8042.noaux i8042.nokbd deja.kvmdeja=$kvm_deja deja.out=$outdir deja.shares=$(IFS=,; echo "${shares[*]}")"
   -nodefaults -display none -monitor none -serial "file:$outdir/console.log" -no-reboot
   -virtfs "local,path=/,mount_tag=deja_root,security_model=none,readonly=on,multidevs=remap"
 )
@@ -172,6 +201,10 @@ fi
 if grep -q DEJA-NESTED-NO-KVM "$console" 2>/dev/null; then
   tail -n 20 "$console" >&2
   die_env "/dev/kvm did not appear in the nested guest (kernel $kversion)"
+fi
+if [[ $kvm_deja == 1 ]] && grep -q DEJA-NESTED-KVM-DEJA-MISSING "$console" 2>/dev/null; then
+  tail -n 20 "$console" >&2
+  die_env "--kvm-deja: the kvm-deja module did not load in the nested guest (kernel $kversion)"
 fi
 status="$(grep -a -o 'DEJA-NESTED-EXIT-STATUS=[0-9]*' "$console" 2>/dev/null | tail -1 | cut -d= -f2 || true)"
 if [[ -z "$status" ]]; then

@@ -12,27 +12,69 @@ PACKAGES=(
   binutils qemu-system-x86
   # the nested-KVM harness: a Debian kernel with its kvm modules, busybox, cpio, kmod, zstd/xz for modules
   linux-image-amd64 busybox-static cpio kmod xz-utils zstd
+  # kvm-deja (scripts/kvm-deja-build.sh): patch(1); the kernel headers and source are added below
+  patch
 )
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 missing=()
 for p in "${PACKAGES[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
+  installed "$p" || missing+=("$p")
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#PACKAGES[@]} packages are installed"
-  exit 0
-fi
-
 SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null; then SUDO=sudo; else
-    echo "setup: need root (or sudo) to install: ${missing[*]}" >&2
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
+need_root() {
+  if [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
+    echo "setup: need root (or sudo) to install: $*" >&2
     exit 1
   fi
+}
+updated=0
+apt_install() {  # package[=version]...
+  need_root "$@"
+  if [ $updated = 0 ]; then $SUDO apt-get update; updated=1; fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "$@"
+}
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  apt_install "${missing[@]}"
 fi
-echo "setup: installing ${missing[*]}"
-$SUDO apt-get update
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+
+# kvm-deja builds kvm.ko for the kernel the nested harness boots (scripts/kvm-nested.sh: the newest
+# /boot/vmlinuz-* with KVM modules), so it needs that kernel's headers and the Debian source of the same
+# package version. Both are derived from the installed image at run time: CI gets whatever linux-image-amd64
+# is current.
+kversion=""
+for candidate in $(ls -1 /boot/vmlinuz-* 2>/dev/null | sort -V -r); do
+  v="${candidate#/boot/vmlinuz-}"
+  if ls /usr/lib/modules/"$v"/kernel/arch/x86/kvm/kvm.ko* >/dev/null 2>&1; then kversion="$v"; break; fi
+done
+if [ -z "$kversion" ]; then
+  echo "setup: no /boot/vmlinuz-* with KVM modules: cannot pick kernel headers for kvm-deja" >&2
+  exit 1
+fi
+image_package="$(dpkg-query -S "/boot/vmlinuz-$kversion" 2>/dev/null | cut -d: -f1 | head -1)"
+image_version="$(dpkg-query -W -f='${Version}' "$image_package" 2>/dev/null || true)"
+series="$(echo "$kversion" | grep -oE '^[0-9]+\.[0-9]+')"
+kernel_packages=()
+installed "linux-headers-$kversion" || kernel_packages+=("linux-headers-$kversion${image_version:+=$image_version}")
+source_version="$(dpkg-query -W -f='${Version}' "linux-source-$series" 2>/dev/null || true)"
+if ! installed "linux-source-$series"; then source_version=""; fi
+if [ -z "$source_version" ] || { [ -n "$image_version" ] && [ "$source_version" != "$image_version" ]; }; then
+  if [ $updated = 0 ]; then need_root "linux-source-$series"; $SUDO apt-get update; updated=1; fi
+  # Pin the source to the image's version when the archive still has it (security updates replace versions).
+  if [ -n "$image_version" ] && apt-cache madison "linux-source-$series" | awk '{print $3}' | grep -qx "$image_version"; then
+    kernel_packages+=("linux-source-$series=$image_version")
+  elif ! installed "linux-source-$series"; then
+    echo "setup: note: linux-source-$series $image_version is not in the archive; installing the newest" >&2
+    kernel_packages+=("linux-source-$series")
+  fi
+fi
+if [ ${#kernel_packages[@]} -gt 0 ]; then
+  echo "setup: installing ${kernel_packages[*]} (kvm-deja, kernel $kversion)"
+  apt_install "${kernel_packages[@]}"
+fi
+echo "setup: all packages are installed (kvm-deja builds for kernel $kversion)"

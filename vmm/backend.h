@@ -74,6 +74,12 @@ class Backend {
 
   virtual std::string_view name() const = 0;
 
+  // True when every RDTSC the guest executes comes back as a kRdtsc exit, so its value passes the engine
+  // (the software CPU; KVM with the kvm-deja module). Otherwise the guest reads a TSC deja never sees.
+  virtual bool traps_rdtsc() const { return true; }
+  // Why traps_rdtsc() is false, for messages.
+  virtual std::string rdtsc_untrapped_reason() const { return {}; }
+
   // Runs the vCPU until the next exit. The returned exit stays valid, and the VMM fills its
   // response fields (value / ok / fault), until the next run(). Errors are host failures only;
   // guest-caused stops are exits (kShutdown, kFault).

@@ -29,6 +29,8 @@ struct MachineConfig {
   int64_t rtc_epoch_unix_seconds = 0;
   // Test-only: perturbs a device's semantics so replay must report divergence (see tests).
   std::string device_semantics;
+  // KVM: use the kvm-deja module's RDTSC exits when present (replay: only if the recording used them).
+  bool trap_rdtsc = true;
 };
 
 class Machine {
@@ -72,6 +74,6 @@ class Machine {
 };
 
 // Creates the backend named `name` ("kvm" or "interp") over `memory`.
-Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory);
+Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, bool trap_rdtsc = true);
 
 }  // namespace deja

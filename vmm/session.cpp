@@ -707,7 +707,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     if (progress.mode == ProgressMode::kExact) c->set_progress_counter(session.counter_description());
     c->set_serial_input(!options.serial_in.empty());
     for (const auto& m : options.load.modules) c->add_module_args(m.args);
-    c->set_rdtsc_trapped(config.backend == "interp");
+    c->set_rdtsc_trapped(session.machine().backend().traps_rdtsc());
     c->set_tsc_hz(CpuModel::kTscHz);
     c->set_device_semantics(config.device_semantics);
     auto writer = TraceWriter::create(options.trace_path, header);
@@ -760,6 +760,27 @@ std::string find_input(const trace::Header& h, const std::string& role, const tr
   }
   *out = nullptr;
   return "";
+}
+
+// A recording whose RDTSC/RDRAND values are in the trace needs a backend that traps them, or the guest would
+// read live values where the recording has events: refuse before running (stock KVM, DEJA_KVM_DEJA=off).
+// Interp recordings always say "trapped", so the events are counted (a second pass over the trace, only on
+// this path): a trace of a guest that never read the TSC replays anywhere.
+Result<> check_rdtsc_replayable(const trace::Header& header, const Backend& backend, const std::string& path) {
+  if (!header.config().rdtsc_trapped() || backend.traps_rdtsc()) return {};
+  auto reader = TraceReader::open(path);
+  if (!reader) return std::unexpected(reader.error());
+  uint64_t trapped = 0;
+  while (true) {
+    auto event = (*reader)->next();
+    if (!event || !*event) break;  // damage is reported by the replay itself, at its place
+    if ((*event)->has_rdtsc() || (*event)->has_rdrand()) ++trapped;
+  }
+  if (trapped == 0) return {};
+  return fail(ErrorKind::kUnsupported,
+              "{} holds {} RDTSC/RDRAND values recorded on {}; the {} backend cannot hand them to the guest because "
+              "{}: replay with --backend interp, or on KVM with the kvm-deja module loaded (docs/kvm-deja.md)",
+              path, trapped, header.config().backend(), backend.name(), backend.rdtsc_untrapped_reason());
 }
 
 }  // namespace
@@ -873,11 +894,15 @@ int replay_trace(const ReplayOptions& options) {
   config.rtc_epoch_unix_seconds = header.start_unix_ns() / 1'000'000'000;
   config.device_semantics = rc.device_semantics();
   if (!options.test_device_semantics.empty()) config.device_semantics = options.test_device_semantics;
+  config.trap_rdtsc = rc.rdtsc_trapped();
 
   Session session(Mode::kReplay, progress.mode);
   if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules);
       !built) {
     return report_error(built.error());
+  }
+  if (auto ok = check_rdtsc_replayable(header, session.machine().backend(), options.trace_path); !ok) {
+    return report_error(ok.error());
   }
   if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
   session.engine().attach_reader(std::move(*reader));

@@ -55,6 +55,16 @@ if [ ! -c /dev/kvm ]; then
   echo "DEJA-NESTED-NO-KVM" > /dev/ttyS0
   reboot -f
 fi
+# --kvm-deja: the loaded kvm.ko must be the patched one (it has the deja_rdtsc parameter), or the run would
+# silently test stock KVM.
+if [ "$(arg kvmdeja)" = 1 ]; then
+  if [ ! -e /sys/module/kvm/parameters/deja_rdtsc ]; then
+    say "FAILED: kvm.ko has no deja_rdtsc parameter: the kvm-deja module is not loaded"
+    echo "DEJA-NESTED-KVM-DEJA-MISSING" > /dev/ttyS0
+    reboot -f
+  fi
+  echo "DEJA-NESTED-KVM-DEJA rdtsc=$(cat /sys/module/kvm/parameters/deja_rdtsc)" > /dev/ttyS0
+fi
 echo "DEJA-NESTED-KVM-READY uptime=$(cut -d' ' -f1 /proc/uptime)" > /dev/ttyS0
 
 chroot /host /bin/sh "$outdir/command.sh" < /dev/null > "/host$outdir/stdout" 2> "/host$outdir/stderr"

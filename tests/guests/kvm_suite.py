@@ -8,6 +8,10 @@ while the software-CPU steps run on the host, where they are not slowed down by 
              print KVM's final digests
   3. host:   replay the KVM traces on interp; compare the digests of guests that depend on no time or entropy
 Traces and results are exchanged through a work directory inside the build tree (shared with the nested guest).
+
+With --kvm-deja the nested guest runs the kvm-deja module (docs/kvm-deja.md): RDTSC exits to deja, so the
+TSC-dependent guests must record and replay exactly on KVM and across backends, and the checks of the stock
+behaviour run with DEJA_KVM_DEJA=off (deja then does not enable the module's exits).
 """
 import argparse
 import json
@@ -25,18 +29,25 @@ import guest_test  # noqa: E402  (check_expected)
 DETERMINISTIC = ["hello", "cpuid", "exceptions", "paging", "memory", "cpu-bound"]
 # Spins on a timer without I/O: a KVM recording without a PMU cannot deliver its interrupts (docs/kvm.md).
 NO_KVM_RECORD = {"timer"}
-# Prints RDTSC values: KVM cannot trap RDTSC, so replaying on KVM, or replaying a KVM trace on interp, must be
-# reported as divergence (exit status 6), never as a silently different replay.
+# Prints RDTSC values: stock KVM cannot trap RDTSC, so replaying a stock-KVM trace on KVM, or on interp, must be
+# reported as divergence (exit status 6), never as a silently different replay; a trace holding RDTSC values
+# (interp, or KVM with kvm-deja) is refused up front by stock KVM (exit status 2). With kvm-deja all of these
+# replay exactly.
 TSC_DEPENDENT = {"nondet"}
+DIVERGED, REFUSED = 6, 2
 
 results = []
 
 
-def step(name, label, cmd, expect_status=1, stdout_expected=None, stdin=subprocess.DEVNULL, timeout=900):
+def step(name, label, cmd, expect_status=1, stdout_expected=None, stdin=subprocess.DEVNULL, timeout=900,
+         env=None, stderr_expected=None):
     start = time.monotonic()
     try:
-        p = subprocess.run(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        p = subprocess.run(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                           env=None if env is None else {**os.environ, **env})
         ok, why = p.returncode == expect_status, f"exit status {p.returncode}, expected {expect_status}"
+        if ok and stderr_expected is not None and stderr_expected.encode() not in p.stderr:
+            ok, why = False, f"stderr does not say '{stderr_expected}'"
     except subprocess.TimeoutExpired:
         p, ok, why = None, False, f"timed out after {timeout}s"
     if ok and stdout_expected is not None:
@@ -59,6 +70,61 @@ def step(name, label, cmd, expect_status=1, stdout_expected=None, stdin=subproce
 def digest_of(p):
     m = p and re.search(rb"deja: digest ([0-9a-f]{32})", p.stderr)
     return m.group(1).decode() if m else None
+
+
+def check(name, label, ok, why=""):
+    print(f"{'ok  ' if ok else 'FAIL'} {name:<13} {label:<44}", flush=True)
+    if not ok:
+        print(f"     {why}")
+    results.append(ok)
+
+
+def trace_rdtsc(deja, trace):
+    """(rdtsc_trapped from the header, the RDTSC values recorded in the trace)."""
+    p = subprocess.run([deja, "inspect", "--events", trace], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    text = p.stdout.decode(errors="replace")
+    trapped = re.search(r"rdtsc_trapped=(yes|no)", text)
+    values = [int(v, 16) for v in re.findall(r"rdtsc cpu\d+ value=(0x[0-9a-f]+)", text)]
+    return (trapped.group(1) == "yes" if trapped else None), values
+
+
+def printed_rdtsc(stdout):
+    m = stdout and re.search(rb"rdtsc: first=(0x[0-9a-f]+) second=(0x[0-9a-f]+)", stdout)
+    return [int(m.group(1), 16), int(m.group(2), 16)] if m else None
+
+
+def kvm_deja_checks(args, name, image, opts, expected, kvm_trace):
+    """Nested, with the module: the TSC-dependent guest records and replays exactly on KVM, its RDTSC values are
+    in the trace and identical in the replay; with DEJA_KVM_DEJA=off deja behaves as on stock KVM."""
+    rec = step(name, "record on kvm (kvm-deja)", [args.deja, "record", "-o", kvm_trace, "--backend", "kvm", *opts,
+                                                  image], stdout_expected=expected)
+    if rec is None or rec.returncode != 1:
+        return
+    trapped, values = trace_rdtsc(args.deja, kvm_trace)
+    printed = printed_rdtsc(rec.stdout)
+    check(name, "kvm trace: rdtsc_trapped=yes", trapped is True, f"header says rdtsc_trapped={trapped}")
+    check(name, "kvm trace: the guest's RDTSCs are its events", printed is not None and values == printed,
+          f"guest printed {printed}, trace holds {values}")
+    rep = step(name, "replay kvm trace on kvm: exact", [args.deja, "replay", "--backend", "kvm", kvm_trace],
+               stdout_expected=rec.stdout)
+    check(name, "replay on kvm: identical RDTSC values", rep is not None and printed_rdtsc(rep.stdout) == printed,
+          f"recorded {printed}, replayed {rep and printed_rdtsc(rep.stdout)}")
+    # Without the module's exits (deja told not to use them): today's stock-KVM behaviour.
+    off = {"DEJA_KVM_DEJA": "off"}
+    step(name, "DEJA_KVM_DEJA=off: trapped trace refused", [args.deja, "replay", "--backend", "kvm", kvm_trace],
+         expect_status=REFUSED, env=off, stderr_expected="DEJA_KVM_DEJA=off")
+    stock_trace = kvm_trace.replace(".kvm.trace", ".kvm-untrapped.trace")
+    stock = step(name, "DEJA_KVM_DEJA=off: record on kvm", [args.deja, "record", "-o", stock_trace, "--backend", "kvm",
+                                                          *opts, image], stdout_expected=expected, env=off)
+    if stock is not None and stock.returncode == 1:
+        trapped, values = trace_rdtsc(args.deja, stock_trace)
+        check(name, "untrapped trace: rdtsc_trapped=no, no values", trapped is False and values == [],
+              f"rdtsc_trapped={trapped}, {len(values)} RDTSC events")
+        step(name, "untrapped trace on kvm: divergence", [args.deja, "replay", "--backend", "kvm", stock_trace],
+             expect_status=DIVERGED, env=off)
+        # The module is loaded but the recording did not use it: deja must not enable the exits for it.
+        step(name, "untrapped trace, module loaded: divergence", [args.deja, "replay", "--backend", "kvm",
+                                                                  stock_trace], expect_status=DIVERGED)
 
 
 def guest_options(name, sources):
@@ -124,10 +190,12 @@ def main():
     ap.add_argument("--guests", required=True)
     ap.add_argument("--sources", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--kvm-deja", action="store_true", help="the nested guest runs the kvm-deja module")
     ap.add_argument("names", nargs="+")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     digests_path = os.path.join(args.work, f"digests-{args.phase}.json")
+    exact_tsc = args.kvm_deja  # TSC-dependent guests replay exactly across KVM and interp
     digests = {}
 
     pmu_fallback(args)
@@ -147,7 +215,9 @@ def main():
                                                [args.deja, "run", "--digest", "--backend", "interp", *opts, image]))
         elif args.phase == "nested":
             step(name, "run on kvm", [args.deja, "run", "--backend", "kvm", *opts, image], stdout_expected=expected)
-            if name not in NO_KVM_RECORD:
+            if name in TSC_DEPENDENT and args.kvm_deja:
+                kvm_deja_checks(args, name, image, opts, expected, kvm_trace)
+            elif name not in NO_KVM_RECORD:
                 rec = step(name, "record on kvm", [args.deja, "record", "-o", kvm_trace, "--backend", "kvm", *opts,
                                                     image], stdout_expected=expected)
                 if rec is not None and rec.returncode == 1:
@@ -158,18 +228,23 @@ def main():
                         step(name, "replay kvm trace on kvm", [args.deja, "replay", "--backend", "kvm", kvm_trace],
                              stdout_expected=rec.stdout)
             if os.path.exists(interp_trace):
-                step(name, "replay interp trace on kvm" + (": divergence" if name in TSC_DEPENDENT else ""),
-                     [args.deja, "replay", "--backend", "kvm", interp_trace],
-                     expect_status=6 if name in TSC_DEPENDENT else 1)
+                if name in TSC_DEPENDENT and not exact_tsc:
+                    # Its RDTSC values are in the trace; stock KVM cannot hand them to the guest.
+                    step(name, "replay interp trace on kvm: refused", [args.deja, "replay", "--backend", "kvm",
+                                                                       interp_trace],
+                         expect_status=REFUSED, stderr_expected="kvm-deja")
+                else:
+                    step(name, "replay interp trace on kvm", [args.deja, "replay", "--backend", "kvm", interp_trace])
             if name in DETERMINISTIC:
                 digests[name] = digest_of(step(name, "digest on kvm",
                                                [args.deja, "run", "--digest", "--backend", "kvm", *opts, image]))
         else:
             if name not in NO_KVM_RECORD:
                 if os.path.exists(kvm_trace):
-                    step(name, "replay kvm trace on interp" + (": divergence" if name in TSC_DEPENDENT else ""),
+                    diverges = name in TSC_DEPENDENT and not exact_tsc
+                    step(name, "replay kvm trace on interp" + (": divergence" if diverges else ""),
                          [args.deja, "replay", "--backend", "interp", kvm_trace],
-                         expect_status=6 if name in TSC_DEPENDENT else 1)
+                         expect_status=DIVERGED if diverges else 1)
                 else:
                     print(f"FAIL {name:<13} no KVM trace was recorded")
                     results.append(False)

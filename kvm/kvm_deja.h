@@ -1,0 +1,33 @@
+// kvm-deja support inside the KVM backend: detect and enable the module's RDTSC/RDTSCP/RDRAND/RDSEED exits, turn them into VcpuExits, hand the answers back.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvm/kvm_deja_abi.h"
+#include "vmm/backend.h"
+#include "vmm/error.h"
+
+namespace deja::kvm_deja {
+
+// The result of asking the host for the exits (docs/kvm-deja.md).
+struct Enabled {
+  uint32_t mask = 0;      // KVM_DEJA_* bits enabled on the VM; 0 on stock KVM
+  uint32_t available = 0; // what the host offered (KVM_CHECK_EXTENSION)
+  std::string why_not;    // when RDTSC is not trapped: the reason, for messages ("stock KVM", "DEJA_KVM_DEJA=off")
+};
+
+// Enables every exit the host offers on `vm_fd`, unless `wanted` is false or DEJA_KVM_DEJA=off. Must run
+// before the first vCPU is created (the module sets the intercepts at vCPU creation). Fails only when the
+// module offers the exits and then refuses to enable them.
+Result<Enabled> enable(int kvm_fd, int vm_fd, bool wanted);
+
+// Fills `exit` (kind, is_rdtscp / is_rdseed, size) from the exit area of kvm_run (offset of its exit union).
+// False, with `exit.detail` set, for an instruction code this deja does not know.
+bool translate(const void* exit_area, VcpuExit& exit);
+
+// Writes the VMM's answer in `exit` into the exit area before the next KVM_RUN. `tsc_aux` is the IA32_TSC_AUX
+// value RDTSCP loads into ECX (deja's CPU model owns it, not KVM).
+void complete(void* exit_area, const VcpuExit& exit, uint64_t tsc_aux);
+
+}  // namespace deja::kvm_deja
