@@ -194,18 +194,5 @@ int main(int argc, char** argv) {
     std::printf("precise interrupt timing on KVM: unavailable; deja records KVM guests exit-synchronously\n");
     return exit_status::kHostFailure;
   }
-  if (selftest->parsed()) {
-    PmuSelftest result = run_pmu_selftest();
-    for (const auto& c : result.checks) {
-      std::printf("%-24s %s%s%s\n", c.name.c_str(), c.skipped ? "skipped" : c.passed ? "ok" : "FAILED",
-                  c.detail.empty() ? "" : ": ", c.detail.c_str());
-    }
-    if (result.usable()) {
-      std::printf("precise interrupt timing on KVM: available (%s)\n", result.counter.c_str());
-      return 0;
-    }
-    std::printf("precise interrupt timing on KVM: unavailable; deja records KVM guests exit-synchronously\n");
-    return exit_status::kHostFailure;
-  }
   return exit_status::kUsage;
 }
