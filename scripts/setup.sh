@@ -35,7 +35,8 @@ updated=0
 apt_install() {  # package[=version]...
   need_root "$@"
   if [ $updated = 0 ]; then $SUDO apt-get update; updated=1; fi
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "$@"
+  # Downgrades only ever happen to a pinned version (the kernel source matching the booted image).
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends --allow-downgrades "$@"
 }
 
 if [ ${#missing[@]} -gt 0 ]; then
