@@ -166,6 +166,14 @@ class InterpBackend : public Backend {
     if (uint64_t(int64_t(address << 16) >> 16) != address) [[unlikely]] raise(use_ss ? 12 : 13, 0, true);
     return address;
   }
+  // The linear address of segment:offset for a data access; in 64-bit mode only FS and GS have a base,
+  // and the address must be canonical (#SS through SS, else #GP).
+  uint64_t data_linear(int seg_index, uint64_t offset) const {
+    if (!mode64()) return (segment_base(seg_index) + offset) & 0xffffffffu;
+    uint64_t linear = seg_index >= 4 ? offset + segment_base(seg_index) : offset;
+    canonical_check(linear, seg_index == 2);
+    return linear;
+  }
 
   // MSRs and exits.
   uint64_t msr_read(uint32_t index);

@@ -149,14 +149,8 @@ void InterpBackend::note_code_write(uint64_t gpa, unsigned size) {
 }
 
 void InterpBackend::probe_write(int seg_index, uint64_t offset, unsigned size) {
-  uint64_t linear;
-  if (mode64()) {
-    linear = seg_index >= 4 ? offset + segment_base(seg_index) : offset;
-    canonical_check(linear, seg_index == 2);
-    canonical_check(linear + size - 1, seg_index == 2);
-  } else {
-    linear = (segment_base(seg_index) + offset) & 0xffffffffu;
-  }
+  uint64_t linear = data_linear(seg_index, offset);
+  if (mode64()) canonical_check(linear + size - 1, seg_index == 2);
   translate(linear, Access::kWrite, is_user());
   translate(linear + size - 1, Access::kWrite, is_user());
 }
@@ -223,27 +217,13 @@ void InterpBackend::write_linear(uint64_t linear, const void* data, unsigned siz
 }
 
 uint64_t InterpBackend::read_mem(int seg_index, uint64_t offset, unsigned size) {
-  uint64_t linear;
-  if (mode64()) {
-    linear = seg_index >= 4 ? offset + segment_base(seg_index) : offset;
-    canonical_check(linear, seg_index == 2);
-  } else {
-    linear = (segment_base(seg_index) + offset) & 0xffffffffu;
-  }
   uint64_t value = 0;
-  read_linear(linear, &value, size);
+  read_linear(data_linear(seg_index, offset), &value, size);
   return value;
 }
 
 void InterpBackend::write_mem(int seg_index, uint64_t offset, unsigned size, uint64_t value) {
-  uint64_t linear;
-  if (mode64()) {
-    linear = seg_index >= 4 ? offset + segment_base(seg_index) : offset;
-    canonical_check(linear, seg_index == 2);
-  } else {
-    linear = (segment_base(seg_index) + offset) & 0xffffffffu;
-  }
-  write_linear(linear, &value, size);
+  write_linear(data_linear(seg_index, offset), &value, size);
 }
 
 uint64_t InterpBackend::read_sys(uint64_t linear, unsigned size) {

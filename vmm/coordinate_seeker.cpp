@@ -14,6 +14,13 @@ Result<> CoordinateSeeker::apply(const DebugControl& control) {
   return {};
 }
 
+Result<> CoordinateSeeker::release() {
+  target_.reset();
+  if (armed_) counter_.disarm();
+  armed_ = false;
+  return apply(DebugControl{});
+}
+
 VcpuExit* CoordinateSeeker::own_exit(ExitKind kind, std::string detail) {
   exit_ = VcpuExit{};
   exit_.kind = kind;
@@ -24,23 +31,17 @@ VcpuExit* CoordinateSeeker::own_exit(ExitKind kind, std::string detail) {
 Result<VcpuExit*> CoordinateSeeker::run() {
   for (;;) {
     if (!target_) {
-      if (auto r = apply(DebugControl{}); !r) return std::unexpected(r.error());
-      if (armed_) counter_.disarm();
-      armed_ = false;
+      if (auto r = release(); !r) return std::unexpected(r.error());
       return cpu_.run();
     }
     const Coordinate& want = target_->at;
     auto state = cpu_.get_state();
     if (!state) return std::unexpected(state.error());
-    exit_ = VcpuExit{};
     const uint64_t count = counter_.read();
     if (count == want.branches && state->rip == want.rip && state->gpr[kRcx] == want.rcx &&
         (!target_->gpr_digest || gpr_digest(*state) == *target_->gpr_digest)) {
-      target_.reset();
       ++stats_.reached;
-      if (auto r = apply(DebugControl{}); !r) return std::unexpected(r.error());
-      counter_.disarm();
-      armed_ = false;
+      if (auto r = release(); !r) return std::unexpected(r.error());
       VcpuExit* e = own_exit(ExitKind::kCoordinateReached);
       e->rip = state->rip;
       return e;
@@ -50,10 +51,7 @@ Result<VcpuExit*> CoordinateSeeker::run() {
           fmt::format("the {} counter reads {} conditional branches at rip {:#x}, past the target {} at rip {:#x} "
                       "rcx {:#x} (skid bound {})",
                       counter_.describe(), count, state->rip, want.branches, want.rip, want.rcx, counter_.skid());
-      target_.reset();
-      if (auto r = apply(DebugControl{}); !r) return std::unexpected(r.error());
-      counter_.disarm();
-      armed_ = false;
+      if (auto r = release(); !r) return std::unexpected(r.error());
       return own_exit(ExitKind::kCoordinateMissed, std::move(detail));
     }
 

@@ -47,6 +47,8 @@ class CoordinateSeeker {
 
  private:
   Result<> apply(const DebugControl& control);
+  // Drops the target, the armed overflow and the debug controls.
+  Result<> release();
   VcpuExit* own_exit(ExitKind kind, std::string detail = {});
 
   Backend& cpu_;

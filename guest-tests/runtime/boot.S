@@ -167,37 +167,13 @@ isr_common:
         cld
         call interrupt_dispatch
         // The dispatcher returns the frame to resume: the same one, or another thread's.
-        movq %rax, %rsp
-        fxrstor (%rsp)
-        cmpq $0, FRAME_CR0_TS(%rsp)
-        je 1f
-        movq %cr0, %rax
-        orq $CR0_TS, %rax
-        movq %rax, %cr0
-1:      addq $512, %rsp
-        popq %r15
-        popq %r14
-        popq %r13
-        popq %r12
-        popq %r11
-        popq %r10
-        popq %r9
-        popq %r8
-        popq %rbp
-        popq %rdi
-        popq %rsi
-        popq %rdx
-        popq %rcx
-        popq %rbx
-        popq %rax
-        addq $16, %rsp
-        iretq
+        movq %rax, %rdi
+        // Falls through.
 
         .globl isr_resume_frame
 // void isr_resume_frame(struct frame *f): start running a prepared frame (never returns).
 isr_resume_frame:
-        movq %rdi, %rax
-        movq %rax, %rsp
+        movq %rdi, %rsp
         fxrstor (%rsp)
         cmpq $0, FRAME_CR0_TS(%rsp)
         je 1f
