@@ -4,25 +4,18 @@
 #include <poll.h>
 #include <signal.h>
 
-#include <atomic>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <random>
-#include <thread>
 
 #include <fmt/format.h>
 
 #include "interp/interp_backend.h"
 #include "kvm/pmu.h"
-#include "logging/trace_format.h"
 #include "logging/trace_inspect.h"
-#include "vmm/build_info.h"
-#include "vmm/coordinate_seeker.h"
 #include "vmm/cpu_model.h"
-#include "vmm/digest.h"
 #include "vmm/exit_status.h"
-#include "vmm/host_io.h"
+#include "vmm/messages.h"
 
 namespace deja {
 namespace {
@@ -35,14 +28,32 @@ void on_stop_signal(int) {
   if (Backend* b = g_kick_target.load()) b->kick();
 }
 
-template <typename... Args>
-void say(fmt::format_string<Args...> format, Args&&... args) {
-  std::string line = "deja: " + fmt::format(format, std::forward<Args>(args)...) + "\n";
-  std::fputs(line.c_str(), stderr);
+uint64_t bus_read(Bus& bus, uint64_t address, unsigned size) {
+  uint8_t data[8] = {};
+  bus.read(address, std::span(data, size));
+  return load_le(std::span(data, size));
+}
+
+void bus_write(Bus& bus, uint64_t address, unsigned size, uint64_t value) {
+  uint8_t data[8];
+  store_le(std::span(data, size), value);
+  bus.write(address, std::span(data, size));
+}
+
+
+}  // namespace
+
+void install_stop_signal_handlers() {
+  g_stop_requested.store(false);
+  struct sigaction sa{};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
 }
 
 // Serial output goes to the user's sink and, through the engine, into the trace.
-class TeeSink : public ByteSink {
+class Session::TeeSink : public ByteSink {
  public:
   TeeSink(ByteSink& out, Engine& engine) : out_(out), engine_(engine) {}
   void write(std::span<const uint8_t> bytes) override {
@@ -58,105 +69,33 @@ class TeeSink : public ByteSink {
   uint64_t bytes_ = 0;
 };
 
-// Bus accesses of 1 to 8 bytes, little-endian, as the exits carry them.
-uint64_t bus_read(Bus& bus, uint64_t address, unsigned size) {
-  uint8_t data[8] = {};
-  bus.read(address, std::span(data, size));
-  return load_le(std::span(data, size));
+
+Session::Session(Mode mode, ProgressMode progress) : engine_(mode, progress) {}
+Session::~Session() = default;
+
+Result<> Session::build(const MachineConfig& config, const std::string& serial_out, std::span<const uint8_t> image,
+                        const std::string& image_name, const LoadOptions& load,
+                        std::span<const std::vector<uint8_t>> modules) {
+  auto sink = FileSink::open(serial_out);
+  if (!sink) return std::unexpected(sink.error());
+  out_ = std::move(*sink);
+  tee_ = std::make_unique<TeeSink>(*out_, engine_);
+  auto machine = Machine::create(config, engine_, *tee_);
+  if (!machine) return std::unexpected(machine.error());
+  machine_ = std::move(*machine);
+  auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, load, modules);
+  if (!loaded) return std::unexpected(loaded.error());
+  if (auto s = machine_->backend().set_state(loaded->initial_state); !s) return std::unexpected(s.error());
+  engine_.set_position_source([this] { return position(); });
+  return {};
 }
 
-void bus_write(Bus& bus, uint64_t address, unsigned size, uint64_t value) {
-  uint8_t data[8];
-  store_le(std::span(data, size), value);
-  bus.write(address, std::span(data, size));
+std::string Session::counter_description() {
+  ProgressCounter* c = machine_->backend().progress_counter();
+  return c ? c->describe() : std::string();
 }
 
-struct Outcome {
-  int status = 0;
-  std::string reason;       // "guest exit", "triple fault", ...
-  bool guest_exit = false;  // ended through isa-debug-exit
-  bool recorded_end = false;  // replay reached the End of a recording that stopped here (e.g. interrupted)
-};
-
-class Session {
- public:
-  Session(Mode mode, ProgressMode progress) : engine_(mode, progress) {}
-
-  Engine& engine() { return engine_; }
-
-  Result<> build(const MachineConfig& config, const std::string& serial_out, std::span<const uint8_t> image,
-                 const std::string& image_name, const LoadOptions& load,
-                 std::span<const std::vector<uint8_t>> modules) {
-    auto sink = FileSink::open(serial_out);
-    if (!sink) return std::unexpected(sink.error());
-    out_ = std::move(*sink);
-    tee_ = std::make_unique<TeeSink>(*out_, engine_);
-    auto machine = Machine::create(config, engine_, *tee_);
-    if (!machine) return std::unexpected(machine.error());
-    machine_ = std::move(*machine);
-    auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, load, modules);
-    if (!loaded) return std::unexpected(loaded.error());
-    if (auto s = machine_->backend().set_state(loaded->initial_state); !s) return std::unexpected(s.error());
-    engine_.set_position_source([this] { return position(); });
-    return {};
-  }
-
-  Result<> setup_progress(const ProgressChoice& choice);
-  // Exact mode: what counts progress (for the trace header and messages).
-  std::string counter_description() {
-    ProgressCounter* c = machine_->backend().progress_counter();
-    return c ? c->describe() : std::string();
-  }
-
-  void attach_input(std::unique_ptr<FdInput> input) { input_ = std::move(input); }
-  Machine& machine() { return *machine_; }
-  uint64_t serial_bytes() const { return tee_ ? tee_->bytes() : 0; }
-  void set_digest_interval(uint64_t n) { digest_interval_ = n; }
-
-  Result<Outcome> run();
-  void print_stats();
-  Digest final_cpu_ram_digest();
-  Digest final_machine_digest();
-  uint64_t wall_ns() const { return wall_ns_; }
-  Position current_position() { return position(); }
-
- private:
-  Position position();
-  bool guest_caused(ExitKind kind) const;
-  void poll_async();
-  void apply_async(uint64_t now_ns, std::span<const uint8_t> input);
-  void replay_async();
-  Result<> deliver_interrupts();
-  Result<std::optional<Outcome>> handle_exit(VcpuExit& exit);
-  Result<std::optional<Outcome>> wait_for_wake();
-  void maybe_digest();
-  void start_kicker();
-  void stop_kicker();
-  std::optional<Outcome> replay_end_here();
-
-  Engine engine_;
-  std::unique_ptr<FileSink> out_;
-  std::unique_ptr<TeeSink> tee_;
-  std::unique_ptr<Machine> machine_;
-  std::unique_ptr<FdInput> input_;
-  uint64_t guest_exits_ = 0;
-  ExitKind last_exit_kind_ = ExitKind::kKicked;
-  uint64_t last_exit_rip_ = 0;
-  uint64_t digest_interval_ = 16384;
-  uint64_t next_digest_at_ = 16384;
-  std::map<ExitKind, uint64_t> exit_counts_;
-  std::unique_ptr<CoordinateSeeker> seeker_;  // replay in exact mode
-  uint64_t wall_ns_ = 0;
-  bool warned_spin_ = false;
-  uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
-  static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
-  static constexpr uint64_t kHeartbeatNs = 1'000'000'000;
-  uint64_t next_heartbeat_ = 0;
-
-  std::thread kicker_;
-  std::atomic<bool> kicker_stop_{false};
-  std::atomic<uint64_t> kick_at_{UINT64_MAX};  // host monotonic ns
-};
+uint64_t Session::serial_bytes() const { return tee_ ? tee_->bytes() : 0; }
 
 bool Session::guest_caused(ExitKind kind) const {
   switch (kind) {
@@ -573,443 +512,4 @@ void Session::print_stats() {
     }
   }
 }
-
-void install_signal_handlers() {
-  g_stop_requested.store(false);
-  struct sigaction sa{};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
-
-int report_error(const Error& e) {
-  say("{}", e.message);
-  switch (e.kind) {
-    case ErrorKind::kInvalidArgument:
-    case ErrorKind::kBadImage:
-    case ErrorKind::kBadTrace:
-    case ErrorKind::kUnsupported:
-      return exit_status::kUsage;
-    case ErrorKind::kDivergence:
-      return exit_status::kDivergence;
-    case ErrorKind::kGuest:
-      return exit_status::kGuestStopped;
-    case ErrorKind::kHost:
-      return exit_status::kHostFailure;
-  }
-  return exit_status::kHostFailure;
-}
-
-void finish_outcome_message(const Outcome& o) {
-  if (!o.guest_exit && o.status != exit_status::kDivergence && o.status != exit_status::kTraceEnded) {
-    // Backends put the register dump and the last exits into the reason of a stopped vCPU.
-    say("{}", o.reason);
-  }
-}
-
-struct Prepared {
-  std::vector<uint8_t> image;
-  std::vector<std::vector<uint8_t>> modules;
-};
-
-Result<Prepared> read_inputs(const std::string& image_path, const LoadOptions& load) {
-  Prepared p;
-  auto image = read_boot_file(image_path, "guest image");
-  if (!image) return std::unexpected(image.error());
-  p.image = std::move(*image);
-  for (const auto& m : load.modules) {
-    auto bytes = read_boot_file(m.path, "boot module");
-    if (!bytes) return std::unexpected(bytes.error());
-    p.modules.push_back(std::move(*bytes));
-  }
-  return p;
-}
-
-trace::InputFile input_file(const std::string& role, const std::string& path, std::span<const uint8_t> bytes) {
-  trace::InputFile f;
-  f.set_role(role);
-  f.set_path(path);
-  auto sha = sha256_bytes(bytes);
-  f.set_sha256(sha.data(), sha.size());
-  f.set_size(bytes.size());
-  return f;
-}
-
-int run_or_record(const SessionOptions& options, Mode mode) {
-  install_signal_handlers();
-  auto inputs = read_inputs(options.image_path, options.load);
-  if (!inputs) return report_error(inputs.error());
-
-  MachineConfig config = options.machine;
-  int64_t start_unix_ns = host_unix_time_ns();
-  config.rtc_epoch_unix_seconds = start_unix_ns / 1'000'000'000;
-
-  ProgressChoice progress = options.progress;
-  if (progress.automatic) {
-    // A plain run places nothing, so only a recording needs the self-test.
-    progress.mode = ProgressMode::kExitSync;
-    if (mode == Mode::kRecord) {
-      PmuSelftest pmu = run_pmu_selftest();
-      if (pmu.usable()) {
-        progress.mode = ProgressMode::kExact;
-      } else {
-        say("warning: no precise interrupt timing on this host ({}); recording exit-synchronously (see `deja "
-            "selftest`)",
-            pmu.first_failure());
-      }
-    }
-  }
-  Session session(mode, progress.mode);
-  std::unique_ptr<FdInput> input;
-  if (!options.serial_in.empty()) {
-    auto in = FdInput::open(options.serial_in);
-    if (!in) return report_error(in.error());
-    input = std::move(*in);
-  }
-  if (auto built = session.build(config, options.serial_out, inputs->image, options.image_path, options.load,
-                                 inputs->modules);
-      !built) {
-    return report_error(built.error());
-  }
-  if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
-  session.attach_input(std::move(input));
-  session.set_digest_interval(options.digest_interval);
-
-  if (mode == Mode::kRecord) {
-    trace::Header header;
-    header.set_format_version(kTraceFormatVersion);
-    header.set_cpu_model_version(CpuModel::current().version());
-    header.set_device_model_version(kDeviceModelVersion);
-    header.set_build_id(build_id());
-    header.set_deja_version(deja_version());
-    header.set_host(host_description());
-    header.set_start_unix_ns(start_unix_ns);
-    *header.add_inputs() = input_file("image", options.image_path, inputs->image);
-    for (size_t i = 0; i < options.load.modules.size(); ++i) {
-      auto* f = header.add_inputs();
-      *f = input_file("module", options.load.modules[i].path, inputs->modules[i]);
-    }
-    if (!options.serial_in.empty() && options.serial_in != "-") {
-      if (auto sha = sha256_file(options.serial_in)) {
-        auto* f = header.add_inputs();
-        f->set_role("serial-in");
-        f->set_path(options.serial_in);
-        f->set_sha256(sha->data(), sha->size());
-      }
-    }
-    auto* c = header.mutable_config();
-    c->set_memory_bytes(config.memory_bytes);
-    c->set_cmdline(config.cmdline);
-    c->set_vcpus(1);
-    c->set_backend(config.backend);
-    c->set_progress_mode(std::string(progress_mode_name(progress.mode)));
-    if (progress.mode == ProgressMode::kExact) c->set_progress_counter(session.counter_description());
-    c->set_serial_input(!options.serial_in.empty());
-    for (const auto& m : options.load.modules) c->add_module_args(m.args);
-    c->set_rdtsc_trapped(session.machine().backend().traps_rdtsc());
-    c->set_tsc_hz(CpuModel::kTscHz);
-    c->set_device_semantics(config.device_semantics);
-    auto writer = TraceWriter::create(options.trace_path, header);
-    if (!writer) return report_error(writer.error());
-    session.engine().attach_writer(std::move(*writer));
-  }
-
-  auto outcome = session.run();
-  if (!outcome) {
-    int status = report_error(outcome.error());
-    if (mode == Mode::kRecord) {
-      trace::End end;
-      end.set_exit_status(status);
-      end.set_reason("host failure: " + outcome.error().message);
-      (void)session.engine().finish_record(end, trace::Footer{});
-    }
-    return status;
-  }
-  finish_outcome_message(*outcome);
-  if (options.stats) session.print_stats();
-  if (options.print_digest) say("digest {}", session.final_cpu_ram_digest().hex());
-
-  if (mode == Mode::kRecord) {
-    Digest full = session.final_machine_digest();
-    auto& backend = session.machine().backend();
-    trace::End end;
-    *end.mutable_at() = to_proto(session.current_position());
-    end.set_exit_status(outcome->status);
-    end.set_digest(full.bytes.data(), full.bytes.size());
-    end.set_instructions(backend.instruction_count().value_or(0));
-    end.set_reason(outcome->reason);
-    trace::Footer footer;
-    footer.set_final_digest(full.bytes.data(), full.bytes.size());
-    footer.set_instructions(backend.instruction_count().value_or(0));
-    footer.set_branches(backend.branch_count().value_or(0));
-    footer.set_wall_ns(session.wall_ns());
-    footer.set_exit_status(outcome->status);
-    if (auto r = session.engine().finish_record(std::move(end), std::move(footer)); !r) return report_error(r.error());
-    say("recorded {} events to {}", session.engine().events_processed(), options.trace_path);
-  }
-  return outcome->status;
-}
-
-std::string find_input(const trace::Header& h, const std::string& role, const trace::InputFile** out) {
-  for (const auto& f : h.inputs()) {
-    if (f.role() == role) {
-      *out = &f;
-      return f.path();
-    }
-  }
-  *out = nullptr;
-  return "";
-}
-
-// A recording whose RDTSC/RDRAND values are in the trace needs a backend that traps them, or the guest would
-// read live values where the recording has events: refuse before running (stock KVM, DEJA_KVM_DEJA=off).
-// Interp recordings always say "trapped", so the events are counted (a second pass over the trace, only on
-// this path): a trace of a guest that never read the TSC replays anywhere.
-Result<> check_rdtsc_replayable(const trace::Header& header, const Backend& backend, const std::string& path) {
-  if (!header.config().rdtsc_trapped() || backend.traps_rdtsc()) return {};
-  auto reader = TraceReader::open(path);
-  if (!reader) return std::unexpected(reader.error());
-  uint64_t trapped = 0;
-  while (true) {
-    auto event = (*reader)->next();
-    if (!event || !*event) break;  // damage is reported by the replay itself, at its place
-    if ((*event)->has_rdtsc() || (*event)->has_rdrand()) ++trapped;
-  }
-  if (trapped == 0) return {};
-  return fail(ErrorKind::kUnsupported,
-              "{} holds {} RDTSC/RDRAND values recorded on {}; the {} backend cannot hand them to the guest because "
-              "{}: replay with --backend interp, or on KVM with the kvm-deja module loaded (docs/kvm-deja.md)",
-              path, trapped, header.config().backend(), backend.name(), backend.rdtsc_untrapped_reason());
-}
-
-}  // namespace
-
-int replay_trace(const ReplayOptions& options) {
-  install_signal_handlers();
-  auto reader = TraceReader::open(options.trace_path);
-  if (!reader) {
-    // A trace that cannot be opened is a bad argument, not a host failure.
-    Error e = reader.error();
-    if (e.kind == ErrorKind::kHost) e.kind = ErrorKind::kInvalidArgument;
-    return report_error(e);
-  }
-  const trace::Header header = (*reader)->header();
-  const auto& rc = header.config();
-
-  if (header.cpu_model_version() != CpuModel::current().version()) {
-    return report_error({ErrorKind::kUnsupported,
-                         fmt::format("{} was recorded with CPU model v{}; this deja implements v{}",
-                                     options.trace_path, header.cpu_model_version(), CpuModel::current().version())});
-  }
-  if (header.device_model_version() != kDeviceModelVersion) {
-    return report_error({ErrorKind::kUnsupported,
-                         fmt::format("{} was recorded with device model v{}; this deja implements v{}",
-                                     options.trace_path, header.device_model_version(), kDeviceModelVersion)});
-  }
-  ProgressChoice progress;
-  if (rc.progress_mode() == "exact") {
-    progress.mode = ProgressMode::kExact;
-  } else if (rc.progress_mode() == "exit-sync") {
-    progress.mode = ProgressMode::kExitSync;
-  } else {
-    return report_error({ErrorKind::kUnsupported, fmt::format("{} uses progress mode '{}', which this deja cannot replay",
-                                                              options.trace_path, rc.progress_mode())});
-  }
-
-  std::string backend = options.backend;
-  if (backend.empty()) {
-    backend = rc.backend();
-    if (backend == "kvm" && access("/dev/kvm", R_OK | W_OK) != 0) {
-      say("note: {} was recorded on KVM; this host has no usable /dev/kvm, replaying on the software CPU",
-          options.trace_path);
-      backend = "interp";
-    }
-  }
-  if (!options.progress.empty()) {
-    auto choice = parse_progress(options.progress);
-    if (!choice) return report_error(choice.error());
-    if (choice->mode != ProgressMode::kExact || progress.mode != ProgressMode::kExact) {
-      return report_error({ErrorKind::kInvalidArgument,
-                           fmt::format("--progress {}: {} was recorded in {} mode; replay can only choose the counter "
-                                       "of an exact-mode trace (exact or emulated-pmu:SKID)",
-                                       options.progress, options.trace_path, rc.progress_mode())});
-    }
-    progress = *choice;
-  } else if (backend == "interp" && rc.progress_counter().starts_with("emulated-pmu:")) {
-    // Replay a trace recorded with an emulated PMU the same way, so that its skid handling is exercised.
-    auto choice = parse_progress(rc.progress_counter());
-    if (choice) progress = *choice;
-  }
-  if (backend == "kvm" && progress.mode == ProgressMode::kExact) {
-    PmuSelftest pmu = run_pmu_selftest();
-    if (!pmu.usable()) {
-      return report_error({ErrorKind::kUnsupported,
-                           fmt::format("{} places interrupts at exact instruction coordinates (recorded with the {} "
-                                       "counter); KVM on this host cannot reach them: {}; replay with --backend interp",
-                                       options.trace_path, rc.progress_counter().empty() ? rc.backend()
-                                                                                         : rc.progress_counter(),
-                                       pmu.first_failure())});
-    }
-  }
-
-  const trace::InputFile* image_entry = nullptr;
-  std::string image_path = find_input(header, "image", &image_entry);
-  if (!image_entry) return report_error({ErrorKind::kBadTrace, fmt::format("{} names no guest image", options.trace_path)});
-  if (!options.image_path.empty()) image_path = options.image_path;
-  LoadOptions load;
-  load.cmdline = rc.cmdline();
-  int module_index = 0;
-  for (const auto& f : header.inputs()) {
-    if (f.role() != "module") continue;
-    load.modules.push_back({f.path(), module_index < rc.module_args_size() ? rc.module_args(module_index) : ""});
-    ++module_index;
-  }
-  auto inputs = read_inputs(image_path, load);
-  if (!inputs) return report_error(inputs.error());
-  auto check_hash = [&](const trace::InputFile& f, const std::string& path, std::span<const uint8_t> bytes) -> Result<> {
-    auto sha = sha256_bytes(bytes);
-    if (std::string(reinterpret_cast<const char*>(sha.data()), sha.size()) != f.sha256()) {
-      return fail(ErrorKind::kInvalidArgument,
-                  "{} differs from the {} recorded in {}: its SHA-256 is {}, the recording's is {}", path, f.role(),
-                  options.trace_path, hex(sha),
-                  hex(std::span(reinterpret_cast<const uint8_t*>(f.sha256().data()), f.sha256().size())));
-    }
-    return {};
-  };
-  if (auto r = check_hash(*image_entry, image_path, inputs->image); !r) return report_error(r.error());
-  module_index = 0;
-  for (const auto& f : header.inputs()) {
-    if (f.role() != "module") continue;
-    if (auto r = check_hash(f, load.modules[module_index].path, inputs->modules[module_index]); !r) {
-      return report_error(r.error());
-    }
-    ++module_index;
-  }
-
-  MachineConfig config;
-  config.memory_bytes = rc.memory_bytes();
-  config.cmdline = rc.cmdline();
-  config.backend = backend;
-  config.rtc_epoch_unix_seconds = header.start_unix_ns() / 1'000'000'000;
-  config.device_semantics = rc.device_semantics();
-  if (!options.test_device_semantics.empty()) config.device_semantics = options.test_device_semantics;
-  config.trap_rdtsc = rc.rdtsc_trapped();
-
-  Session session(Mode::kReplay, progress.mode);
-  if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules);
-      !built) {
-    return report_error(built.error());
-  }
-  if (auto ok = check_rdtsc_replayable(header, session.machine().backend(), options.trace_path); !ok) {
-    return report_error(ok.error());
-  }
-  if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
-  session.engine().attach_reader(std::move(*reader));
-  Engine& engine = session.engine();
-
-  auto outcome = session.run();
-  if (!outcome) return report_error(outcome.error());
-
-  if (outcome->status == exit_status::kInterrupted && !outcome->recorded_end) {
-    say("replay interrupted after {} events", engine.events_processed());
-    return exit_status::kInterrupted;
-  }
-  bool end_matched = false;
-  std::optional<Digest> final_digest;
-  if (outcome->status != exit_status::kDivergence && outcome->status != exit_status::kTraceEnded) {
-    if (outcome->recorded_end) {
-      // replay_end_here() matched the End of a recording that stopped here (interrupted, or stopped by deja).
-      end_matched = engine.expect_end("the recording's end") != nullptr;
-    } else if (const trace::End* end = engine.expect_end(fmt::format("the guest stopped: {}", outcome->reason))) {
-      // The recording must end the same way, with the same state.
-      end_matched = true;
-      Digest full = session.final_machine_digest();
-      final_digest = full;
-      std::string got(reinterpret_cast<const char*>(full.bytes.data()), full.bytes.size());
-      if (end->exit_status() != outcome->status) {
-        engine.report_divergence("the guest's exit status differs", fmt::format("status {}", end->exit_status()),
-                                 fmt::format("status {}", outcome->status));
-      } else if (!end->digest().empty() && end->digest() != got) {
-        engine.report_divergence(
-            "the final machine state differs (registers, RAM or devices)",
-            fmt::format("digest {}", hex(std::span(reinterpret_cast<const uint8_t*>(end->digest().data()),
-                                                   end->digest().size()))),
-            fmt::format("digest {}", full.hex()));
-      }
-      engine.check_output_complete();
-    }
-  }
-  if (options.stats) session.print_stats();
-  if (engine.divergence()) {
-    std::fputs(("deja: " + engine.divergence()->report).c_str(), stderr);
-    return exit_status::kDivergence;
-  }
-  if (!end_matched) {
-    TraceReader* r = engine.reader();
-    if (!engine.trace_error().empty()) {
-      say("{}", engine.trace_error());
-    } else {
-      say("replayed the valid prefix of {}: {} events; {}", options.trace_path, engine.events_processed(),
-          r ? r->end_description() : "end of trace");
-    }
-    return exit_status::kTraceEnded;
-  }
-  finish_outcome_message(*outcome);
-  if (options.print_digest) say("digest {}", session.final_cpu_ram_digest().hex());
-  // Everything up to the End event replayed; say so if the index after it is damaged or missing.
-  engine.peek();
-  if (TraceReader* r = engine.reader(); r && !r->complete()) {
-    say("note: {} has no valid index after its last event ({}); `deja verify` reports it",
-        options.trace_path, engine.trace_error().empty() ? r->end_description() : engine.trace_error());
-  }
-  if (!options.quiet) {
-    auto instructions = session.machine().backend().instruction_count();
-    say("replay OK: {} events, {} instructions, {}, exit status {}", engine.events_processed(),
-        instructions ? fmt::format("{}", *instructions) : std::string("(not counted on kvm)"),
-        final_digest ? "final state digest matches (" + final_digest->hex() + ")"
-                     : std::string("stopped where the recording stopped"),
-        outcome->status);
-  }
-  return outcome->status;
-}
-
-
-Result<ProgressChoice> parse_progress(const std::string& spec) {
-  ProgressChoice c;
-  if (spec == "exact") return c;
-  if (spec == "exit-sync") {
-    c.mode = ProgressMode::kExitSync;
-    return c;
-  }
-  constexpr std::string_view kEmulated = "emulated-pmu:";
-  if (spec.starts_with(kEmulated)) {
-    std::string rest = spec.substr(kEmulated.size());
-    std::string skid_text = rest.substr(0, rest.find(':'));
-    auto number = [&](const std::string& text, const char* what) -> Result<uint64_t> {
-      uint64_t v = 0;
-      auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-      if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
-        return fail(ErrorKind::kInvalidArgument, "--progress {}: the {} '{}' is not a non-negative integer", spec,
-                    what, text);
-      }
-      return v;
-    };
-    auto skid = number(skid_text, "skid");
-    if (!skid) return std::unexpected(skid.error());
-    c.emulated_skid = *skid;
-    if (rest.find(':') != std::string::npos) {
-      auto seed = number(rest.substr(rest.find(':') + 1), "seed");
-      if (!seed) return std::unexpected(seed.error());
-      c.emulated_seed = *seed;
-    }
-    return c;
-  }
-  return fail(ErrorKind::kInvalidArgument,
-              "--progress '{}' is not one of exact, exit-sync, emulated-pmu:SKID or emulated-pmu:SKID:SEED", spec);
-}
-
-int run_guest(const SessionOptions& options) { return run_or_record(options, Mode::kRun); }
-int record_guest(const SessionOptions& options) { return run_or_record(options, Mode::kRecord); }
-
 }  // namespace deja

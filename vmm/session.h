@@ -1,55 +1,103 @@
-// Sessions: run, record and replay a guest. Each owns the machine and the one run loop all three share.
+// Session: one machine, its engine and the run loop that run, record and replay share.
 #pragma once
 
+#include <atomic>
+#include <map>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "vmm/coordinate_seeker.h"
+#include "vmm/digest.h"
 #include "vmm/engine.h"
+#include "vmm/host_io.h"
 #include "vmm/loader.h"
 #include "vmm/machine.h"
+#include "vmm/progress_choice.h"
 
 namespace deja {
 
-// How a session places asynchronous events: the progress mode, and in exact mode what counts.
-struct ProgressChoice {
-  ProgressMode mode = ProgressMode::kExact;
-  bool automatic = false;                 // KVM record: exact with a usable PMU, else exit-sync
-  std::optional<uint64_t> emulated_skid;  // interp: emulate a PMU whose overflow lands up to N branches late
-  std::optional<uint64_t> emulated_seed;  // its random generator's seed (default: fresh)
-};
-// Parses --progress: "exact", "exit-sync", "emulated-pmu:SKID" or "emulated-pmu:SKID:SEED".
-Result<ProgressChoice> parse_progress(const std::string& spec);
-
-struct SessionOptions {
-  MachineConfig machine;
-  std::string image_path;
-  LoadOptions load;
-  std::string serial_in;         // "" = none, "-" = stdin, else a file
-  std::string serial_out = "-";  // "-" = stdout
-  bool stats = false;
-  bool print_digest = false;
-  ProgressChoice progress;
-  std::string trace_path;        // record: output file
-  uint64_t digest_interval = 16384;  // record a full state digest every N events
+// How a run ended.
+struct Outcome {
+  int status = 0;
+  std::string reason;         // "guest exit", "triple fault", ...
+  bool guest_exit = false;    // ended through isa-debug-exit
+  bool recorded_end = false;  // replay reached the End of a recording that stopped here (e.g. interrupted)
 };
 
-struct ReplayOptions {
-  std::string trace_path;
-  std::string backend;       // "" = the backend the trace was recorded on, if available here
-  std::string image_path;    // "" = the path recorded in the trace
-  std::string serial_out = "-";
-  bool stats = false;
-  bool print_digest = false;
-  bool quiet = false;        // no summary line
-  std::string test_device_semantics;  // test-only: replay with perturbed device semantics
-  std::string progress;      // "" = as recorded; "exact" or "emulated-pmu:SKID[:SEED]" to override the counter
-};
+// SIGINT/SIGTERM stop the session that is running (kicking its vCPU); a recording is still finished.
+void install_stop_signal_handlers();
 
-// Each returns the process exit status (the guest's, or one of vmm/exit_status.h) and prints
-// deja's own messages to stderr prefixed "deja:".
-int run_guest(const SessionOptions& options);     // plain run
-int record_guest(const SessionOptions& options);  // run + write options.trace_path
-int replay_trace(const ReplayOptions& options);
+class Session {
+ public:
+  Session(Mode mode, ProgressMode progress);
+  ~Session();
+
+  Engine& engine() { return engine_; }
+
+  // Builds the machine, loads the image and sets the vCPU to its entry state.
+  Result<> build(const MachineConfig& config, const std::string& serial_out, std::span<const uint8_t> image,
+                 const std::string& image_name, const LoadOptions& load,
+                 std::span<const std::vector<uint8_t>> modules);
+
+  // Exact mode: attaches the counter that places events (emulated PMU, host PMU) and, in replay, the seeker.
+  Result<> setup_progress(const ProgressChoice& choice);
+  // Exact mode: what counts progress (for the trace header and messages).
+  std::string counter_description();
+
+  void attach_input(std::unique_ptr<FdInput> input) { input_ = std::move(input); }
+  Machine& machine() { return *machine_; }
+  uint64_t serial_bytes() const;
+  void set_digest_interval(uint64_t n) { digest_interval_ = n; }
+
+  Result<Outcome> run();
+  void print_stats();
+  Digest final_cpu_ram_digest();
+  Digest final_machine_digest();
+  uint64_t wall_ns() const { return wall_ns_; }
+  Position current_position() { return position(); }
+
+ private:
+  class TeeSink;
+
+  Position position();
+  bool guest_caused(ExitKind kind) const;
+  void poll_async();
+  void apply_async(uint64_t now_ns, std::span<const uint8_t> input);
+  void replay_async();
+  Result<> deliver_interrupts();
+  Result<std::optional<Outcome>> handle_exit(VcpuExit& exit);
+  Result<std::optional<Outcome>> wait_for_wake();
+  void maybe_digest();
+  void start_kicker();
+  void stop_kicker();
+  std::optional<Outcome> replay_end_here();
+
+  Engine engine_;
+  std::unique_ptr<FileSink> out_;
+  std::unique_ptr<TeeSink> tee_;
+  std::unique_ptr<Machine> machine_;
+  std::unique_ptr<FdInput> input_;
+  uint64_t guest_exits_ = 0;
+  ExitKind last_exit_kind_ = ExitKind::kKicked;
+  uint64_t last_exit_rip_ = 0;
+  uint64_t digest_interval_ = 16384;
+  uint64_t next_digest_at_ = 16384;
+  std::map<ExitKind, uint64_t> exit_counts_;
+  std::unique_ptr<CoordinateSeeker> seeker_;  // replay in exact mode
+  uint64_t wall_ns_ = 0;
+  bool warned_spin_ = false;
+  uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
+  static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
+  static constexpr uint64_t kHeartbeatNs = 1'000'000'000;
+  uint64_t next_heartbeat_ = 0;
+
+  std::thread kicker_;
+  std::atomic<bool> kicker_stop_{false};
+  std::atomic<uint64_t> kick_at_{UINT64_MAX};  // host monotonic ns
+};
 
 }  // namespace deja

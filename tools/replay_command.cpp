@@ -1,0 +1,271 @@
+// `deja replay`: re-execute a recorded guest from its trace on either backend, checking every event.
+#include <unistd.h>
+
+#include <string>
+
+#include "kvm/pmu.h"
+#include "logging/trace_format.h"
+#include "tools/command_support.h"
+#include "vmm/cpu_model.h"
+#include "vmm/exit_status.h"
+#include "vmm/messages.h"
+
+namespace deja {
+namespace {
+
+struct ReplayOptions {
+  std::string trace_path;
+  std::string backend;     // "" = the backend the trace was recorded on, if available here
+  std::string image_path;  // "" = the path recorded in the trace
+  std::string serial_out = "-";
+  bool stats = false;
+  bool print_digest = false;
+  bool quiet = false;                 // no summary line
+  std::string test_device_semantics;  // test-only: replay with perturbed device semantics
+  std::string progress;               // "" = as recorded; "exact" or "emulated-pmu:SKID[:SEED]" to override the counter
+};
+
+std::string find_input(const trace::Header& h, const std::string& role, const trace::InputFile** out) {
+  for (const auto& f : h.inputs()) {
+    if (f.role() == role) {
+      *out = &f;
+      return f.path();
+    }
+  }
+  *out = nullptr;
+  return "";
+}
+
+// A recording whose RDTSC/RDRAND values are in the trace needs a backend that traps them, or the guest would
+// read live values where the recording has events: refuse before running (stock KVM, DEJA_KVM_DEJA=off).
+// Interp recordings always say "trapped", so the events are counted (a second pass over the trace, only on
+// this path): a trace of a guest that never read the TSC replays anywhere.
+Result<> check_rdtsc_replayable(const trace::Header& header, const Backend& backend, const std::string& path) {
+  if (!header.config().rdtsc_trapped() || backend.traps_rdtsc()) return {};
+  auto reader = TraceReader::open(path);
+  if (!reader) return std::unexpected(reader.error());
+  uint64_t trapped = 0;
+  while (true) {
+    auto event = (*reader)->next();
+    if (!event || !*event) break;  // damage is reported by the replay itself, at its place
+    if ((*event)->has_rdtsc() || (*event)->has_rdrand()) ++trapped;
+  }
+  if (trapped == 0) return {};
+  return fail(ErrorKind::kUnsupported,
+              "{} holds {} RDTSC/RDRAND values recorded on {}; the {} backend cannot hand them to the guest because "
+              "{}: replay with --backend interp, or on KVM with the kvm-deja module loaded (docs/kvm-deja.md)",
+              path, trapped, header.config().backend(), backend.name(), backend.rdtsc_untrapped_reason());
+}
+
+int replay_trace(const ReplayOptions& options) {
+  install_stop_signal_handlers();
+  auto reader = TraceReader::open(options.trace_path);
+  if (!reader) {
+    // A trace that cannot be opened is a bad argument, not a host failure.
+    Error e = reader.error();
+    if (e.kind == ErrorKind::kHost) e.kind = ErrorKind::kInvalidArgument;
+    return report_error(e);
+  }
+  const trace::Header header = (*reader)->header();
+  const auto& rc = header.config();
+
+  if (header.cpu_model_version() != CpuModel::current().version()) {
+    return report_error({ErrorKind::kUnsupported,
+                         fmt::format("{} was recorded with CPU model v{}; this deja implements v{}",
+                                     options.trace_path, header.cpu_model_version(), CpuModel::current().version())});
+  }
+  if (header.device_model_version() != kDeviceModelVersion) {
+    return report_error({ErrorKind::kUnsupported,
+                         fmt::format("{} was recorded with device model v{}; this deja implements v{}",
+                                     options.trace_path, header.device_model_version(), kDeviceModelVersion)});
+  }
+  ProgressChoice progress;
+  if (rc.progress_mode() == "exact") {
+    progress.mode = ProgressMode::kExact;
+  } else if (rc.progress_mode() == "exit-sync") {
+    progress.mode = ProgressMode::kExitSync;
+  } else {
+    return report_error({ErrorKind::kUnsupported, fmt::format("{} uses progress mode '{}', which this deja cannot replay",
+                                                              options.trace_path, rc.progress_mode())});
+  }
+
+  std::string backend = options.backend;
+  if (backend.empty()) {
+    backend = rc.backend();
+    if (backend == "kvm" && access("/dev/kvm", R_OK | W_OK) != 0) {
+      say("note: {} was recorded on KVM; this host has no usable /dev/kvm, replaying on the software CPU",
+          options.trace_path);
+      backend = "interp";
+    }
+  }
+  if (!options.progress.empty()) {
+    auto choice = parse_progress(options.progress);
+    if (!choice) return report_error(choice.error());
+    if (choice->mode != ProgressMode::kExact || progress.mode != ProgressMode::kExact) {
+      return report_error({ErrorKind::kInvalidArgument,
+                           fmt::format("--progress {}: {} was recorded in {} mode; replay can only choose the counter "
+                                       "of an exact-mode trace (exact or emulated-pmu:SKID)",
+                                       options.progress, options.trace_path, rc.progress_mode())});
+    }
+    progress = *choice;
+  } else if (backend == "interp" && rc.progress_counter().starts_with("emulated-pmu:")) {
+    // Replay a trace recorded with an emulated PMU the same way, so that its skid handling is exercised.
+    auto choice = parse_progress(rc.progress_counter());
+    if (choice) progress = *choice;
+  }
+  if (backend == "kvm" && progress.mode == ProgressMode::kExact) {
+    PmuSelftest pmu = run_pmu_selftest();
+    if (!pmu.usable()) {
+      return report_error({ErrorKind::kUnsupported,
+                           fmt::format("{} places interrupts at exact instruction coordinates (recorded with the {} "
+                                       "counter); KVM on this host cannot reach them: {}; replay with --backend interp",
+                                       options.trace_path, rc.progress_counter().empty() ? rc.backend()
+                                                                                         : rc.progress_counter(),
+                                       pmu.first_failure())});
+    }
+  }
+
+  const trace::InputFile* image_entry = nullptr;
+  std::string image_path = find_input(header, "image", &image_entry);
+  if (!image_entry) return report_error({ErrorKind::kBadTrace, fmt::format("{} names no guest image", options.trace_path)});
+  if (!options.image_path.empty()) image_path = options.image_path;
+  LoadOptions load;
+  load.cmdline = rc.cmdline();
+  int module_index = 0;
+  for (const auto& f : header.inputs()) {
+    if (f.role() != "module") continue;
+    load.modules.push_back({f.path(), module_index < rc.module_args_size() ? rc.module_args(module_index) : ""});
+    ++module_index;
+  }
+  auto inputs = read_guest_inputs(image_path, load);
+  if (!inputs) return report_error(inputs.error());
+  auto check_hash = [&](const trace::InputFile& f, const std::string& path, std::span<const uint8_t> bytes) -> Result<> {
+    auto sha = sha256_bytes(bytes);
+    if (std::string(reinterpret_cast<const char*>(sha.data()), sha.size()) != f.sha256()) {
+      return fail(ErrorKind::kInvalidArgument,
+                  "{} differs from the {} recorded in {}: its SHA-256 is {}, the recording's is {}", path, f.role(),
+                  options.trace_path, hex(sha),
+                  hex(std::span(reinterpret_cast<const uint8_t*>(f.sha256().data()), f.sha256().size())));
+    }
+    return {};
+  };
+  if (auto r = check_hash(*image_entry, image_path, inputs->image); !r) return report_error(r.error());
+  module_index = 0;
+  for (const auto& f : header.inputs()) {
+    if (f.role() != "module") continue;
+    if (auto r = check_hash(f, load.modules[module_index].path, inputs->modules[module_index]); !r) {
+      return report_error(r.error());
+    }
+    ++module_index;
+  }
+
+  MachineConfig config;
+  config.memory_bytes = rc.memory_bytes();
+  config.cmdline = rc.cmdline();
+  config.backend = backend;
+  config.rtc_epoch_unix_seconds = header.start_unix_ns() / 1'000'000'000;
+  config.device_semantics = rc.device_semantics();
+  if (!options.test_device_semantics.empty()) config.device_semantics = options.test_device_semantics;
+  config.trap_rdtsc = rc.rdtsc_trapped();
+
+  Session session(Mode::kReplay, progress.mode);
+  if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules);
+      !built) {
+    return report_error(built.error());
+  }
+  if (auto ok = check_rdtsc_replayable(header, session.machine().backend(), options.trace_path); !ok) {
+    return report_error(ok.error());
+  }
+  if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
+  session.engine().attach_reader(std::move(*reader));
+  Engine& engine = session.engine();
+
+  auto outcome = session.run();
+  if (!outcome) return report_error(outcome.error());
+
+  if (outcome->status == exit_status::kInterrupted && !outcome->recorded_end) {
+    say("replay interrupted after {} events", engine.events_processed());
+    return exit_status::kInterrupted;
+  }
+  bool end_matched = false;
+  std::optional<Digest> final_digest;
+  if (outcome->status != exit_status::kDivergence && outcome->status != exit_status::kTraceEnded) {
+    if (outcome->recorded_end) {
+      // replay_end_here() matched the End of a recording that stopped here (interrupted, or stopped by deja).
+      end_matched = engine.expect_end("the recording's end") != nullptr;
+    } else if (const trace::End* end = engine.expect_end(fmt::format("the guest stopped: {}", outcome->reason))) {
+      // The recording must end the same way, with the same state.
+      end_matched = true;
+      Digest full = session.final_machine_digest();
+      final_digest = full;
+      std::string got(reinterpret_cast<const char*>(full.bytes.data()), full.bytes.size());
+      if (end->exit_status() != outcome->status) {
+        engine.report_divergence("the guest's exit status differs", fmt::format("status {}", end->exit_status()),
+                                 fmt::format("status {}", outcome->status));
+      } else if (!end->digest().empty() && end->digest() != got) {
+        engine.report_divergence(
+            "the final machine state differs (registers, RAM or devices)",
+            fmt::format("digest {}", hex(std::span(reinterpret_cast<const uint8_t*>(end->digest().data()),
+                                                   end->digest().size()))),
+            fmt::format("digest {}", full.hex()));
+      }
+      engine.check_output_complete();
+    }
+  }
+  if (options.stats) session.print_stats();
+  if (engine.divergence()) {
+    std::fputs(("deja: " + engine.divergence()->report).c_str(), stderr);
+    return exit_status::kDivergence;
+  }
+  if (!end_matched) {
+    TraceReader* r = engine.reader();
+    if (!engine.trace_error().empty()) {
+      say("{}", engine.trace_error());
+    } else {
+      say("replayed the valid prefix of {}: {} events; {}", options.trace_path, engine.events_processed(),
+          r ? r->end_description() : "end of trace");
+    }
+    return exit_status::kTraceEnded;
+  }
+  finish_outcome_message(*outcome);
+  if (options.print_digest) say("digest {}", session.final_cpu_ram_digest().hex());
+  // Everything up to the End event replayed; say so if the index after it is damaged or missing.
+  engine.peek();
+  if (TraceReader* r = engine.reader(); r && !r->complete()) {
+    say("note: {} has no valid index after its last event ({}); `deja verify` reports it",
+        options.trace_path, engine.trace_error().empty() ? r->end_description() : engine.trace_error());
+  }
+  if (!options.quiet) {
+    auto instructions = session.machine().backend().instruction_count();
+    say("replay OK: {} events, {} instructions, {}, exit status {}", engine.events_processed(),
+        instructions ? fmt::format("{}", *instructions) : std::string("(not counted on kvm)"),
+        final_digest ? "final state digest matches (" + final_digest->hex() + ")"
+                     : std::string("stopped where the recording stopped"),
+        outcome->status);
+  }
+  return outcome->status;
+}
+
+
+}  // namespace
+
+Subcommand add_replay_command(CLI::App& app) {
+  auto o = std::make_shared<ReplayOptions>();
+  auto* replay = app.add_subcommand("replay", "re-execute a recorded guest from its trace, checking every event");
+  replay->add_option("TRACE", o->trace_path, "trace file")->required();
+  replay->add_option("--backend", o->backend, "kvm or interp (default: the recording's, if usable here)")
+      ->check(CLI::IsMember({"kvm", "interp"}));
+  replay->add_option("--progress", o->progress,
+                     "exact-mode traces: the counter to reach coordinates with: exact, or emulated-pmu:SKID[:SEED] "
+                     "(interp; default: as recorded)");
+  replay->add_option("--image", o->image_path, "guest image (default: the path in the trace; hash-checked)");
+  replay->add_option("--serial-out", o->serial_out, "where the replayed serial output goes (default stdout)");
+  replay->add_flag("--stats", o->stats, "print exit counts at the end");
+  replay->add_flag("--digest", o->print_digest, "print the final state digest");
+  replay->add_flag("--quiet", o->quiet, "no summary line");
+  // Tests only: replays with a deliberately changed device model, which must be reported as divergence.
+  replay->add_option("--test-device-semantics", o->test_device_semantics)->group("");
+  return {replay, [o] { return replay_trace(*o); }};
+}
+
+}  // namespace deja

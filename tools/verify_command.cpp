@@ -1,0 +1,24 @@
+// `deja verify`: check a trace's integrity (checksums, hash chain, index, completeness) without a machine.
+#include <cstdio>
+
+#include "logging/trace_verify.h"
+#include "tools/command_support.h"
+
+namespace deja {
+
+Subcommand add_verify_command(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  auto* verify = app.add_subcommand("verify", "check a trace: checksums, hash chain, index, completeness");
+  verify->add_option("TRACE", *path, "trace file")->required();
+  return {verify, [path] {
+            VerifyReport report = verify_trace(*path);
+            std::printf("%s\n", report.summary.c_str());
+            if (!report.ok) {
+              std::fprintf(stderr, "deja: %s: %s\n", path->c_str(), report.first_problem.c_str());
+              return 1;
+            }
+            return 0;
+          }};
+}
+
+}  // namespace deja
