@@ -149,8 +149,8 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
   fmt::print(out, "started      {}\n", utc_time(h.start_unix_ns()));
   fmt::print(out, "models       cpu v{}, devices v{}\n", h.cpu_model_version(), h.device_model_version());
   const trace::MachineConfig& c = h.config();
-  fmt::print(out, "machine      backend={} vcpus={} memory={} MiB progress={} tsc_hz={} rdtsc_trapped={} serial_input={}\n",
-             c.backend(), c.vcpus(), c.memory_bytes() >> 20, c.progress_mode(), c.tsc_hz(), c.rdtsc_trapped() ? "yes" : "no",
+  fmt::print(out, "machine      {} backend={} vcpus={} memory={} MiB progress={} tsc_hz={} rdtsc_trapped={} serial_input={}\n",
+             c.machine().empty() ? "pc" : c.machine(), c.backend(), c.vcpus(), c.memory_bytes() >> 20, c.progress_mode(), c.tsc_hz(), c.rdtsc_trapped() ? "yes" : "no",
              c.serial_input() ? "yes" : "no");
   if (!c.progress_counter().empty()) fmt::print(out, "progress by  {}\n", c.progress_counter());
   if (!c.cmdline().empty()) fmt::print(out, "cmdline      {}\n", json_string(c.cmdline()));

@@ -163,6 +163,7 @@ int replay_trace(const ReplayOptions& options) {
   config.memory_bytes = rc.memory_bytes();
   config.cmdline = rc.cmdline();
   config.backend = backend;
+  config.machine = rc.machine().empty() ? std::string(kMachinePc) : rc.machine();  // traces before the field: pc
   config.rtc_epoch_unix_seconds = header.start_unix_ns() / 1'000'000'000;
   config.device_semantics = rc.device_semantics();
   if (!options.test_device_semantics.empty()) config.device_semantics = options.test_device_semantics;

@@ -18,6 +18,7 @@ namespace {
 
 struct RunArgs {
   std::string backend;
+  std::string machine = std::string(kMachinePc);
   std::string mem = "256M";
   std::string cmdline;
   std::string serial_in;
@@ -47,6 +48,10 @@ struct SessionOptions {
 void add_run_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--backend", a.backend, "vCPU backend: kvm or interp (default: kvm where /dev/kvm is usable, else interp)")
       ->check(CLI::IsMember({"kvm", "interp"}));
+  cmd->add_option("--machine", a.machine,
+                  "machine type: pc (8259A PIC only, the default) or pc-apic (adds a local APIC, an I/O APIC and an "
+                  "MP table; CPUID reports the APIC)")
+      ->check(CLI::IsMember({std::string(kMachinePc), std::string(kMachinePcApic)}));
   cmd->add_option("--mem", a.mem, "guest RAM size, e.g. 256M or 1G (default 256M)");
   cmd->add_option("--cmdline", a.cmdline, "kernel command line passed to the guest (Multiboot, fw_cfg)");
   cmd->add_option("--serial-in", a.serial_in, "file whose bytes arrive on COM1's receiver ('-' = stdin)");
@@ -71,6 +76,7 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   o.machine.memory_bytes = *mem;
   o.machine.cmdline = a.cmdline;
   o.machine.backend = a.backend;
+  o.machine.machine = a.machine;
   if (o.machine.backend.empty()) {
     if (kvm_usable()) {
       o.machine.backend = "kvm";
@@ -171,6 +177,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     c->set_cmdline(config.cmdline);
     c->set_vcpus(1);
     c->set_backend(config.backend);
+    c->set_machine(config.machine);
     c->set_progress_mode(std::string(progress_mode_name(progress.mode)));
     if (progress.mode == ProgressMode::kExact) c->set_progress_counter(session.counter_description());
     c->set_serial_input(!options.serial_in.empty());

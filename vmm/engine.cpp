@@ -248,6 +248,30 @@ uint64_t Engine::msr_read(uint32_t msr, uint64_t rip, uint64_t live_value) {
   return live_value;
 }
 
+std::pair<uint64_t, bool> Engine::device_msr_read(uint32_t msr, uint64_t device_value, bool device_fault,
+                                                  uint64_t rip) {
+  if (mode_ == Mode::kRecord) {
+    trace::Event e;
+    auto* r = e.mutable_msr_read();
+    r->set_msr(msr);
+    r->set_value(device_value);
+    r->set_fault(device_fault);
+    r->set_rip(rip);
+    append(std::move(e));
+  } else if (mode_ == Mode::kReplay) {
+    std::string what = fmt::format("msr_read msr={:#x} value={:#x}{} rip={:#x}", msr, device_value,
+                                   device_fault ? " (#GP)" : "", rip);
+    if (const auto* e = expect(trace::Event::kMsrRead, what)) {
+      const auto& r = e->msr_read();
+      if (r.msr() != msr || r.rip() != rip || r.value() != device_value || r.fault() != device_fault) {
+        diverge("MSR read differs", describe_event(*e), what);
+      }
+      return {r.value(), r.fault()};
+    }
+  }
+  return {device_value, device_fault};
+}
+
 uint64_t Engine::tsc_now() { return ns_to_tsc(host_now_ns()); }
 
 static bool same_coordinate(const trace::Coordinate& recorded, const Position& p, ProgressMode progress) {

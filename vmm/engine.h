@@ -66,6 +66,9 @@ class Engine : public Clock {
   std::pair<uint64_t, bool> rdrand(uint64_t rip, bool rdseed);
   // Reads of time-dependent MSRs (the TSC).
   uint64_t msr_read(uint32_t msr, uint64_t rip, uint64_t live_value);
+  // Reads of MSRs a device model answers (the local APIC's): recorded, and in replay checked
+  // against the model's answer like a port read. Returns the value and whether it is #GP.
+  std::pair<uint64_t, bool> device_msr_read(uint32_t msr, uint64_t device_value, bool device_fault, uint64_t rip);
   // An interrupt the PIC delivers now: recorded with its coordinate; checked in replay.
   void interrupt(uint8_t vector, const Position& where);
   // Serial output (not an input, but recorded so inspect can show it and replay can check it).

@@ -4,6 +4,7 @@
 #include "interp/interp_backend.h"
 #include "kvm/kvm_backend.h"
 #include "vmm/cpu_model.h"
+#include "vmm/mp_table.h"
 
 namespace deja {
 namespace {
@@ -26,6 +27,34 @@ class PerturbedUart : public Device {
   Device& inner_;
 };
 
+// The 8259A pair as the CPU's interrupt input (PicPair has the two calls, not the interface).
+class PicInput : public InterruptController {
+ public:
+  explicit PicInput(PicPair& pic) : pic_(pic) {}
+  bool interrupt_pending() override { return pic_.interrupt_pending(); }
+  uint8_t acknowledge() override { return pic_.acknowledge(); }
+
+ private:
+  PicPair& pic_;
+};
+
+// pc-apic: every ISA IRQ reaches both the 8259A pair and the I/O APIC, as on the PIIX/ICH
+// chipsets; the PIT's IRQ 0 is the I/O APIC's input 2 (input 0 would be the 8259A's INTR).
+class IsaIrqRouter : public IrqSink {
+ public:
+  IsaIrqRouter(IrqSink& pic, IrqSink& ioapic) : pic_(pic), ioapic_(ioapic) {}
+  void set_irq(unsigned line, bool level) override {
+    pic_.set_irq(line, level);
+    ioapic_.set_irq(line == 0 ? 2 : line, level);
+  }
+
+ private:
+  IrqSink& pic_;
+  IrqSink& ioapic_;
+};
+
+constexpr uint8_t kIoApicId = 1;
+
 }  // namespace
 
 Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, bool trap_rdtsc) {
@@ -40,11 +69,36 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
   std::unique_ptr<Machine> m(new Machine(std::move(*memory)));
   m->config_ = config;
 
+  const bool apic = config.machine == kMachinePcApic;
+  if (!apic && config.machine != kMachinePc) {
+    return fail(ErrorKind::kInvalidArgument, "unknown machine '{}' (use {} or {})", config.machine, kMachinePc,
+                kMachinePcApic);
+  }
+  const CpuModel& cpu_model = CpuModel::current();
+
   m->pic_ = std::make_unique<PicPair>();
-  m->pit_ = std::make_unique<Pit8254>(clock, IrqLine(m->pic_.get(), 0));
+  m->pic_input_ = std::make_unique<PicInput>(*m->pic_);
+  m->isa_irqs_ = m->pic_.get();
+  m->cpu_interrupts_ = m->pic_input_.get();
+  if (apic) {
+    CpuidResult leaf1 = cpu_model.cpuid(1, 0);
+    LocalApicConfig lapic_config;
+    lapic_config.apic_id = leaf1.ebx >> 24;
+    lapic_config.x2apic = leaf1.ecx & (1u << 21);
+    lapic_config.tsc_deadline = leaf1.ecx & (1u << 24);
+    lapic_config.tsc_hz = CpuModel::kTscHz;
+    m->lapic_ = std::make_unique<LocalApic>(clock, lapic_config, *m->pic_input_);
+    m->ioapic_ = std::make_unique<IoApic>(*m->lapic_, kIoApicId);
+    m->lapic_->set_eoi_listener(m->ioapic_.get());
+    m->isa_router_ = std::make_unique<IsaIrqRouter>(*m->pic_, *m->ioapic_);
+    m->isa_irqs_ = m->isa_router_.get();
+    m->cpu_interrupts_ = m->lapic_.get();
+  }
+  IrqSink* isa = m->isa_irqs_;
+  m->pit_ = std::make_unique<Pit8254>(clock, IrqLine(isa, 0));
   m->port61_ = std::make_unique<SystemControlPortB>(*m->pit_);
-  m->uart_ = std::make_unique<Uart16550>(IrqLine(m->pic_.get(), 4), serial_out);
-  m->rtc_ = std::make_unique<CmosRtc>(clock, config.rtc_epoch_unix_seconds, IrqLine(m->pic_.get(), 8));
+  m->uart_ = std::make_unique<Uart16550>(IrqLine(isa, 4), serial_out);
+  m->rtc_ = std::make_unique<CmosRtc>(clock, config.rtc_epoch_unix_seconds, IrqLine(isa, 8));
   m->rtc_->set_memory_size(config.memory_bytes);
   m->debug_exit_ = std::make_unique<DebugExit>();
   m->fw_cfg_ = std::make_unique<FwCfg>(FwCfgConfig{config.memory_bytes, 1, config.cmdline});
@@ -69,6 +123,31 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
     if (auto added = m->pio_.add(map.base, map.length, map.device); !added) return std::unexpected(added.error());
   }
   m->timed_ = {m->pit_.get(), m->rtc_.get()};
+  if (apic) {
+    if (auto added = m->mmio_.add(LocalApic::kBase, LocalApic::kMmioSize, m->lapic_.get()); !added) {
+      return std::unexpected(added.error());
+    }
+    if (auto added = m->mmio_.add(IoApic::kBase, IoApic::kMmioSize, m->ioapic_.get()); !added) {
+      return std::unexpected(added.error());
+    }
+    m->timed_.push_back(m->lapic_.get());
+    // The firmware's MP table: how the OS finds the I/O APIC and the ISA interrupt routing.
+    MpTableConfig mp;
+    CpuidResult leaf1 = cpu_model.cpuid(1, 0);
+    mp.apic_id = uint8_t(leaf1.ebx >> 24);
+    mp.apic_version = uint8_t(LocalApic::kVersion);
+    mp.cpu_signature = leaf1.eax;
+    mp.cpu_features = leaf1.edx;
+    mp.lapic_address = uint32_t(LocalApic::kBase);
+    mp.ioapic_id = kIoApicId;
+    mp.ioapic_version = uint8_t(IoApic::kVersion);
+    mp.ioapic_address = uint32_t(IoApic::kBase);
+    auto tables = build_mp_tables(mp, kMpFloatingPointerAddress);
+    if (auto written = m->memory_.write(Gpa{kMpFloatingPointerAddress}, tables); !written) {
+      return fail(ErrorKind::kInvalidArgument, "--machine {} needs RAM at {:#x} for its MP table: {}", config.machine,
+                  kMpFloatingPointerAddress, written.error().message);
+    }
+  }
 
   auto backend = make_backend(config.backend, m->memory_, config.trap_rdtsc);
   if (!backend) return std::unexpected(backend.error());
@@ -85,12 +164,26 @@ std::optional<uint64_t> Machine::next_deadline_ns() const {
   return earliest;
 }
 
+std::optional<LocalApic::MsrRead> Machine::read_msr(uint32_t index) {
+  if (!lapic_ || !lapic_->owns_msr(index)) return std::nullopt;
+  return lapic_->read_msr(index);
+}
+
+std::optional<bool> Machine::write_msr(uint32_t index, uint64_t value) {
+  if (!lapic_ || !lapic_->owns_msr(index)) return std::nullopt;
+  return lapic_->write_msr(index, value);
+}
+
 void Machine::advance_devices(uint64_t now_ns) {
   for (Device* d : timed_) d->advance(now_ns);
 }
 
 std::vector<std::vector<uint8_t>> Machine::device_states() const {
-  return {pic_->save(), pit_->save(), port61_->save(), uart_->save(), rtc_->save(), debug_exit_->save(), fw_cfg_->save()};
+  std::vector<std::vector<uint8_t>> states = {pic_->save(),  pit_->save(),        port61_->save(), uart_->save(),
+                                              rtc_->save(),  debug_exit_->save(), fw_cfg_->save()};
+  if (lapic_) states.push_back(lapic_->save());
+  if (ioapic_) states.push_back(ioapic_->save());
+  return states;
 }
 
 }  // namespace deja

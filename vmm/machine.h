@@ -4,12 +4,16 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "devices/bus.h"
 #include "devices/cmos_rtc.h"
 #include "devices/debug_exit.h"
 #include "devices/fw_cfg.h"
+#include "devices/interrupts.h"
+#include "devices/ioapic.h"
+#include "devices/lapic.h"
 #include "devices/pic8259.h"
 #include "devices/pit8254.h"
 #include "devices/uart16550.h"
@@ -20,12 +24,18 @@ namespace deja {
 
 // Version of the device semantics (all device models together); recorded in trace headers and
 // bumped whenever any device's guest-visible behaviour changes.
-constexpr uint32_t kDeviceModelVersion = 1;
+constexpr uint32_t kDeviceModelVersion = 2;
+
+// The machine types (`--machine`), recorded in the trace header.
+//   pc       the PIC-only PC: 8259A pair, no local APIC (CPUID.1:EDX.APIC clear)
+//   pc-apic  the same PC plus a local APIC and an I/O APIC, found through an MP table
+constexpr std::string_view kMachinePc = "pc", kMachinePcApic = "pc-apic";
 
 struct MachineConfig {
   uint64_t memory_bytes = 256ull << 20;
   std::string cmdline;
   std::string backend = "interp";  // "kvm" or "interp"
+  std::string machine = std::string(kMachinePc);  // "pc" or "pc-apic"
   int64_t rtc_epoch_unix_seconds = 0;
   // Test-only: perturbs a device's semantics so replay must report divergence (see tests).
   std::string device_semantics;
@@ -43,6 +53,20 @@ class Machine {
   Bus& pio() { return pio_; }
   Bus& mmio() { return mmio_; }
   PicPair& pic() { return *pic_; }
+  // The CPU's interrupt input: the 8259A pair (pc), or the local APIC with the 8259A behind it (pc-apic).
+  InterruptController& interrupts() { return *cpu_interrupts_; }
+  // Where ISA devices (and PCI INTx, on the line its Interrupt Line names) raise IRQs 0-15: the
+  // 8259A pair, and on pc-apic also the I/O APIC input of the same number (IRQ 0 -> input 2).
+  IrqSink& isa_irqs() { return *isa_irqs_; }
+  // PCI MSI / MSI-X writes: the local APIC (pc-apic), nullptr on the PIC-only PC.
+  MsiSink* msi() { return lapic_.get(); }
+  LocalApic* lapic() { return lapic_.get(); }
+  IoApic* ioapic() { return ioapic_.get(); }
+
+  // MSRs the machine's devices answer (the local APIC's on pc-apic): nullopt when none does.
+  std::optional<LocalApic::MsrRead> read_msr(uint32_t index);
+  // false: #GP; nullopt: no device has the MSR.
+  std::optional<bool> write_msr(uint32_t index, uint64_t value);
   Uart16550& uart() { return *uart_; }
   DebugExit& debug_exit() { return *debug_exit_; }
   const MachineConfig& config() const { return config_; }
@@ -62,6 +86,12 @@ class Machine {
   Bus pio_{"port I/O"};
   Bus mmio_{"MMIO"};
   std::unique_ptr<PicPair> pic_;
+  std::unique_ptr<InterruptController> pic_input_;  // the 8259A pair's INTR/INTA
+  std::unique_ptr<IrqSink> isa_router_;             // pc-apic: ISA IRQs to both controllers
+  IrqSink* isa_irqs_ = nullptr;
+  InterruptController* cpu_interrupts_ = nullptr;
+  std::unique_ptr<LocalApic> lapic_;
+  std::unique_ptr<IoApic> ioapic_;
   std::unique_ptr<Pit8254> pit_;
   std::unique_ptr<SystemControlPortB> port61_;
   std::unique_ptr<Uart16550> uart_;

@@ -204,7 +204,7 @@ void Session::replay_async() {
 
 Result<> Session::deliver_interrupts() {
   Backend& cpu = machine_->backend();
-  if (!machine_->pic().interrupt_pending()) {
+  if (!machine_->interrupts().interrupt_pending()) {
     cpu.request_interrupt_window(false);
     return {};
   }
@@ -218,7 +218,7 @@ Result<> Session::deliver_interrupts() {
     cpu.request_interrupt_window(true);
     return {};
   }
-  uint8_t vector = machine_->pic().acknowledge();
+  uint8_t vector = machine_->interrupts().acknowledge();
   engine_.interrupt(vector, position());
   cpu.request_interrupt_window(false);
   last_exit_kind_ = ExitKind::kKicked;  // one injection per exit
@@ -246,7 +246,7 @@ Digest Session::final_machine_digest() {
 // HLT in run/record: sleep (in host time) until a device event or input can wake the guest.
 Result<std::optional<Outcome>> Session::wait_for_wake() {
   for (;;) {
-    if (machine_->pic().interrupt_pending()) return std::nullopt;
+    if (machine_->interrupts().interrupt_pending()) return std::nullopt;
     if (g_stop_requested.load()) return std::nullopt;
     auto deadline = machine_->next_deadline_ns();
     bool input_open = input_ && !input_->at_end();
@@ -310,22 +310,26 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
       break;
     }
     case ExitKind::kMsrRead:
-      // The TSC is the only MSR outside the vCPU that deja emulates; every other one is #GP,
-      // as on a CPU that lacks it.
+      // Outside the vCPU deja emulates the TSC and the MSRs of the machine's devices (the local
+      // APIC's on pc-apic); every other one is #GP, as on a CPU that lacks it.
       if (exit.msr == msr::kTsc) {
         exit.value = engine_.msr_read(exit.msr, exit.rip, engine_.mode() == Mode::kReplay ? 0 : engine_.tsc_now());
         exit.fault = false;
+      } else if (auto device = machine_->read_msr(exit.msr)) {
+        auto [value, fault] = engine_.device_msr_read(exit.msr, device->value, device->fault, exit.rip);
+        exit.value = value;
+        exit.fault = fault;
       } else {
         exit.fault = true;
       }
       break;
     case ExitKind::kMsrWrite:
-      exit.fault = true;
+      exit.fault = !machine_->write_msr(exit.msr, exit.value).value_or(false);
       break;
     case ExitKind::kHlt: {
       auto st = machine_->backend().get_state();
       if (!st) return std::unexpected(st.error());
-      if (!(st->rflags & rflags::kIf) && !machine_->pic().interrupt_pending()) {
+      if (!(st->rflags & rflags::kIf) && !machine_->interrupts().interrupt_pending()) {
         return Outcome{exit_status::kGuestStopped,
                        fmt::format("the guest halted with interrupts disabled at rip={:#x}", st->rip), false};
       }
@@ -464,7 +468,7 @@ Result<Outcome> Session::run() {
       if (mode == Mode::kReplay) {
         replay_async();
         if (auto end = replay_end_here()) return *end;
-        if (!machine_->pic().interrupt_pending() && !engine_.divergence() && engine_.peek()) {
+        if (!machine_->interrupts().interrupt_pending() && !engine_.divergence() && engine_.peek()) {
           engine_.report_divergence("the guest halted, but the recording has no event to wake it here",
                                     describe_event(*engine_.peek()), "HLT");
         }

@@ -47,7 +47,7 @@ TEST(TraceInspect, TextShowsProvenanceDurationCountsSerialAndTimeline) {
   testing::write_trace(path, events);
   std::string text = capture(path, InspectOptions{.events = true, .serial = true});
   for (const char* want : {"status       complete", "deja 0.1.0 (build test-build-1234)", "Linux testhost",
-                           "2025-11-29T", "backend=interp vcpus=1 memory=256 MiB progress=exact",
+                           "2025-11-29T", "machine      pc backend=interp vcpus=1 memory=256 MiB progress=exact",
                            "image guests/hello.elf (12345 bytes) sha256=abababab", "10000 instructions, 1000 branches",
                            "wall time 1.500 s", "exit status 0 (guest wrote SUCCESS and halted)", "100 total",
                            "port_read        11", "end              1"})
