@@ -270,7 +270,17 @@ void LocalApic::write_lvt(Lvt which, uint32_t value) {
   unsigned new_mode = (next >> 17) & 3;
   lvt_[kLvtTimer] = next;
   bool old_counting = old_mode < 2, new_counting = new_mode < 2;
-  if (old_mode != new_mode && !(old_counting && new_counting)) {
+  if (old_mode != new_mode && old_counting && new_counting && timer_running_ && initial_count_) {
+    // One-shot <-> periodic: the count goes on from where it is. A periodic count's position is
+    // within its current period; a one-shot that already reached zero stays stopped.
+    uint64_t ticks = timer_ticks(now);
+    if (new_mode == 0) {
+      timer_base_ticks_ = ticks % initial_count_;
+      timer_anchor_ns_ = now;
+    } else if (ticks >= initial_count_) {
+      stop_timer();
+    }
+  } else if (old_mode != new_mode && !(old_counting && new_counting)) {
     // Entering or leaving TSC-deadline mode (or the reserved mode 3) disarms the timer (SDM 10.5.4.1).
     initial_count_ = 0;
     tsc_deadline_ = 0;
