@@ -54,6 +54,7 @@ def main():
     ap.add_argument("--backend", default="interp")
     ap.add_argument("--replay-backend", default=None)
     ap.add_argument("--progress", default=None)
+    ap.add_argument("--machine", default=None, help="--machine for run and record (replay takes the trace's)")
     ap.add_argument("--cmdline", default=None)
     ap.add_argument("--serial-in", default=None)
     ap.add_argument("--status", type=int, default=1, help="expected guest exit status")
@@ -67,6 +68,8 @@ def main():
         opts += ["--serial-in", args.serial_in]
     if args.progress:
         opts += ["--progress", args.progress]
+    if args.machine:
+        opts += ["--machine", args.machine]
 
     if args.mode == "run":
         p = run([args.deja, "run", *opts, args.image], args.timeout)

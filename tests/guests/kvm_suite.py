@@ -133,6 +133,8 @@ def guest_options(name, sources):
         opts += ["--cmdline", "n=100000"]
     if name == "serial-echo":
         opts += ["--serial-in", os.path.join(sources, "serial-echo.input")]
+    if name == "apic":
+        opts += ["--machine", "pc-apic"]
     return opts
 
 
