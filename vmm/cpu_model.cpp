@@ -28,11 +28,11 @@ void add_brand(std::vector<CpuidEntry>& entries, const char* brand) {
 
 }  // namespace
 
-CpuModel make_cpu_model_v1() {
+CpuModel make_cpu_model_v1(bool local_apic) {
   static constexpr char kVendor[13] = "DejaVuReplay";
   CpuModel m;
   m.version_ = 1;
-  m.name_ = "deja-v1";
+  m.name_ = local_apic ? "deja-v1-apic" : "deja-v1";
   auto& e = m.entries_;
 
   // Leaf 0: max basic leaf 7, vendor string in EBX, EDX, ECX.
@@ -45,6 +45,11 @@ CpuModel make_cpu_model_v1() {
                 // EDX: FPU, TSC, MSR, PAE, CX8, CMOV, PAT, CLFSH, FXSR, SSE, SSE2.
                 bit(0) | bit(4) | bit(5) | bit(6) | bit(8) | bit(15) | bit(16) | bit(19) | bit(24) | bit(25) |
                     bit(26)}});
+  if (local_apic) {
+    // ECX: x2APIC, TSC-deadline; EDX: APIC (the machine's devices/lapic.* model them).
+    e.back().result.ecx |= bit(21) | bit(24);
+    e.back().result.edx |= bit(9);
+  }
   // Leaf 2: no descriptors (0xff: use leaf 4).
   e.push_back({2, 0, false, {0x00ff0001, 0, 0, 0}});
   // Leaf 4: deterministic cache parameters (L1d, L1i, L2, L3), then the null terminator.
@@ -81,7 +86,12 @@ CpuModel make_cpu_model_v1() {
 }
 
 const CpuModel& CpuModel::current() {
-  static const CpuModel model = make_cpu_model_v1();
+  static const CpuModel model = make_cpu_model_v1(false);
+  return model;
+}
+
+const CpuModel& CpuModel::with_local_apic() {
+  static const CpuModel model = make_cpu_model_v1(true);
   return model;
 }
 

@@ -24,6 +24,9 @@ class CpuModel {
  public:
   // The model recorded in trace headers; bump `version` whenever any answer changes.
   static const CpuModel& current();
+  // The same model on the APIC PC (--machine pc-apic): CPUID.1 also reports the local APIC
+  // (EDX.APIC), x2APIC and the TSC-deadline timer (ECX). The PIC-only PC's model has none of them.
+  static const CpuModel& with_local_apic();
 
   uint32_t version() const { return version_; }
   std::string_view name() const { return name_; }
@@ -46,7 +49,7 @@ class CpuModel {
   uint32_t version_ = 0;
   std::string_view name_;
   std::vector<CpuidEntry> entries_;
-  friend CpuModel make_cpu_model_v1();
+  friend CpuModel make_cpu_model_v1(bool local_apic);
 };
 
 namespace msr {

@@ -18,6 +18,7 @@
 #include "devices/pit8254.h"
 #include "devices/uart16550.h"
 #include "vmm/backend.h"
+#include "vmm/cpu_model.h"
 #include "vmm/guest_memory.h"
 
 namespace deja {
@@ -103,7 +104,8 @@ class Machine {
   std::unique_ptr<Backend> backend_;
 };
 
-// Creates the backend named `name` ("kvm" or "interp") over `memory`.
-Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, bool trap_rdtsc = true);
+// Creates the backend named `name` ("kvm" or "interp") over `memory`, presenting `model`.
+Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, bool trap_rdtsc = true,
+                                              const CpuModel& model = CpuModel::current());
 
 }  // namespace deja

@@ -48,5 +48,23 @@ TEST(CpuModel, BrandString) {
   EXPECT_EQ(std::string(brand.c_str()), "deja virtual CPU v1");
 }
 
+// The APIC PC's model differs only in CPUID.1's APIC, x2APIC and TSC-deadline bits.
+TEST(CpuModel, LocalApicOnlyOnTheApicMachine) {
+  const auto& pc = CpuModel::current();
+  const auto& apic = CpuModel::with_local_apic();
+  EXPECT_EQ(pc.cpuid(1, 0).edx & (1u << 9), 0u);
+  EXPECT_EQ(pc.cpuid(1, 0).ecx & ((1u << 21) | (1u << 24)), 0u);
+  CpuidResult leaf1 = apic.cpuid(1, 0);
+  EXPECT_EQ(leaf1.edx, pc.cpuid(1, 0).edx | (1u << 9));
+  EXPECT_EQ(leaf1.ecx, pc.cpuid(1, 0).ecx | (1u << 21) | (1u << 24));
+  EXPECT_EQ(leaf1.ebx >> 24, 0u) << "initial APIC ID";
+  ASSERT_EQ(pc.entries().size(), apic.entries().size());
+  for (size_t i = 0; i < pc.entries().size(); ++i) {
+    if (pc.entries()[i].function == 1) continue;
+    EXPECT_EQ(pc.entries()[i].result, apic.entries()[i].result) << "leaf " << pc.entries()[i].function;
+  }
+  EXPECT_EQ(apic.version(), pc.version());
+}
+
 }  // namespace
 }  // namespace deja
