@@ -57,8 +57,8 @@ constexpr uint8_t kIoApicId = 1;
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, bool trap_rdtsc,
-                                              const CpuModel& model) {
+Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, const CpuModel& model,
+                                              bool trap_rdtsc) {
   if (name == "kvm") return make_kvm_backend(memory, model, KvmOptions{.trap_rdtsc = trap_rdtsc});
   if (name == "interp") return make_interp_backend(memory, model);
   return fail(ErrorKind::kInvalidArgument, "unknown backend '{}' (use kvm or interp)", name);
@@ -75,7 +75,7 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
     return fail(ErrorKind::kInvalidArgument, "unknown machine '{}' (use {} or {})", config.machine, kMachinePc,
                 kMachinePcApic);
   }
-  const CpuModel& cpu_model = apic ? CpuModel::with_local_apic() : CpuModel::current();
+  const CpuModel& cpu_model = apic ? config.cpu_model->with_local_apic() : *config.cpu_model;
 
   m->pic_ = std::make_unique<PicPair>();
   m->pic_input_ = std::make_unique<PicInput>(*m->pic_);
@@ -150,7 +150,7 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
     }
   }
 
-  auto backend = make_backend(config.backend, m->memory_, config.trap_rdtsc, cpu_model);
+  auto backend = make_backend(config.backend, m->memory_, cpu_model, config.trap_rdtsc);
   if (!backend) return std::unexpected(backend.error());
   m->backend_ = std::move(*backend);
   return m;

@@ -37,6 +37,7 @@ struct MachineConfig {
   std::string cmdline;
   std::string backend = "interp";  // "kvm" or "interp"
   std::string machine = std::string(kMachinePc);  // "pc" or "pc-apic"
+  const CpuModel* cpu_model = &CpuModel::x86_64_v1();  // what CPUID answers (recorded in the trace header)
   int64_t rtc_epoch_unix_seconds = 0;
   // Test-only: perturbs a device's semantics so replay must report divergence (see tests).
   std::string device_semantics;
@@ -104,8 +105,8 @@ class Machine {
   std::unique_ptr<Backend> backend_;
 };
 
-// Creates the backend named `name` ("kvm" or "interp") over `memory`, presenting `model`.
-Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, bool trap_rdtsc = true,
-                                              const CpuModel& model = CpuModel::current());
+// Creates the backend named `name` ("kvm" or "interp") over `memory`, presenting CPU model `model`.
+Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, const CpuModel& model,
+                                              bool trap_rdtsc = true);
 
 }  // namespace deja
