@@ -13,6 +13,17 @@
 
 namespace deja {
 
+// What port 0x61 and the machine need of a PIT, whichever device model's it is (pit8254_v1.h keeps model 1's).
+class PitChannels : public Device {
+ public:
+  // The GATE input of `channel` (port 0x61 drives channel 2's) and the OUT output, now.
+  virtual void set_gate(unsigned channel, bool level) = 0;
+  virtual bool gate(unsigned channel) const = 0;
+  virtual bool out(unsigned channel) = 0;
+  // The virtual clock the PIT counts from (port 0x61's refresh toggle shares it).
+  virtual Clock& clock() = 0;
+};
+
 // Follows the Intel 8254 datasheet (order no. 231164): three channels, modes 0-5 (6 and 7 alias 2
 // and 3), lobyte/hibyte/lohi access, counter latch and read-back commands, the status byte with
 // NULL COUNT, gate semantics per mode, binary and BCD counting.
@@ -44,7 +55,7 @@ namespace deja {
 // latch them into one IRR bit anyway.
 //
 // Gates of channels 0 and 1 are tied high, as on the PC; channel 2's comes from port 0x61.
-class Pit8254 : public Device {
+class Pit8254 : public PitChannels {
  public:
   static constexpr uint64_t kInputHz = 1193182;
 
@@ -58,13 +69,10 @@ class Pit8254 : public Device {
   std::optional<uint64_t> next_deadline_ns() const override;
   void advance(uint64_t now_ns) override;
 
-  // The GATE input of `channel` (port 0x61 drives channel 2's) and the OUT output, now.
-  void set_gate(unsigned channel, bool level);
-  bool gate(unsigned channel) const;
-  bool out(unsigned channel);
-
-  // The virtual clock the PIT counts from (port 0x61's refresh toggle shares it).
-  Clock& clock() { return clock_; }
+  void set_gate(unsigned channel, bool level) override;
+  bool gate(unsigned channel) const override;
+  bool out(unsigned channel) override;
+  Clock& clock() override { return clock_; }
 
   static uint64_t ticks_at(uint64_t ns);
   // The first ns at which ticks_at(ns) >= tick.
@@ -146,7 +154,7 @@ class SystemControlPortB : public Device {
  public:
   static constexpr uint64_t kRefreshHalfPeriodNs = 15085;
 
-  explicit SystemControlPortB(Pit8254& pit) : pit_(pit) {}
+  explicit SystemControlPortB(PitChannels& pit) : pit_(pit) {}
 
   std::string_view name() const override { return "port61"; }
   void read(uint64_t offset, std::span<uint8_t> data) override;
@@ -155,7 +163,7 @@ class SystemControlPortB : public Device {
   Result<> restore(std::span<const uint8_t> state) override;
 
  private:
-  Pit8254& pit_;
+  PitChannels& pit_;
   uint8_t control_ = 0;
 };
 

@@ -76,10 +76,11 @@ int replay_trace(const ReplayOptions& options) {
                                      options.trace_path, header.cpu_model().empty() ? "(unnamed)" : header.cpu_model(),
                                      header.cpu_model_version(), CpuModel::names())});
   }
-  if (header.device_model_version() != kDeviceModelVersion) {
+  if (header.device_model_version() < kOldestDeviceModelVersion || header.device_model_version() > kDeviceModelVersion) {
     return report_error({ErrorKind::kUnsupported,
-                         fmt::format("{} was recorded with device model v{}; this deja implements v{}",
-                                     options.trace_path, header.device_model_version(), kDeviceModelVersion)});
+                         fmt::format("{} was recorded with device model v{}; this deja implements v{} to v{}",
+                                     options.trace_path, header.device_model_version(), kOldestDeviceModelVersion,
+                                     kDeviceModelVersion)});
   }
   ProgressChoice progress;
   if (rc.progress_mode() == "exact") {
@@ -165,6 +166,7 @@ int replay_trace(const ReplayOptions& options) {
   config.backend = backend;
   config.machine = rc.machine().empty() ? std::string(kMachinePc) : rc.machine();  // traces before the field: pc
   config.cpu_model = model;
+  config.device_model_version = header.device_model_version();
   config.rtc_epoch_unix_seconds = header.start_unix_ns() / 1'000'000'000;
   config.device_semantics = rc.device_semantics();
   if (!options.test_device_semantics.empty()) config.device_semantics = options.test_device_semantics;

@@ -76,6 +76,14 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
                 kMachinePcApic);
   }
   const CpuModel& cpu_model = apic ? config.cpu_model->with_local_apic() : *config.cpu_model;
+  if (config.device_model_version < kOldestDeviceModelVersion || config.device_model_version > kDeviceModelVersion) {
+    return fail(ErrorKind::kUnsupported, "device model v{} is not one this deja implements (v{} to v{})",
+                config.device_model_version, kOldestDeviceModelVersion, kDeviceModelVersion);
+  }
+  if (apic && config.device_model_version < 2) {
+    return fail(ErrorKind::kUnsupported, "--machine {} needs device model v2 (this configuration asks for v{})",
+                config.machine, config.device_model_version);
+  }
 
   m->pic_ = std::make_unique<PicPair>();
   m->pic_input_ = std::make_unique<PicInput>(*m->pic_);
@@ -96,7 +104,11 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
     m->cpu_interrupts_ = m->lapic_.get();
   }
   IrqSink* isa = m->isa_irqs_;
-  m->pit_ = std::make_unique<Pit8254>(clock, IrqLine(isa, 0));
+  if (config.device_model_version == 1) {
+    m->pit_ = std::make_unique<Pit8254V1>(clock, IrqLine(isa, 0));
+  } else {
+    m->pit_ = std::make_unique<Pit8254>(clock, IrqLine(isa, 0));
+  }
   m->port61_ = std::make_unique<SystemControlPortB>(*m->pit_);
   m->uart_ = std::make_unique<Uart16550>(IrqLine(isa, 4), serial_out);
   m->rtc_ = std::make_unique<CmosRtc>(clock, config.rtc_epoch_unix_seconds, IrqLine(isa, 8));

@@ -16,6 +16,7 @@
 #include "devices/lapic.h"
 #include "devices/pic8259.h"
 #include "devices/pit8254.h"
+#include "devices/pit8254_v1.h"
 #include "devices/uart16550.h"
 #include "vmm/backend.h"
 #include "vmm/cpu_model.h"
@@ -25,7 +26,10 @@ namespace deja {
 
 // Version of the device semantics (all device models together); recorded in trace headers and
 // bumped whenever any device's guest-visible behaviour changes.
+// Model 2: the PIT's datasheet timing (pit8254.h) and the pc-apic machine. Model 1 (pit8254_v1.h) is
+// kept so that its traces replay; `MachineConfig::device_model_version` picks one.
 constexpr uint32_t kDeviceModelVersion = 2;
+constexpr uint32_t kOldestDeviceModelVersion = 1;
 
 // The machine types (`--machine`), recorded in the trace header.
 //   pc       the PIC-only PC: 8259A pair, no local APIC (CPUID.1:EDX.APIC clear)
@@ -37,6 +41,7 @@ struct MachineConfig {
   std::string cmdline;
   std::string backend = "interp";  // "kvm" or "interp"
   std::string machine = std::string(kMachinePc);  // "pc" or "pc-apic"
+  uint32_t device_model_version = kDeviceModelVersion;  // replay: the trace's
   const CpuModel* cpu_model = &CpuModel::x86_64_v1();  // what CPUID answers (recorded in the trace header)
   int64_t rtc_epoch_unix_seconds = 0;
   // Test-only: perturbs a device's semantics so replay must report divergence (see tests).
@@ -94,7 +99,7 @@ class Machine {
   InterruptController* cpu_interrupts_ = nullptr;
   std::unique_ptr<LocalApic> lapic_;
   std::unique_ptr<IoApic> ioapic_;
-  std::unique_ptr<Pit8254> pit_;
+  std::unique_ptr<PitChannels> pit_;
   std::unique_ptr<SystemControlPortB> port61_;
   std::unique_ptr<Uart16550> uart_;
   std::unique_ptr<CmosRtc> rtc_;

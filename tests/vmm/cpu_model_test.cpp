@@ -80,6 +80,7 @@ TEST(CpuModel, FirstMissingNamesTheFeature) {
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->label(), "PSE (CPUID.01H:EDX[3])");
   EXPECT_EQ(CpuModel::x86_64_v1().hardware_features().front().name, "FPU");
+}
 
 // The APIC PC's variant of every model differs only in CPUID.1's APIC, x2APIC and TSC-deadline bits.
 TEST(CpuModel, LocalApicOnlyOnTheApicMachine) {
