@@ -483,6 +483,10 @@ Result<Outcome> Session::run() {
         }
       }
     }
+    // What the recording let in after this exit (async events, heartbeats) precedes the digest it took
+    // at the end of this iteration, so replay applies it here too, not at the top of the next iteration
+    // (where the interrupt it raised would be delivered before the digest was checked).
+    if (mode == Mode::kReplay) replay_async();
     maybe_digest();
   }
 }
