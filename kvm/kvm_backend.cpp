@@ -347,17 +347,17 @@ Result<> KvmBackend::setup(GuestMemory& memory, const CpuModel& model, const Kvm
 
   if (auto ok = setup_cpuid(model); !ok) return ok;
 
-  // deja's machine has no local APIC in the vCPU (IA32_APIC_BASE is VMM-emulated through the MSR filter).
-  // KVM derives CPUID.01H:EDX.APIC from its own APIC_BASE enable bit, so disable it there, or KVM would
-  // advertise an APIC the model does not have.
+  // deja's machine has no local APIC in the vCPU: on pc-apic it is a VMM device (devices/lapic.*, its
+  // IA32_APIC_BASE emulated through the MSR filter). KVM derives CPUID.01H:EDX.APIC from its own APIC_BASE
+  // enable bit, so set that bit exactly when the model advertises an APIC, or KVM would hide or invent one.
   kvm_sregs sregs{};
   if (::ioctl(vcpu_.get(), KVM_GET_SREGS, &sregs) < 0) {
     return fail(ErrorKind::kHost, "KVM_GET_SREGS failed: {}", errno_text(errno));
   }
-  sregs.apic_base = 0x100;  // BSP, global enable clear
+  sregs.apic_base = model.has(feature("APIC")) ? 0xfee00900 : 0x100;  // BSP; global enable as the model says
   if (::ioctl(vcpu_.get(), KVM_SET_SREGS, &sregs) < 0) {
-    return fail(ErrorKind::kHost, "disabling KVM's APIC (KVM_SET_SREGS apic_base=0x100) failed: {}",
-                errno_text(errno));
+    return fail(ErrorKind::kHost, "setting KVM's APIC base (KVM_SET_SREGS apic_base={:#x}) failed: {}",
+                sregs.apic_base, errno_text(errno));
   }
 
   // Without TSC scaling in the host CPU, KVM refuses a rate other than the host's; the guest TSC then ticks
