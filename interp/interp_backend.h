@@ -181,7 +181,8 @@ class InterpBackend : public Backend {
   uint64_t port_in(uint16_t port, unsigned size);
   void port_out(uint16_t port, unsigned size, uint64_t value);
   void check_io_permission();
-  [[noreturn]] void request_exit();
+  // Leaves run() with exit_ (its rip: the current instruction's, unless `rip` says otherwise).
+  [[noreturn]] void request_exit(std::optional<uint64_t> rip = std::nullopt);
   bool take_response(ExitKind kind, uint64_t key, uint64_t& value, bool* fault = nullptr, bool* ok = nullptr);
 
   // Interrupts and exceptions.

@@ -184,7 +184,9 @@ void InterpBackend::write_phys(uint64_t gpa, const void* data, unsigned size) {
   exit_.address = gpa;
   exit_.size = uint8_t(size);
   std::memcpy(&exit_.value, data, size);
-  request_exit();
+  // The exit names the instruction after the write, as KVM does (it completes an MMIO write before
+  // exiting), so that exit-synchronous coordinates agree across backends (vmm/backend.h).
+  request_exit(next_rip_);
 }
 
 void InterpBackend::read_linear(uint64_t linear, void* out, unsigned size, Access access) {

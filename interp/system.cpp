@@ -428,8 +428,8 @@ bool InterpBackend::take_response(ExitKind kind, uint64_t key, uint64_t& value, 
   return true;
 }
 
-void InterpBackend::request_exit() {
-  exit_.rip = insn_rip_;
+void InterpBackend::request_exit(std::optional<uint64_t> rip) {
+  exit_.rip = rip.value_or(insn_rip_);
   throw ExitRequest{};
 }
 

@@ -40,7 +40,8 @@ struct VcpuExit {
   uint64_t address = 0;    // kMmioRead / kMmioWrite: guest-physical address
   uint32_t msr = 0;        // kMsrRead / kMsrWrite
   uint64_t value = 0;      // data written by the guest, or to be returned to it
-  uint64_t rip = 0;        // address of the instruction that caused the exit (I/O, MMIO, MSR, RDTSC, RDRAND, HLT)
+  uint64_t rip = 0;        // address of the instruction that caused the exit (I/O, MMIO, MSR, RDTSC, RDRAND, HLT);
+                           // for kMmioWrite the next instruction's: KVM completes an MMIO write before it exits
   bool ok = true;          // kRdrand: the CF the guest sees
   bool fault = false;      // kMsrRead / kMsrWrite: the VMM answers #GP
   bool is_rdtscp = false;  // kRdtsc came from RDTSCP (the backend loads TSC_AUX into ECX itself)

@@ -146,11 +146,15 @@ TEST(InterpBasic, MmioReadAndWriteExit) {
   ASSERT_EQ(exit->kind, ExitKind::kMmioRead);
   EXPECT_EQ(exit->address, 0x10000008u);
   EXPECT_EQ(exit->size, 4);
+  uint64_t read_rip = exit->rip;
   exit->value = 41;
   exit = *vm.cpu->run();
   ASSERT_EQ(exit->kind, ExitKind::kMmioWrite);
   EXPECT_EQ(exit->address, 0x10000010u);
   EXPECT_EQ(exit->value, 42u);
+  // A read names its own instruction; a write the next one, as KVM's completed MMIO writes do
+  // (mov eax, [rbx+8]; add eax, 1; mov [rbx+16], eax: 3 bytes each).
+  EXPECT_EQ(exit->rip, read_rip + 9);
   ASSERT_EQ((*vm.cpu->run())->kind, ExitKind::kHlt);
 }
 
