@@ -166,7 +166,9 @@ void InterpBackend::exec_sse(const DecodedInsn& insn) {
         uint32_t mask = interp::sse::mxcsr::kWritable;
         std::memcpy(s_.fxsave.data() + kMxcsrMaskOffset, &mask, 4);
         probe_write(m.seg, address, 512);
-        for (size_t offset = 0; offset < 512; offset += 8) {
+        // Bytes 416-511 (reserved, then software-available) are left as they are, as processors and
+        // QEMU leave them: a guest may keep data there, and stale stack bytes must match KVM's.
+        for (size_t offset = 0; offset < 416; offset += 8) {
           uint64_t chunk = 0;
           std::memcpy(&chunk, s_.fxsave.data() + offset, 8);
           write_mem(m.seg, address + offset, 8, chunk);

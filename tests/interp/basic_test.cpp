@@ -158,6 +158,18 @@ TEST(InterpBasic, MmioReadAndWriteExit) {
   ASSERT_EQ((*vm.cpu->run())->kind, ExitKind::kHlt);
 }
 
+TEST(InterpBasic, FxsaveLeavesTheReservedAndAvailableBytesAlone) {
+  TestVm vm = TestVm::long_mode();
+  for (uint64_t offset = 0; offset < 512; offset += 8) vm.write64(0x200000 + offset, 0xaaaaaaaaaaaaaaaaull);
+  vm.code("mov rbx, 0x200000\n fxsave [rbx]\n hlt\n");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.read64(0x200000 + 160), 0u) << "XMM0 is written";
+  EXPECT_EQ(vm.read64(0x200000 + 408), 0u) << "XMM15 is written";
+  for (uint64_t offset = 416; offset < 512; offset += 8) {
+    EXPECT_EQ(vm.read64(0x200000 + offset), 0xaaaaaaaaaaaaaaaaull) << "byte " << offset;
+  }
+}
+
 TEST(InterpBasic, RdtscExitAndCpuidFromModel) {
   TestVm vm = TestVm::long_mode();
   vm.code("rdtsc\n mov r8, rax\n mov r9, rdx\n xor eax, eax\n cpuid\n hlt\n");
