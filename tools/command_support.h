@@ -34,10 +34,11 @@ int report_error(const Error& e);
 // Prints why a run ended, unless the guest ended it itself or replay already reported it.
 void finish_outcome_message(const Outcome& o);
 
-// The guest image and boot modules, read whole.
+// The guest image and boot modules (or the Linux kernel and its initrd), read whole.
 struct GuestInputs {
   std::vector<uint8_t> image;
   std::vector<std::vector<uint8_t>> modules;
+  std::vector<uint8_t> initrd;
 };
 Result<GuestInputs> read_guest_inputs(const std::string& image_path, const LoadOptions& load);
 

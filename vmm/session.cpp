@@ -75,7 +75,7 @@ Session::~Session() = default;
 
 Result<> Session::build(const MachineConfig& config, const std::string& serial_out, std::span<const uint8_t> image,
                         const std::string& image_name, const LoadOptions& load,
-                        std::span<const std::vector<uint8_t>> modules) {
+                        std::span<const std::vector<uint8_t>> modules, std::span<const uint8_t> initrd) {
   auto sink = FileSink::open(serial_out);
   if (!sink) return std::unexpected(sink.error());
   out_ = std::move(*sink);
@@ -83,8 +83,9 @@ Result<> Session::build(const MachineConfig& config, const std::string& serial_o
   auto machine = Machine::create(config, engine_, *tee_);
   if (!machine) return std::unexpected(machine.error());
   machine_ = std::move(*machine);
-  auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, load, modules);
+  auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, load, modules, initrd);
   if (!loaded) return std::unexpected(loaded.error());
+  image_format_ = loaded->format;
   if (auto s = machine_->backend().set_state(loaded->initial_state); !s) return std::unexpected(s.error());
   engine_.set_position_source([this] { return position(); });
   return {};
