@@ -22,9 +22,11 @@ std::string linux_guest_cmdline() {
   // console=ttyS0: the 16550 is the only console. tsc_early_khz: the CPU model's TSC rate, so Linux need not
   // calibrate against the PIT through slow port I/O; tsc=reliable: no watchdog against a clocksource deja lacks.
   // acpi=off, pci=conf1: no ACPI tables or BIOS, PCI through mechanism #1. quiet cryptomgr.notests: half the boot's
-  // instructions go to console output and crypto self-tests. panic=-1: a panic reboots, which stops deja.
+  // instructions go to console output and crypto self-tests. panic=-1 reboot=triple: a panic reboots at once
+  // through a triple fault, which stops deja (the default reboot methods end in the real-mode BIOS, which deja
+  // lacks). mds=off: the MDS mitigation's VERW on every return to user space is not implemented by interp yet.
   return fmt::format("console=ttyS0 tsc_early_khz={} tsc=reliable acpi=off pci=conf1 nokaslr quiet "
-                     "cryptomgr.notests panic=-1",
+                     "cryptomgr.notests panic=-1 reboot=triple mds=off",
                      CpuModel::kTscHz / 1000);
 }
 
