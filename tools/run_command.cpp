@@ -32,6 +32,7 @@ struct RunArgs {
   std::string initrd;
   std::string boot_protocol = "auto";
   bool linux_guest = false;  // --linux: the bundled guest
+  bool print_cmdline = false;
   std::string output;  // record: the trace
 };
 
@@ -76,6 +77,9 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_flag("--linux", a.linux_guest,
                 "boot the bundled Linux guest: the installed Debian kernel with the initramfs the build makes "
                 "(docs/linux.md)");
+  cmd->add_flag("--print-cmdline", a.print_cmdline,
+                "print the kernel command line the guest would boot with (e.g. to boot the --linux guest elsewhere) "
+                "and exit");
   cmd->add_option("IMAGE", a.image, "guest image: Multiboot ELF32/ELF64, or ELF64 for direct 64-bit boot");
 }
 
@@ -285,6 +289,10 @@ std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
   auto start = [](const RunArgs& a, Mode mode) {
     auto options = to_session(a);
     if (!options) return report_error(options.error());
+    if (a.print_cmdline) {
+      std::printf("%s\n", options->load.cmdline.c_str());
+      return 0;
+    }
     options->trace_path = a.output;
     return run_or_record(*options, mode);
   };
