@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "vmm/cpu_model.h"
 
 namespace deja {
 namespace {
@@ -205,7 +204,7 @@ Result<LoadedImage> load_bzimage_64bit(GuestMemory& memory, const BzImage& image
   st.cr3 = kPageTables;
   st.cr4 = cr4::kPae | cr4::kOsfxsr | cr4::kOsxmmexcpt;
   st.efer = efer::kLme | efer::kLma;
-  if (CpuModel::current().cpuid(0x80000001, 0).edx & (1u << 20)) st.efer |= efer::kNxe;
+  if (options.cpu_has_nx) st.efer |= efer::kNxe;
   st.gpr[kRsi] = kZeroPage;
   st.gpr[kRsp] = kZeroPage;  // a scratch stack below the zero page; startup_64 sets its own before any call
   return loaded;

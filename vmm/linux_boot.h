@@ -38,6 +38,7 @@ struct LinuxBootOptions {
   LinuxEntry entry = LinuxEntry::kAuto;
   std::span<const uint8_t> initrd;  // empty = none (an empty initrd file is refused by the caller's reader)
   std::string initrd_name;          // for messages; "" = no initrd
+  bool cpu_has_nx = true;           // the CPU model has NX: the 64-bit entry sets EFER.NXE
 };
 
 namespace linux_layout {

@@ -51,6 +51,7 @@ struct LoadOptions {
   bool linux_kernel = false;
   LinuxEntry linux_entry = LinuxEntry::kAuto;
   std::string initrd_path;  // "" = no initrd
+  bool cpu_has_nx = true;  // the CPU model has NX: elf64-direct and the Linux 64-bit entry set EFER.NXE
 };
 
 // Reads the image file and every module from disk, validates, writes into `memory`.
