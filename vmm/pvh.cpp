@@ -76,7 +76,8 @@ Result<LoadedImage> load_pvh_kernel(GuestMemory& memory, std::span<const uint8_t
   uint64_t initrd_at = 0;
   std::vector<Piece> modules;
   if (!options.initrd_name.empty()) {
-    auto placed = place_initrd(options.initrd.size(), kernel_end, std::min(ram_size, kBoot4GiB), options.initrd_name,
+    auto placed = place_initrd(options.initrd.size(), std::max(kernel_end, kCmdlineEnd), std::min(ram_size, kBoot4GiB),
+                               options.initrd_name,
                                "below 4 GiB (the PVH initrd address Linux reads is 32-bit)");
     if (!placed) return std::unexpected(placed.error());
     initrd_at = *placed;
@@ -116,6 +117,11 @@ Result<LoadedImage> load_pvh_kernel(GuestMemory& memory, std::span<const uint8_t
       Piece{"the PVH start information", kZeroPage, info, info.size()},
       Piece{"the command line", kCmdline, cmdline, cmdline.size()},
   };
+
+  std::vector<Piece> all = pieces;
+  all.insert(all.end(), modules.begin(), modules.end());
+  all.insert(all.end(), structures.begin(), structures.end());
+  if (auto ok = check_pieces(what, all, ram_size, true, {}); !ok) return std::unexpected(ok.error());
 
   LoadedImage loaded;
   const std::vector<Piece>* groups[] = {&pieces, &modules, &structures};

@@ -415,6 +415,9 @@ Result<Outcome> Session::run() {
     if (mode == Mode::kReplay) {
       replay_async();
       if (auto end = replay_end_here()) return *end;
+      // Recording takes a due digest right after the asynchronous event that made it due, before the
+      // interrupt that event may raise is delivered; replay consumes that event only here, so check here too.
+      maybe_digest();
     }
     if (engine_.divergence()) return Outcome{exit_status::kDivergence, "divergence", false};
     if (mode == Mode::kReplay && engine_.replay_exhausted() && !engine_.peek()) {

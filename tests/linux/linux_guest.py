@@ -105,7 +105,15 @@ class Session:
         return self.proc.returncode
 
     def kill(self):
-        if self.proc.poll() is None:
+        """Stops the machine: SIGINT first (deja then prints its --stats, useful in the log), SIGKILL after 10 s."""
+        if self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            rest, _ = self.proc.communicate(timeout=10)
+            if self.log and rest:
+                self.log.write(rest)
+        except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
