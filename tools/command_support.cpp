@@ -101,13 +101,18 @@ Result<BackendChoice> choose_backend(const std::string& requested, const std::st
 
 Result<GuestInputs> read_guest_inputs(const std::string& image_path, const LoadOptions& load) {
   GuestInputs p;
-  auto image = read_boot_file(image_path, "guest image");
+  auto image = read_boot_file(image_path, load.linux_kernel ? "Linux kernel" : "guest image");
   if (!image) return std::unexpected(image.error());
   p.image = std::move(*image);
   for (const auto& m : load.modules) {
     auto bytes = read_boot_file(m.path, "boot module");
     if (!bytes) return std::unexpected(bytes.error());
     p.modules.push_back(std::move(*bytes));
+  }
+  if (!load.initrd_path.empty()) {
+    auto bytes = read_boot_file(load.initrd_path, "initrd");
+    if (!bytes) return std::unexpected(bytes.error());
+    p.initrd = std::move(*bytes);
   }
   return p;
 }

@@ -17,6 +17,7 @@ struct ReplayOptions {
   std::string trace_path;
   std::string backend;     // "" = the backend the trace was recorded on, if available here
   std::string image_path;  // "" = the path recorded in the trace
+  std::string initrd_path;  // "" = the path recorded in the trace
   std::string serial_out = "-";
   bool stats = false;
   bool print_digest = false;
@@ -128,9 +129,20 @@ int replay_trace(const ReplayOptions& options) {
 
   const trace::InputFile* image_entry = nullptr;
   std::string image_path = find_input(header, "image", &image_entry);
-  if (!image_entry) return report_error({ErrorKind::kBadTrace, fmt::format("{} names no guest image", options.trace_path)});
-  if (!options.image_path.empty()) image_path = options.image_path;
   LoadOptions load;
+  if (!image_entry) {
+    // A Linux kernel, loaded with the same boot protocol choice and initrd as recorded.
+    image_path = find_input(header, "kernel", &image_entry);
+    if (!image_entry) return report_error({ErrorKind::kBadTrace, fmt::format("{} names no guest image", options.trace_path)});
+    auto entry = parse_linux_entry(rc.boot_protocol());
+    if (!entry) return report_error({ErrorKind::kBadTrace, fmt::format("{}: {}", options.trace_path, entry.error().message)});
+    load.linux_kernel = true;
+    load.linux_entry = *entry;
+  }
+  const trace::InputFile* initrd_entry = nullptr;
+  load.initrd_path = find_input(header, "initrd", &initrd_entry);
+  if (!options.image_path.empty()) image_path = options.image_path;
+  if (!options.initrd_path.empty()) load.initrd_path = options.initrd_path;
   load.cmdline = rc.cmdline();
   int module_index = 0;
   for (const auto& f : header.inputs()) {
@@ -151,6 +163,9 @@ int replay_trace(const ReplayOptions& options) {
     return {};
   };
   if (auto r = check_hash(*image_entry, image_path, inputs->image); !r) return report_error(r.error());
+  if (initrd_entry) {
+    if (auto r = check_hash(*initrd_entry, load.initrd_path, inputs->initrd); !r) return report_error(r.error());
+  }
   module_index = 0;
   for (const auto& f : header.inputs()) {
     if (f.role() != "module") continue;
@@ -173,7 +188,8 @@ int replay_trace(const ReplayOptions& options) {
   config.trap_rdtsc = rc.rdtsc_trapped();
 
   Session session(Mode::kReplay, progress.mode);
-  if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules);
+  if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules,
+                                 inputs->initrd);
       !built) {
     return report_error(built.error());
   }
@@ -262,7 +278,9 @@ Subcommand add_replay_command(CLI::App& app) {
   replay->add_option("--progress", o->progress,
                      "exact-mode traces: the counter to reach coordinates with: exact, or emulated-pmu:SKID[:SEED] "
                      "(interp; default: as recorded)");
-  replay->add_option("--image", o->image_path, "guest image (default: the path in the trace; hash-checked)");
+  replay->add_option("--image,--kernel", o->image_path,
+                     "guest image or Linux kernel (default: the path in the trace; hash-checked)");
+  replay->add_option("--initrd", o->initrd_path, "the Linux kernel's initrd (default: the path in the trace; hash-checked)");
   replay->add_option("--serial-out", o->serial_out, "where the replayed serial output goes (default stdout)");
   replay->add_flag("--stats", o->stats, "print exit counts at the end");
   replay->add_flag("--digest", o->print_digest, "print the final state digest");
