@@ -164,8 +164,8 @@ def record_replay(args, workdir, results):
     recorded = os.path.join(workdir, "recorded.out")
     replayed = os.path.join(workdir, "replayed.out")
     t0 = time.monotonic()
-    rec = subprocess.run([args.deja, "record", "--backend", args.backend, "--linux", "--append",
-                          "deja.script=devices", "-o", trace, "--serial-out", recorded],
+    rec = subprocess.run([args.deja, "record", "--backend", args.backend, "--machine", args.machine, "--linux",
+                          "--append", "deja.script=devices", "-o", trace, "--serial-out", recorded],
                          capture_output=True, text=True, timeout=args.timeout)
     if rec.returncode != 1 or b"deja-linux: ready" not in open(recorded, "rb").read():
         raise linux_guest.GuestError(f"record ended with status {rec.returncode}:\n{rec.stderr[-2000:]}")
@@ -180,6 +180,8 @@ def record_replay(args, workdir, results):
     for role in ("input        kernel", "input        initrd"):
         if role not in inspect:
             raise linux_guest.GuestError(f"the trace header has no '{role.split()[-1]}' input:\n{inspect}")
+    if f"machine      {args.machine} " not in inspect:
+        raise linux_guest.GuestError(f"the trace header does not name machine {args.machine}:\n{inspect}")
     results.append(f"record {t1 - t0:.1f} s, replay {time.monotonic() - t1:.1f} s, {os.path.getsize(trace)} bytes: "
                    + rep.stderr.strip().splitlines()[-1].removeprefix("deja: "))
 
@@ -193,6 +195,7 @@ def main():
     parser.add_argument("--record-replay", action="store_true",
                         help="instead: record a boot running /scripts/devices, replay it, compare")
     parser.add_argument("--timeout", type=float, default=600, help="seconds for any one step")
+    parser.add_argument("--machine", default="pc", choices=["pc", "pc-apic"], help="--record-replay: the machine")
     parser.add_argument("--keep", help="keep logs and the overlay in this directory")
     args = parser.parse_args()
     if not os.path.exists(os.path.join(args.guest_dir, "initramfs.cpio")):
