@@ -190,26 +190,14 @@ int replay_trace(const ReplayOptions& options) {
   bool end_matched = false;
   std::optional<Digest> final_digest;
   if (outcome->status != exit_status::kDivergence && outcome->status != exit_status::kTraceEnded) {
-    if (outcome->recorded_end) {
-      // replay_end_here() matched the End of a recording that stopped here (interrupted, or stopped by deja).
-      end_matched = engine.expect_end("the recording's end") != nullptr;
-    } else if (const trace::End* end = engine.expect_end(fmt::format("the guest stopped: {}", outcome->reason))) {
-      // The recording must end the same way, with the same state.
+    // replay_end_here() matched the End of a recording that stopped here (interrupted, or stopped by deja),
+    // or the guest stopped by itself; either way the recording must end the same way, with the same state.
+    const trace::End* end = engine.expect_end(outcome->recorded_end
+                                                  ? std::string("the recording's end")
+                                                  : fmt::format("the guest stopped: {}", outcome->reason));
+    if (end) {
       end_matched = true;
-      Digest full = session.final_machine_digest();
-      final_digest = full;
-      std::string got(reinterpret_cast<const char*>(full.bytes.data()), full.bytes.size());
-      if (end->exit_status() != outcome->status) {
-        engine.report_divergence("the guest's exit status differs", fmt::format("status {}", end->exit_status()),
-                                 fmt::format("status {}", outcome->status));
-      } else if (!end->digest().empty() && end->digest() != got) {
-        engine.report_divergence(
-            "the final machine state differs (registers, RAM or devices)",
-            fmt::format("digest {}", hex(std::span(reinterpret_cast<const uint8_t*>(end->digest().data()),
-                                                   end->digest().size()))),
-            fmt::format("digest {}", full.hex()));
-      }
-      engine.check_output_complete();
+      final_digest = session.check_replay_end(*end, *outcome);
     }
   }
   if (options.stats) session.print_stats();
@@ -239,8 +227,8 @@ int replay_trace(const ReplayOptions& options) {
     auto instructions = session.machine().backend().instruction_count();
     say("replay OK: {} events, {} instructions, {}, exit status {}", engine.events_processed(),
         instructions ? fmt::format("{}", *instructions) : std::string("(not counted on kvm)"),
-        final_digest ? "final state digest matches (" + final_digest->hex() + ")"
-                     : std::string("stopped where the recording stopped"),
+        outcome->recorded_end ? "stopped where the recording stopped, state digest matches (" + final_digest->hex() + ")"
+                              : "final state digest matches (" + final_digest->hex() + ")",
         outcome->status);
   }
   return outcome->status;

@@ -250,13 +250,20 @@ uint64_t Engine::msr_read(uint32_t msr, uint64_t rip, uint64_t live_value) {
 
 uint64_t Engine::tsc_now() { return ns_to_tsc(host_now_ns()); }
 
-static bool same_coordinate(const trace::Coordinate& recorded, const Position& p, ProgressMode progress) {
+// The guest-exit count is part of the coordinate in both modes: in exact mode it tells apart the visits
+// of a loop that has no conditional branch but exits (an `sti; hlt` idle loop whose interrupt handler
+// only acknowledges), which branches, RIP and registers cannot.
+bool same_coordinate(const trace::Coordinate& recorded, const Position& p, ProgressMode progress) {
   if (recorded.vcpu() != p.at.vcpu || recorded.rip() != p.at.rip || recorded.rcx() != p.at.rcx ||
-      recorded.gpr_digest() != p.gpr_digest) {
+      recorded.gpr_digest() != p.gpr_digest || recorded.guest_exits() != p.guest_exits) {
     return false;
   }
-  return progress == ProgressMode::kExact ? recorded.branches() == p.at.branches
-                                          : recorded.guest_exits() == p.guest_exits;
+  return progress == ProgressMode::kExitSync || recorded.branches() == p.at.branches;
+}
+
+bool instructions_differ(uint64_t recorded, const Position& p) {
+  // 0 is "not counted" (a KVM recording); a replay on KVM does not count either.
+  return recorded != 0 && p.instructions && *p.instructions != recorded;
 }
 
 void Engine::interrupt(uint8_t vector, const Position& where) {
@@ -350,7 +357,10 @@ const trace::Coordinate& Engine::positional_at(const trace::Event& e) const {
 }
 
 bool Engine::positional_matches(const trace::Event& e, const Position& where) const {
-  return same_coordinate(positional_at(e), where, progress_);
+  if (!same_coordinate(positional_at(e), where, progress_)) return false;
+  // A heartbeat carries the instruction count, which tells apart the visits of a loop that neither
+  // branches conditionally nor exits (where the backend counts instructions).
+  return e.kind_case() != trace::Event::kDigest || !instructions_differ(e.digest().instructions(), where);
 }
 
 trace::Event Engine::consume_positional() {
@@ -380,7 +390,10 @@ void Engine::record_digest(const Position& where, std::span<const uint8_t> diges
     if (const auto* e = expect(trace::Event::kDigest, what)) {
       if (e->digest().digest() != got || !same_coordinate(e->digest().at(), where, progress_)) {
         diverge("machine state differs (registers, RAM or devices)", describe_event(*e),
-                fmt::format("digest {} at rip={:#x}", hex(digest), where.at.rip));
+                fmt::format("digest {} at rip={:#x} guest-exits {}", hex(digest), where.at.rip, where.guest_exits));
+      } else if (instructions_differ(e->digest().instructions(), where)) {
+        diverge("the instruction count differs at a state digest", describe_event(*e),
+                fmt::format("{} instructions", *where.instructions));
       }
     }
   }

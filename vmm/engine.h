@@ -32,6 +32,9 @@ struct Position {
   Coordinate at;
   uint64_t gpr_digest = 0;
   uint64_t guest_exits = 0;
+  // Retired instructions, where the backend counts them (interp): not part of a coordinate (a PMU
+  // cannot count them exactly), but heartbeats, digests and the End carry them and replay checks them.
+  std::optional<uint64_t> instructions;
 };
 
 // Divergence: replay disagrees with the recording. Carries the report printed for the user.
@@ -153,5 +156,9 @@ class Engine : public Clock {
 };
 
 trace::Coordinate to_proto(const Position& p);
+// Whether the guest is at `recorded`: every field of the coordinate, the guest-exit count included.
+bool same_coordinate(const trace::Coordinate& recorded, const Position& p, ProgressMode progress);
+// A recorded instruction count (0 = not counted) that the replay counted differently.
+bool instructions_differ(uint64_t recorded, const Position& p);
 
 }  // namespace deja
