@@ -271,6 +271,11 @@ class InterpBackend : public Backend {
   std::map<std::string, uint64_t> unimplemented_;
 };
 
+// The hardware features of vmm/cpu_model.h (by name) the software CPU implements. A model advertising any
+// other is refused by make_interp_backend, so a guest never meets a feature CPUID promised but interp lacks.
+std::span<const std::string_view> interp_features();
+
+// Fails with kUnsupported, naming the feature, when `model` advertises one the software CPU lacks.
 Result<std::unique_ptr<Backend>> make_interp_backend(GuestMemory& memory, const CpuModel& model);
 
 }  // namespace deja

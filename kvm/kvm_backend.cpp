@@ -35,58 +35,6 @@ void ignore_kick_signal(int) {}
 std::string errno_text(int error) { return std::strerror(error); }
 
 
-// Names for the feature bits deja's models use, so a missing one is reported as "CX16", not a bit number.
-struct FeatureName {
-  uint32_t leaf;
-  int reg;  // 0 eax, 1 ebx, 2 ecx, 3 edx
-  int bit;
-  const char* name;
-};
-constexpr FeatureName kFeatureNames[] = {
-    {1, 2, 0, "SSE3"},     {1, 2, 9, "SSSE3"},    {1, 2, 13, "CX16"},     {1, 2, 19, "SSE4.1"},
-    {1, 2, 20, "SSE4.2"},  {1, 2, 22, "MOVBE"},   {1, 2, 23, "POPCNT"},   {1, 2, 26, "XSAVE"},
-    {1, 2, 28, "AVX"},     {1, 2, 30, "RDRAND"},  {1, 2, 31, "HYPERVISOR"}, {1, 3, 0, "FPU"},
-    {1, 3, 4, "TSC"},      {1, 3, 5, "MSR"},      {1, 3, 6, "PAE"},       {1, 3, 8, "CX8"},
-    {1, 3, 15, "CMOV"},    {1, 3, 16, "PAT"},     {1, 3, 19, "CLFSH"},    {1, 3, 24, "FXSR"},
-    {1, 3, 25, "SSE"},     {1, 3, 26, "SSE2"},    {7, 1, 0, "FSGSBASE"},  {7, 1, 3, "BMI1"},
-    {7, 1, 5, "AVX2"},     {7, 1, 8, "BMI2"},     {7, 1, 18, "RDSEED"},   {0x80000001, 2, 0, "LAHF_LM"},
-    {0x80000001, 2, 5, "ABM/LZCNT"}, {0x80000001, 3, 11, "SYSCALL"}, {0x80000001, 3, 20, "NX"},
-    {0x80000001, 3, 26, "PDPE1GB"}, {0x80000001, 3, 27, "RDTSCP"}, {0x80000001, 3, 29, "LM"},
-    {0x80000007, 3, 8, "INVARIANT_TSC"},
-};
-
-// Which registers of which leaves are feature flags that the host must really implement. Bits that are a
-// promise kept by software rather than hardware are exempt: HYPERVISOR (set by any hypervisor) and
-// INVARIANT_TSC (kept by pinning the guest TSC frequency; KVM reports it only on constant-TSC hosts).
-struct FeatureRegister {
-  uint32_t leaf;
-  uint32_t subleaf;
-  int reg;
-  uint32_t exempt;
-};
-constexpr FeatureRegister kFeatureRegisters[] = {
-    {1, 0, 2, 1u << 31}, {1, 0, 3, 0}, {7, 0, 1, 0}, {7, 0, 2, 0}, {7, 0, 3, 0},
-    {0x80000001, 0, 2, 0}, {0x80000001, 0, 3, 0}, {0x80000007, 0, 3, 1u << 8},
-};
-
-uint32_t reg_of(const CpuidResult& r, int reg) {
-  switch (reg) {
-    case 0: return r.eax;
-    case 1: return r.ebx;
-    case 2: return r.ecx;
-    default: return r.edx;
-  }
-}
-
-std::string feature_name(uint32_t leaf, int reg, int bit) {
-  static constexpr const char* kRegs[] = {"EAX", "EBX", "ECX", "EDX"};
-  std::string where = fmt::format("CPUID.{:02X}H:{}[{}]", leaf, kRegs[reg], bit);
-  for (const auto& f : kFeatureNames) {
-    if (f.leaf == leaf && f.reg == reg && f.bit == bit) return fmt::format("{} ({})", f.name, where);
-  }
-  return where;
-}
-
 SegmentReg from_kvm(const kvm_segment& s) {
   return SegmentReg{.base = s.base, .limit = s.limit, .selector = s.selector, .type = s.type, .dpl = s.dpl,
                     .present = s.present != 0, .s = s.s != 0, .db = s.db != 0, .l = s.l != 0, .g = s.g != 0,
@@ -241,6 +189,7 @@ class KvmBackend final : public Backend, public KvmVcpu {
   size_t run_size_ = 0;
   bool sync_regs_ = false;
   size_t xsave_size_ = 0;  // 0: no XSAVE support, x87/SSE state goes through KVM_GET/SET_FPU
+  bool xcrs_ = false;      // KVM_GET/SET_XCRS: XCR0 lives in KVM (else it can only be 1, x87 alone)
   bool xsave2_ = false;
   bool tsc_pinned_ = false;
   kvm_deja::Enabled deja_;  // RDTSC/RDRAND exits of the kvm-deja module, when loaded (docs/kvm-deja.md)
@@ -259,7 +208,6 @@ class KvmBackend final : public Backend, public KvmVcpu {
 
   // Parts of CpuState that KVM does not hold for deja (VMM-emulated or outside kvm_fpu), kept so that
   // set_state followed by get_state returns what was set.
-  uint64_t xcr0_ = 1;
   uint64_t tsc_aux_ = 0;
   std::array<uint8_t, 512> fxsave_shadow_{};
 
@@ -315,6 +263,7 @@ Result<> KvmBackend::check_capabilities() {
     }
   }
   sync_regs_ = (::ioctl(kvm_.get(), KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS) & KVM_SYNC_X86_REGS) != 0;
+  xcrs_ = ::ioctl(kvm_.get(), KVM_CHECK_EXTENSION, KVM_CAP_XCRS) > 0;
   if (::ioctl(kvm_.get(), KVM_CHECK_EXTENSION, KVM_CAP_XSAVE) > 0) {
     int size2 = ::ioctl(kvm_.get(), KVM_CHECK_EXTENSION, KVM_CAP_XSAVE2);
     xsave2_ = size2 > 0;
@@ -441,15 +390,11 @@ Result<> KvmBackend::setup_cpuid(const CpuModel& model) {
     }
     return {};
   };
-  for (const auto& reg : kFeatureRegisters) {
-    uint32_t wanted = reg_of(model.cpuid(reg.leaf, reg.subleaf), reg.reg) & ~reg.exempt;
-    uint32_t missing = wanted & ~reg_of(host_has(reg.leaf, reg.subleaf), reg.reg);
-    if (missing != 0) {
-      int bit = __builtin_ctz(missing);
+  for (const CpuFeature& f : model.hardware_features()) {
+    if (!((cpuid_register(host_has(f.leaf, f.subleaf), f.reg) >> f.bit) & 1)) {
       return fail(ErrorKind::kUnsupported,
-                  "this host's KVM cannot provide CPU feature {} that CPU model {} (v{}) advertises; use --backend "
-                  "interp",
-                  feature_name(reg.leaf, reg.reg, bit), model.name(), model.version());
+                  "this host's KVM cannot provide CPU feature {} that CPU model {} (v{}) advertises", f.label(),
+                  model.name(), model.version());
     }
   }
 
@@ -781,7 +726,16 @@ Result<CpuState> KvmBackend::get_state() {
   state.cr4 = sregs.cr4;
   state.cr8 = sregs.cr8;
   state.efer = sregs.efer;
-  state.xcr0 = xcr0_;
+  state.xcr0 = 1;  // without KVM_CAP_XCRS the guest cannot have changed it (x87 alone)
+  if (xcrs_) {
+    kvm_xcrs xcrs{};
+    if (::ioctl(vcpu_.get(), KVM_GET_XCRS, &xcrs) < 0) {
+      return fail(ErrorKind::kHost, "KVM_GET_XCRS failed: {}", errno_text(errno));
+    }
+    for (uint32_t i = 0; i < std::min<uint32_t>(xcrs.nr_xcrs, KVM_MAX_XCRS); ++i) {
+      if (xcrs.xcrs[i].xcr == 0) state.xcr0 = xcrs.xcrs[i].value;
+    }
+  }
 
   MsrBuffer msrs{};
   msrs.nmsrs = std::size(kStateMsrs);
@@ -888,7 +842,20 @@ Result<> KvmBackend::set_state(const CpuState& requested) {
                 set >= 0 && set < int(std::size(kStateMsrs)) ? msrs.entries[set].data : 0);
   }
   tsc_aux_ = state.msrs.tsc_aux;
-  xcr0_ = state.xcr0;
+  if (xcrs_) {
+    // XCR0 as the guest's XSETBV left it (a checkpoint restore must bring back its XSAVE feature set).
+    kvm_xcrs xcrs{};
+    xcrs.nr_xcrs = 1;
+    xcrs.xcrs[0].xcr = 0;
+    xcrs.xcrs[0].value = state.xcr0 == 0 ? 1 : state.xcr0;
+    if (::ioctl(vcpu_.get(), KVM_SET_XCRS, &xcrs) < 0) {
+      return fail(ErrorKind::kGuest, "KVM_SET_XCRS refused XCR0 = {:#x} for CPU model state: {}", state.xcr0,
+                  errno_text(errno));
+    }
+  } else if (state.xcr0 > 1) {
+    return fail(ErrorKind::kUnsupported, "XCR0 = {:#x} cannot be loaded: this host's KVM lacks KVM_CAP_XCRS",
+                state.xcr0);
+  }
 
   if (auto ok = set_fxsave(state.fxsave); !ok) return ok;
   fxsave_shadow_ = state.fxsave;

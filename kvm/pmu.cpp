@@ -9,6 +9,7 @@
 
 #include "interp/interp_backend.h"
 #include "kvm/kvm_backend.h"
+#include "kvm/kvm_usability.h"
 #include "kvm/perf_counter.h"
 #include "kvm/pmu_selftest.h"
 #include "vmm/cpu_model.h"
@@ -97,7 +98,7 @@ Result<Rig> make_rig(const VcpuFactory& make_vcpu) {
 }
 
 Result<uint64_t> interp_branches(const CalibrationGuest& guest) {
-  auto rig = make_rig([](GuestMemory& memory) { return make_interp_backend(memory, CpuModel::current()); });
+  auto rig = make_rig([](GuestMemory& memory) { return make_interp_backend(memory, CpuModel::deja_v1()); });
   if (!rig) return std::unexpected(rig.error());
   auto run = run_calibration_guest(*rig->cpu, *rig->memory, guest);
   if (!run) return std::unexpected(run.error());
@@ -235,7 +236,12 @@ PmuSelftest run_pmu_selftest_with(const SelftestHost& environment) {
 
   // (a) Everything below runs small VMs.
   VcpuFactory make_vcpu = environment.make_vcpu;
-  if (!make_vcpu) make_vcpu = [](GuestMemory& memory) { return make_kvm_backend(memory, CpuModel::current()); };
+  if (!make_vcpu) {
+    // The PMU matters only where deja can use KVM at all (kvm/kvm_usability.h).
+    const KvmUsability& kvm = kvm_usability();
+    if (!kvm.usable()) return checks.failed(kKvmUsable, kvm.summary());
+    make_vcpu = [model = kvm.default_model()](GuestMemory& memory) { return make_kvm_backend(memory, *model); };
+  }
   auto rig = make_rig(make_vcpu);
   if (!rig) return checks.failed(kKvmUsable, rig.error().message);
   checks.pass(kKvmUsable, "created a VM with one vCPU on /dev/kvm");

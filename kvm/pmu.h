@@ -4,18 +4,14 @@
 #include <string>
 #include <vector>
 
+#include "kvm/host_check.h"
 #include "vmm/backend.h"
 
 namespace deja {
 
 // One check of the self-test (docs/pmu-hosts.md), in the order they run; later checks are skipped
 // (passed = false, skipped = true) once one fails.
-struct PmuCheck {
-  std::string name;    // e.g. "counter opens", "counts guest only", "deterministic", "overflow within skid"
-  bool passed = false;
-  bool skipped = false;
-  std::string detail;  // measured values, or why it failed (errno, perf_event_paranoid, CPU model, ...)
-};
+using PmuCheck = HostCheck;
 
 struct PmuSelftest {
   std::vector<PmuCheck> checks;

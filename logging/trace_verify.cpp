@@ -61,9 +61,9 @@ VerifyReport verify_trace(const std::string& path) {
   if (report.ok) {
     report.summary = fmt::format(
         "OK: {} is complete and untampered: format v{}, {} chunks, {} events, {} bytes; recorded by deja {} "
-        "(build {}), cpu model v{}, device model v{}, {} input file(s)",
+        "(build {}), cpu model {} v{}, device model v{}, {} input file(s)",
         path, h.format_version(), report.chunks, report.events, reader.file_size(), h.deja_version(), h.build_id(),
-        h.cpu_model_version(), h.device_model_version(), h.inputs_size());
+        h.cpu_model().empty() ? "deja-v1" : h.cpu_model(), h.cpu_model_version(), h.device_model_version(), h.inputs_size());
   } else {
     report.summary = fmt::format("FAILED: {}; {} chunks and {} events verified before that (valid through byte {} of {})",
                                  problem, report.chunks, report.events, reader.valid_bytes(), reader.file_size());

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs one command with a real /dev/kvm inside a Linux guest of QEMU's software emulator (nested SVM), passing back its output and exit status.
 #
-# Usage: scripts/kvm-nested.sh [--timeout SECONDS] [--mem SIZE] [--share DIR]... [--direct-if-possible]
+# Usage: scripts/kvm-nested.sh [--timeout SECONDS] [--mem SIZE] [--share DIR]... [--direct-if-usable DEJA]
 #                              [--kvm-deja [--kvm-deja-cache DIR]] [--verbose] -- COMMAND [ARGS...]
 #
 # The guest is the installed Debian kernel with a small busybox initramfs (cached) that loads the KVM
 # modules and then chroots into the host's root filesystem, shared read-only over 9p; the project tree
 # (this script's repository), the current directory and every --share DIR are shared writable at the
 # same absolute paths, so build/deja, build/tests/... and any output files work unchanged.
+# --direct-if-usable DEJA runs COMMAND directly instead when this host's KVM passes deja's usability check
+# (`DEJA selftest --kvm-only`): a /dev/kvm that exists but cannot run deja's guests (kvm-pvm) goes nested.
 # --kvm-deja loads the kvm-deja modules (kvm-deja/patches, built on this host for the guest kernel by
 # scripts/kvm-deja-build.sh, cached in --kvm-deja-cache DIR) instead of the stock kvm.ko / kvm-amd.ko.
 # Exit status: COMMAND's status; 124 on timeout; 125 when the nested environment itself fails.
@@ -17,7 +19,7 @@ die_env() { echo "kvm-nested: $*" >&2; exit 125; }
 
 timeout_s=600
 mem=2G
-direct=0
+direct_deja=""
 verbose=0
 kvm_deja=0
 kvm_deja_cache=""
@@ -27,12 +29,12 @@ while [[ $# -gt 0 ]]; do
     --timeout) timeout_s="$2"; shift 2 ;;
     --mem) mem="$2"; shift 2 ;;
     --share) shares+=("$(realpath "$2")"); shift 2 ;;
-    --direct-if-possible) direct=1; shift ;;
+    --direct-if-usable) direct_deja="$2"; shift 2 ;;
     --verbose) verbose=1; shift ;;
     --kvm-deja) kvm_deja=1; shift ;;
     --kvm-deja-cache) kvm_deja_cache="$2"; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "kvm-nested: unknown option '$1' (the command goes after --)" >&2; exit 2 ;;
   esac
 done
@@ -40,7 +42,7 @@ done
 [[ "$timeout_s" =~ ^[0-9]+$ ]] || { echo "kvm-nested: --timeout '$timeout_s' is not a number of seconds" >&2; exit 2; }
 
 # A host /dev/kvm runs whatever kvm module the host has loaded; --kvm-deja needs the guest to load ours.
-if [[ $direct == 1 && $kvm_deja == 0 && -c /dev/kvm && -r /dev/kvm && -w /dev/kvm ]]; then
+if [[ -n $direct_deja && $kvm_deja == 0 ]] && "$direct_deja" selftest --kvm-only >/dev/null 2>&1; then
   exec "$@"
 fi
 

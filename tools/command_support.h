@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "logging/trace.pb.h"
+#include "vmm/cpu_model.h"
 #include "vmm/error.h"
 #include "vmm/loader.h"
 #include "vmm/session.h"
@@ -33,6 +34,18 @@ Subcommand add_selftest_command(CLI::App& app);
 int report_error(const Error& e);
 // Prints why a run ended, unless the guest ended it itself or replay already reported it.
 void finish_outcome_message(const Outcome& o);
+
+// Which backend runs the guest and which CPU model it presents.
+struct BackendChoice {
+  std::string backend;  // "kvm" or "interp"
+  const CpuModel* model = nullptr;
+};
+// Resolves --backend and --cpu. An explicit backend that cannot run here (KVM failing the usability check,
+// kvm/kvm_usability.h) or cannot provide `model` is refused, naming why; without one, `preferred` ("kvm" for a
+// new run, the recorded backend for a replay) is used when it can, else the software CPU, saying why in one
+// line. `model` nullptr: the richest model the chosen backend provides.
+Result<BackendChoice> choose_backend(const std::string& requested, const std::string& preferred,
+                                     const CpuModel* model);
 
 // The guest image and boot modules, read whole.
 struct GuestInputs {

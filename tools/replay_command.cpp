@@ -69,10 +69,12 @@ int replay_trace(const ReplayOptions& options) {
   const trace::Header header = (*reader)->header();
   const auto& rc = header.config();
 
-  if (header.cpu_model_version() != CpuModel::current().version()) {
+  const CpuModel* model = CpuModel::for_trace(header.cpu_model(), header.cpu_model_version());
+  if (!model) {
     return report_error({ErrorKind::kUnsupported,
-                         fmt::format("{} was recorded with CPU model v{}; this deja implements v{}",
-                                     options.trace_path, header.cpu_model_version(), CpuModel::current().version())});
+                         fmt::format("{} was recorded with CPU model {} v{}; this deja implements {}",
+                                     options.trace_path, header.cpu_model().empty() ? "(unnamed)" : header.cpu_model(),
+                                     header.cpu_model_version(), CpuModel::names())});
   }
   if (header.device_model_version() != kDeviceModelVersion) {
     return report_error({ErrorKind::kUnsupported,
@@ -89,15 +91,13 @@ int replay_trace(const ReplayOptions& options) {
                                                               options.trace_path, rc.progress_mode())});
   }
 
-  std::string backend = options.backend;
-  if (backend.empty()) {
-    backend = rc.backend();
-    if (backend == "kvm" && access("/dev/kvm", R_OK | W_OK) != 0) {
-      say("note: {} was recorded on KVM; this host has no usable /dev/kvm, replaying on the software CPU",
-          options.trace_path);
-      backend = "interp";
-    }
+  // The recorded model on the recorded backend where it can run, else on the software CPU.
+  auto choice = choose_backend(options.backend, rc.backend(), model);
+  if (!choice) {
+    return report_error({choice.error().kind, fmt::format("{} (CPU model {} of {})", choice.error().message,
+                                                          model->name(), options.trace_path)});
   }
+  const std::string& backend = choice->backend;
   if (!options.progress.empty()) {
     auto choice = parse_progress(options.progress);
     if (!choice) return report_error(choice.error());
@@ -163,6 +163,7 @@ int replay_trace(const ReplayOptions& options) {
   config.memory_bytes = rc.memory_bytes();
   config.cmdline = rc.cmdline();
   config.backend = backend;
+  config.cpu_model = model;
   config.rtc_epoch_unix_seconds = header.start_unix_ns() / 1'000'000'000;
   config.device_semantics = rc.device_semantics();
   if (!options.test_device_semantics.empty()) config.device_semantics = options.test_device_semantics;

@@ -1,6 +1,4 @@
 // `deja run` and `deja record`: build a machine for a guest image, run it, and (record) write every input to a trace.
-#include <unistd.h>
-
 #include <string>
 #include <vector>
 
@@ -24,6 +22,7 @@ struct RunArgs {
   std::string serial_out = "-";
   std::vector<std::string> modules;
   std::string progress;
+  std::string cpu;
   bool stats = false;
   bool digest = false;
   std::string image;
@@ -45,8 +44,16 @@ struct SessionOptions {
 };
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
-  cmd->add_option("--backend", a.backend, "vCPU backend: kvm or interp (default: kvm where /dev/kvm is usable, else interp)")
+  cmd->add_option("--backend", a.backend,
+                  "vCPU backend: kvm or interp (default: kvm where this host's KVM passes deja's usability check, "
+                  "see `deja selftest`; else interp)")
       ->check(CLI::IsMember({"kvm", "interp"}));
+  std::vector<std::string> models;
+  for (const CpuModel* m : CpuModel::all()) models.emplace_back(m->name());
+  cmd->add_option("--cpu", a.cpu,
+                  "CPU model the guest sees: " + CpuModel::names() +
+                      " (default: the first of these the backend provides on this host)")
+      ->check(CLI::IsMember(models));
   cmd->add_option("--mem", a.mem, "guest RAM size, e.g. 256M or 1G (default 256M)");
   cmd->add_option("--cmdline", a.cmdline, "kernel command line passed to the guest (Multiboot, fw_cfg)");
   cmd->add_option("--serial-in", a.serial_in, "file whose bytes arrive on COM1's receiver ('-' = stdin)");
@@ -62,34 +69,28 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("IMAGE", a.image, "guest image: Multiboot ELF32/ELF64, or ELF64 for direct 64-bit boot")->required();
 }
 
-bool kvm_usable() { return access("/dev/kvm", R_OK | W_OK) == 0; }
-
 Result<SessionOptions> to_session(const RunArgs& a) {
   SessionOptions o;
   auto mem = parse_size(a.mem);
   if (!mem) return std::unexpected(Error{ErrorKind::kInvalidArgument, "--mem: " + mem.error().message});
   o.machine.memory_bytes = *mem;
   o.machine.cmdline = a.cmdline;
-  o.machine.backend = a.backend;
-  if (o.machine.backend.empty()) {
-    if (kvm_usable()) {
-      o.machine.backend = "kvm";
-    } else {
-      o.machine.backend = "interp";
-      std::fputs("deja: note: /dev/kvm is not available here; using the software CPU (--backend interp)\n", stderr);
-    }
-  }
-  if (a.progress.empty()) {
-    o.progress.automatic = o.machine.backend == "kvm";
-  } else {
+  if (!a.progress.empty()) {
     auto progress = parse_progress(a.progress);
     if (!progress) return std::unexpected(progress.error());
     o.progress = *progress;
-    if (o.progress.emulated_skid && o.machine.backend != "interp") {
-      return fail(ErrorKind::kInvalidArgument, "--progress {} emulates a PMU on the software CPU: add --backend interp",
-                  a.progress);
-    }
   }
+  // An emulated PMU exists only on the software CPU, so asking for one picks it.
+  std::string requested = a.backend.empty() && o.progress.emulated_skid ? "interp" : a.backend;
+  if (o.progress.emulated_skid && requested != "interp") {
+    return fail(ErrorKind::kInvalidArgument, "--progress {} emulates a PMU on the software CPU: use --backend interp",
+                a.progress);
+  }
+  auto choice = choose_backend(requested, "kvm", a.cpu.empty() ? nullptr : CpuModel::find(a.cpu));
+  if (!choice) return std::unexpected(choice.error());
+  o.machine.backend = choice->backend;
+  o.machine.cpu_model = choice->model;
+  o.progress.automatic = a.progress.empty() && o.machine.backend == "kvm";
   o.image_path = a.image;
   o.load.cmdline = a.cmdline;
   for (const auto& m : a.modules) {
@@ -147,7 +148,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   if (mode == Mode::kRecord) {
     trace::Header header;
     header.set_format_version(kTraceFormatVersion);
-    header.set_cpu_model_version(CpuModel::current().version());
+    header.set_cpu_model(std::string(config.cpu_model->name()));
+    header.set_cpu_model_version(config.cpu_model->version());
     header.set_device_model_version(kDeviceModelVersion);
     header.set_build_id(build_id());
     header.set_deja_version(deja_version());
@@ -214,7 +216,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     footer.set_wall_ns(session.wall_ns());
     footer.set_exit_status(outcome->status);
     if (auto r = session.engine().finish_record(std::move(end), std::move(footer)); !r) return report_error(r.error());
-    say("recorded {} events to {}", session.engine().events_processed(), options.trace_path);
+    say("recorded {} events to {} (backend {}, CPU model {}, {} progress)", session.engine().events_processed(),
+        options.trace_path, config.backend, config.cpu_model->name(), progress_mode_name(progress.mode));
   }
   return outcome->status;
 }

@@ -1,8 +1,10 @@
-// The fixed, versioned CPU model deja presents to guests: one CPUID table and MSR ownership, shared by every backend.
+// The fixed, versioned CPU models deja presents to guests (one CPUID table each, shared by every backend) and the feature bits they are made of.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -20,11 +22,40 @@ struct CpuidEntry {
   CpuidResult result;
 };
 
+enum class CpuidRegister : uint8_t { kEax, kEbx, kEcx, kEdx };
+uint32_t cpuid_register(const CpuidResult& r, CpuidRegister reg);
+
+// One CPUID feature flag. `hardware` is false for flags that are a promise kept by software rather than an
+// instruction or mode the CPU must implement (HYPERVISOR, INVARIANT_TSC, APIC: the VMM provides those).
+struct CpuFeature {
+  uint32_t leaf;
+  uint32_t subleaf;
+  CpuidRegister reg;
+  int bit;
+  std::string_view name;
+  bool hardware = true;
+  // "MOVBE (CPUID.01H:ECX[22])"
+  std::string label() const;
+};
+// Every feature flag a deja CPU model may set, named; `feature("POPCNT")` finds one.
+std::span<const CpuFeature> cpu_features();
+const CpuFeature& feature(std::string_view name);
+
 class CpuModel {
  public:
-  // The model recorded in trace headers; bump `version` whenever any answer changes.
-  static const CpuModel& current();
+  // The models this deja implements, in the order a default is chosen (richest first). deja-v1, the model
+  // of the first traces, comes last: it lacks PSE and PGE, which Linux requires.
+  static std::span<const CpuModel* const> all();
+  static const CpuModel* find(std::string_view name);
+  // The model a trace was recorded with: its name, or (traces before models had names) version 1 = deja-v1.
+  static const CpuModel* for_trace(std::string_view name, uint32_t version);
+  // Names of all models, for messages: "x86-64-v1, deja-v1".
+  static std::string names();
 
+  static const CpuModel& deja_v1();    // CX16, POPCNT, MOVBE, LZCNT on SSE2; no PSE/PGE
+  static const CpuModel& x86_64_v1();  // the x86-64 baseline (psABI v1 without MMX) plus what Linux requires
+
+  // Recorded in trace headers with the name; bump `version` whenever any answer of the model changes.
   uint32_t version() const { return version_; }
   std::string_view name() const { return name_; }
   std::span<const CpuidEntry> entries() const { return entries_; }
@@ -33,20 +64,25 @@ class CpuModel {
   // table (for a non-AMD vendor: an out-of-range leaf reads as the highest basic leaf, an in-range
   // leaf with no entry reads as zeros), so both backends answer identically.
   CpuidResult cpuid(uint32_t leaf, uint32_t subleaf) const;
+  bool has(const CpuFeature& f) const;
+  // The hardware features this model advertises, in cpu_features() order.
+  std::vector<CpuFeature> hardware_features() const;
+  // The first hardware feature of this model that is not in `provided` (by name), if any.
+  std::optional<CpuFeature> first_missing(std::span<const std::string_view> provided) const;
 
   // MSRs whose state lives in the vCPU (EFER, STAR, LSTAR, FS/GS base, SYSENTER, PAT, ...). Every
   // other MSR exits to the VMM (KVM: via the MSR filter), which emulates it or answers #GP.
   static bool cpu_owns_msr(uint32_t msr);
   static std::span<const uint32_t> cpu_owned_msrs();
 
-  // TSC frequency the model promises (the guest's TSC ticks at this rate of virtual time).
+  // TSC frequency every model promises (the guest's TSC ticks at this rate of virtual time).
   static constexpr uint64_t kTscHz = 2'000'000'000;
 
  private:
   uint32_t version_ = 0;
   std::string_view name_;
   std::vector<CpuidEntry> entries_;
-  friend CpuModel make_cpu_model_v1();
+  friend struct CpuModelBuilder;
 };
 
 namespace msr {

@@ -10,7 +10,6 @@
 #include <memory>
 #include <optional>
 
-#include "vmm/cpu_model.h"
 #include "vmm/elf.h"
 #include "vmm/multiboot.h"
 
@@ -328,7 +327,7 @@ SegmentReg flat_segment(uint16_t selector, uint8_t type, bool code64) {
   return s;
 }
 
-CpuState entry_state(const Plan& plan) {
+CpuState entry_state(const Plan& plan, const LoadOptions& options) {
   CpuState st;
   const bool long_mode = plan.long_mode;
   st.cs = flat_segment(long_mode ? kCode64Selector : kCode32Selector, 0xb, long_mode);
@@ -352,7 +351,7 @@ CpuState entry_state(const Plan& plan) {
     st.cr4 = cr4::kPae | cr4::kOsfxsr | cr4::kOsxmmexcpt;
     st.efer = efer::kLme | efer::kLma | efer::kSce;
     // NXE only where the CPU model has NX, or setting it would be a reserved-bit violation.
-    if (CpuModel::current().cpuid(0x80000001, 0).edx & (1u << 20)) st.efer |= efer::kNxe;
+    if (options.cpu_has_nx) st.efer |= efer::kNxe;
     st.gpr[kRsp] = kStackTop;
     st.gpr[kRdi] = kInfoBase;
     st.gpr[kRsi] = multiboot::kBootloaderMagic;
@@ -423,7 +422,7 @@ Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const 
   }
   loaded.format = plan->format;
   loaded.entry = plan->entry;
-  loaded.initial_state = entry_state(*plan);
+  loaded.initial_state = entry_state(*plan, options);
   return loaded;
 }
 

@@ -42,6 +42,7 @@ struct BootModule {
 struct LoadOptions {
   std::string cmdline;
   std::vector<BootModule> modules;
+  bool cpu_has_nx = true;  // the CPU model has NX: elf64-direct enters with EFER.NXE set
 };
 
 struct LoadedImage {

@@ -28,9 +28,10 @@ class PerturbedUart : public Device {
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, bool trap_rdtsc) {
-  if (name == "kvm") return make_kvm_backend(memory, CpuModel::current(), KvmOptions{.trap_rdtsc = trap_rdtsc});
-  if (name == "interp") return make_interp_backend(memory, CpuModel::current());
+Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, const CpuModel& model,
+                                              bool trap_rdtsc) {
+  if (name == "kvm") return make_kvm_backend(memory, model, KvmOptions{.trap_rdtsc = trap_rdtsc});
+  if (name == "interp") return make_interp_backend(memory, model);
   return fail(ErrorKind::kInvalidArgument, "unknown backend '{}' (use kvm or interp)", name);
 }
 
@@ -70,7 +71,7 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
   }
   m->timed_ = {m->pit_.get(), m->rtc_.get()};
 
-  auto backend = make_backend(config.backend, m->memory_, config.trap_rdtsc);
+  auto backend = make_backend(config.backend, m->memory_, *config.cpu_model, config.trap_rdtsc);
   if (!backend) return std::unexpected(backend.error());
   m->backend_ = std::move(*backend);
   return m;

@@ -14,6 +14,7 @@
 #include "devices/pit8254.h"
 #include "devices/uart16550.h"
 #include "vmm/backend.h"
+#include "vmm/cpu_model.h"
 #include "vmm/guest_memory.h"
 
 namespace deja {
@@ -26,6 +27,7 @@ struct MachineConfig {
   uint64_t memory_bytes = 256ull << 20;
   std::string cmdline;
   std::string backend = "interp";  // "kvm" or "interp"
+  const CpuModel* cpu_model = &CpuModel::x86_64_v1();  // what CPUID answers (recorded in the trace header)
   int64_t rtc_epoch_unix_seconds = 0;
   // Test-only: perturbs a device's semantics so replay must report divergence (see tests).
   std::string device_semantics;
@@ -73,7 +75,8 @@ class Machine {
   std::unique_ptr<Backend> backend_;
 };
 
-// Creates the backend named `name` ("kvm" or "interp") over `memory`.
-Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, bool trap_rdtsc = true);
+// Creates the backend named `name` ("kvm" or "interp") over `memory`, presenting CPU model `model`.
+Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, const CpuModel& model,
+                                              bool trap_rdtsc = true);
 
 }  // namespace deja

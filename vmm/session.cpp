@@ -83,7 +83,9 @@ Result<> Session::build(const MachineConfig& config, const std::string& serial_o
   auto machine = Machine::create(config, engine_, *tee_);
   if (!machine) return std::unexpected(machine.error());
   machine_ = std::move(*machine);
-  auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, load, modules);
+  LoadOptions options = load;
+  options.cpu_has_nx = config.cpu_model->has(feature("NX"));
+  auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, options, modules);
   if (!loaded) return std::unexpected(loaded.error());
   if (auto s = machine_->backend().set_state(loaded->initial_state); !s) return std::unexpected(s.error());
   engine_.set_position_source([this] { return position(); });
@@ -542,6 +544,7 @@ Result<Outcome> Session::run() {
 }
 
 void Session::print_stats() {
+  say("backend {} with CPU model {}", machine_->backend().name(), machine_->config().cpu_model->name());
   say("exits by kind:");
   for (const auto& [kind, count] : exit_counts_) say("  {:<20} {}", exit_kind_name(kind), count);
   if (auto n = machine_->backend().instruction_count()) say("instructions retired: {}", *n);

@@ -55,6 +55,7 @@ def main():
     ap.add_argument("--replay-backend", default=None)
     ap.add_argument("--progress", default=None)
     ap.add_argument("--cmdline", default=None)
+    ap.add_argument("--cpu", default=None, help="CPU model (deja run --cpu)")
     ap.add_argument("--serial-in", default=None)
     ap.add_argument("--status", type=int, default=1, help="expected guest exit status")
     ap.add_argument("--timeout", type=int, default=600)
@@ -63,6 +64,8 @@ def main():
     opts = ["--backend", args.backend]
     if args.cmdline is not None:
         opts += ["--cmdline", args.cmdline]
+    if args.cpu:
+        opts += ["--cpu", args.cpu]
     if args.serial_in:
         opts += ["--serial-in", args.serial_in]
     if args.progress:

@@ -18,7 +18,7 @@ rm -rf "$work"; mkdir -p "$work"
 suite=(python3 "$here/kvm_suite.py" --deja "$deja" --guests "$guests" --sources "$sources" --work "$work" "${suite_opts[@]}")
 status=0
 "${suite[@]}" --phase host-before "$@" || status=1
-"$root/scripts/kvm-nested.sh" --direct-if-possible "${nested_opts[@]}" --timeout 2400 --share "$work" -- \
+"$root/scripts/kvm-nested.sh" --direct-if-usable "$deja" "${nested_opts[@]}" --timeout 2400 --share "$work" -- \
   "${suite[@]}" --phase nested "$@" || status=1
 "${suite[@]}" --phase host-after "$@" || status=1
 exit $status

@@ -128,7 +128,8 @@ def kvm_deja_checks(args, name, image, opts, expected, kvm_trace):
 
 
 def guest_options(name, sources):
-    opts = []
+    # One CPU model on both backends, so that final states compare (and cpuid.expected-deja is its answers).
+    opts = ["--cpu", "x86-64-v1"]
     if name == "cpu-bound":
         opts += ["--cmdline", "n=100000"]
     if name == "serial-echo":

@@ -30,7 +30,7 @@ GuestResult run_guest(const std::string& name, const std::string& cmdline = "", 
     result.stop = image.error().message;
     return result;
   }
-  InterpBackend cpu(*memory, CpuModel::current());
+  InterpBackend cpu(*memory, CpuModel::deja_v1());
   EXPECT_TRUE(cpu.set_state(image->initial_state).has_value());
   uint64_t tsc = 0;
   bool divisor_latch = false;  // LCR.DLAB: writes to 0x3f8 set the baud divisor instead of sending

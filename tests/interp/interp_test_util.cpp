@@ -87,7 +87,7 @@ TestVm make_vm(uint64_t ram) {
   uint64_t tss_lo = 0x67 | ((kTss & 0xffffff) << 16) | (0x9ull << 40) | (1ull << 47) | (((kTss >> 24) & 0xff) << 56);
   vm.write64(kGdt + 0x30, tss_lo);
   vm.write64(kGdt + 0x38, kTss >> 32);
-  vm.cpu = std::make_unique<InterpBackend>(*vm.memory, CpuModel::current());
+  vm.cpu = std::make_unique<InterpBackend>(*vm.memory, CpuModel::deja_v1());
   return vm;
 }
 

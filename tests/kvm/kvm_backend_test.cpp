@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "kvm/kvm_backend.h"
+#include "tests/kvm/kvm_test_support.h"
 #include "kvm/perf_counter.h"
 #include "kvm/pmu.h"
 #include "kvm/pmu_selftest.h"
@@ -47,20 +48,15 @@ bool under_qemu_tcg() {
   std::memcpy(signature + 8, &edx, 4);
   return std::strcmp(signature, "TCGTCGTCGTCG") == 0;
 }
-// Set by the kvm.nested CTest test, so that a missing /dev/kvm there is a failure rather than a skip.
-bool kvm_required() { return std::getenv("DEJA_REQUIRE_KVM") != nullptr; }
 
 class KvmTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!have_kvm()) {
-      if (kvm_required()) FAIL() << "DEJA_REQUIRE_KVM is set but /dev/kvm does not exist";
-      GTEST_SKIP() << "/dev/kvm does not exist here; these tests run inside scripts/kvm-nested.sh";
-    }
+    DEJA_REQUIRE_USABLE_KVM();
     auto memory = GuestMemory::create(kRamSize);
     ASSERT_TRUE(memory) << memory.error().message;
     memory_.emplace(std::move(*memory));
-    auto backend = make_kvm_backend(*memory_, CpuModel::current());
+    auto backend = make_kvm_backend(*memory_, kvm_test_model());
     ASSERT_TRUE(backend) << backend.error().message;
     backend_ = std::move(*backend);
 
@@ -158,7 +154,7 @@ TEST(KvmFactory, FailsClearlyWithoutDevKvm) {
   if (have_kvm()) GTEST_SKIP() << "this host has /dev/kvm";
   auto memory = GuestMemory::create(kRamSize);
   ASSERT_TRUE(memory);
-  auto backend = make_kvm_backend(*memory, CpuModel::current());
+  auto backend = make_kvm_backend(*memory, CpuModel::deja_v1());
   ASSERT_FALSE(backend);
   EXPECT_EQ(backend.error().kind, ErrorKind::kUnsupported);
   EXPECT_NE(backend.error().message.find("/dev/kvm does not exist"), std::string::npos) << backend.error().message;
@@ -452,7 +448,7 @@ TEST_F(KvmTest, RepStringIoIsSplitIntoOneExitPerElement) {
 
 TEST_F(KvmTest, CpuidAnswersExactlyFromTheModel) {
   load(kCode, {0x0f, 0xa2, 0xf4});  // cpuid; hlt
-  const CpuModel& model = CpuModel::current();
+  const CpuModel& model = kvm_test_model();
   const std::pair<uint32_t, uint32_t> queries[] = {
       {0, 0},          {1, 0},          {2, 0},          {4, 0},          {4, 1},          {4, 3},
       {4, 4},          {7, 0},          {7, 1},          {0xd, 0},        {0x40000000, 0}, {0x40000001, 0},

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "kvm/kvm_backend.h"
+#include "tests/kvm/kvm_test_support.h"
 
 namespace deja {
 namespace {
@@ -30,10 +31,7 @@ std::optional<bool> expected_module() {
 class KvmDejaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::access("/dev/kvm", F_OK) != 0) {
-      if (std::getenv("DEJA_REQUIRE_KVM") != nullptr) FAIL() << "DEJA_REQUIRE_KVM is set but /dev/kvm does not exist";
-      GTEST_SKIP() << "/dev/kvm does not exist here; these tests run inside scripts/kvm-nested.sh";
-    }
+    DEJA_REQUIRE_USABLE_KVM();
   }
 
   // A VM in 32-bit flat protected mode (no IDT: an exception ends in a triple fault) running `code` at kCode.
@@ -41,7 +39,7 @@ class KvmDejaTest : public ::testing::Test {
     auto memory = GuestMemory::create(kRamSize);
     ASSERT_TRUE(memory) << memory.error().message;
     memory_.emplace(std::move(*memory));
-    auto backend = make_kvm_backend(*memory_, CpuModel::current(), KvmOptions{.trap_rdtsc = trap_rdtsc});
+    auto backend = make_kvm_backend(*memory_, kvm_test_model(), KvmOptions{.trap_rdtsc = trap_rdtsc});
     ASSERT_TRUE(backend) << backend.error().message;
     backend_ = std::move(*backend);
     const uint64_t gdt[] = {0, 0, 0x00cf93000000ffffull, 0x00cf9b000000ffffull};

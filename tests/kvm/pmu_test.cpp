@@ -365,7 +365,7 @@ TEST(PmuSelftestVerdict, ThisHostGetsAConsistentAnswer) {
 TEST(PmuAttach, RefusesOtherBackends) {
   auto memory = GuestMemory::create(kCalibrationRam);
   ASSERT_TRUE(memory);
-  auto interp = make_interp_backend(*memory, CpuModel::current());
+  auto interp = make_interp_backend(*memory, CpuModel::deja_v1());
   ASSERT_TRUE(interp);
   auto ok = attach_pmu_counter(**interp);
   ASSERT_FALSE(ok);
@@ -379,7 +379,7 @@ TEST(CalibrationGuest, SoftwareCpuCountsTheDocumentedBranches) {
   for (const CalibrationGuest& guest : {calibration_loop(1000), calibration_loop_with_exits(1000, 10)}) {
     auto memory = GuestMemory::create(kCalibrationRam);
     ASSERT_TRUE(memory);
-    auto cpu = make_interp_backend(*memory, CpuModel::current());
+    auto cpu = make_interp_backend(*memory, CpuModel::deja_v1());
     ASSERT_TRUE(cpu);
     auto run = run_calibration_guest(**cpu, *memory, guest);
     ASSERT_TRUE(run) << run.error().message;
@@ -396,7 +396,7 @@ TEST(CalibrationGuest, SoftwareCpuCountsTheDocumentedBranches) {
 TEST(CalibrationGuest, ArmedCounterStopsWithinItsSkid) {
   auto memory = GuestMemory::create(kCalibrationRam);
   ASSERT_TRUE(memory);
-  auto cpu = make_interp_backend(*memory, CpuModel::current());
+  auto cpu = make_interp_backend(*memory, CpuModel::deja_v1());
   ASSERT_TRUE(cpu);
   auto* interp = dynamic_cast<InterpBackend*>(cpu->get());
   ASSERT_NE(interp, nullptr);
@@ -466,7 +466,7 @@ PmuSelftest selftest_on_emulated_pmu(Fault fault) {
   SelftestHost host;
   host.identify = [] { return CpuIdentity{.vendor = "GenuineIntel", .family = 6, .model = 0x5e}; };
   host.make_vcpu = [fault](GuestMemory& memory) -> Result<std::unique_ptr<Backend>> {
-    auto cpu = make_interp_backend(memory, CpuModel::current());
+    auto cpu = make_interp_backend(memory, CpuModel::deja_v1());
     if (!cpu) return std::unexpected(cpu.error());
     dynamic_cast<InterpBackend&>(**cpu).emulate_pmu_skid(100, 42);
     return std::unique_ptr<Backend>(new FaultyVcpu(std::move(*cpu), fault));
@@ -513,7 +513,7 @@ TEST(PmuSelftestChecks, CatchAnEarlyOverflow) {
 TEST(PmuSelftestChecks, ReportAnAttachFailureAtCounterOpens) {
   SelftestHost host;
   host.identify = [] { return CpuIdentity{.vendor = "GenuineIntel", .family = 6, .model = 0x5e}; };
-  host.make_vcpu = [](GuestMemory& memory) { return make_interp_backend(memory, CpuModel::current()); };
+  host.make_vcpu = [](GuestMemory& memory) { return make_interp_backend(memory, CpuModel::deja_v1()); };
   PmuSelftest result = run_pmu_selftest_with(host);
   EXPECT_FALSE(result.usable());
   EXPECT_TRUE(result.first_failure().starts_with("counter opens: ")) << result.first_failure();
@@ -532,7 +532,7 @@ PmuSelftest selftest_with_scripted_perf(CpuIdentity cpu, std::vector<int> script
   host.perf.paranoid_path = paranoid_path;
   host.identify = [cpu] { return cpu; };
   host.make_vcpu = [](GuestMemory& memory) -> Result<std::unique_ptr<Backend>> {
-    auto inner = make_interp_backend(memory, CpuModel::current());
+    auto inner = make_interp_backend(memory, CpuModel::deja_v1());
     if (!inner) return std::unexpected(inner.error());
     return std::unique_ptr<Backend>(new FaultyVcpu(std::move(*inner), Fault::kNone));
   };

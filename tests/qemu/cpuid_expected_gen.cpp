@@ -1,11 +1,14 @@
-// Prints what the cpuid guest must print under deja CPU model (vmm/cpu_model.cpp), to keep cpuid.expected-deja honest.
+// Prints what the cpuid guest must print under a deja CPU model (argv[1], vmm/cpu_model.cpp), to keep cpuid.expected-deja honest.
 #include "vmm/cpu_model.h"
 #include <cstdio>
 #include <cstring>
 using namespace deja;
-static const CpuModel& m = CpuModel::current();
+static const CpuModel* model = nullptr;
+#define m (*model)
 static void leaf(uint32_t l, uint32_t s) { auto r = m.cpuid(l, s); printf("leaf %08x.%u: eax=%08x ebx=%08x ecx=%08x edx=%08x\n", l, s, r.eax, r.ebx, r.ecx, r.edx); }
-int main() {
+int main(int argc, char** argv) {
+  model = argc > 1 ? CpuModel::find(argv[1]) : nullptr;
+  if (!model) { fprintf(stderr, "usage: %s MODEL (one of %s)\n", argv[0], CpuModel::names().c_str()); return 2; }
   auto l0 = m.cpuid(0,0); char v[13]={}; memcpy(v,&l0.ebx,4); memcpy(v+4,&l0.edx,4); memcpy(v+8,&l0.ecx,4);
   printf("vendor: \"%s\"\n", v); printf("max basic leaf: %08x\n", l0.eax);
   leaf(0,0); leaf(1,0); if (l0.eax>=7) leaf(7,0); else printf("leaf %08x.0: above max basic leaf\n", 7u);

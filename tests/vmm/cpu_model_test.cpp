@@ -10,7 +10,7 @@ namespace deja {
 namespace {
 
 TEST(CpuModel, VendorIsDejasOwn) {
-  auto r = CpuModel::current().cpuid(0, 0);
+  auto r = CpuModel::deja_v1().cpuid(0, 0);
   char vendor[13] = {};
   std::memcpy(vendor, &r.ebx, 4);
   std::memcpy(vendor + 4, &r.edx, 4);
@@ -19,7 +19,7 @@ TEST(CpuModel, VendorIsDejasOwn) {
 }
 
 TEST(CpuModel, HidesWhatKvmCannotTrap) {
-  const auto& m = CpuModel::current();
+  const auto& m = CpuModel::deja_v1();
   EXPECT_EQ(m.cpuid(1, 0).ecx & (1u << 30), 0u) << "RDRAND";
   EXPECT_EQ(m.cpuid(7, 0).ebx & (1u << 18), 0u) << "RDSEED";
   EXPECT_EQ(m.cpuid(7, 0).ecx & (1u << 22), 0u) << "RDPID";
@@ -28,7 +28,7 @@ TEST(CpuModel, HidesWhatKvmCannotTrap) {
 }
 
 TEST(CpuModel, OutOfRangeLeafReadsAsHighestBasicLeaf) {
-  const auto& m = CpuModel::current();
+  const auto& m = CpuModel::deja_v1();
   EXPECT_EQ(m.cpuid(0x1234, 0), m.cpuid(7, 0));
   EXPECT_EQ(m.cpuid(0x80000009, 0), m.cpuid(7, 0));
   EXPECT_EQ(m.cpuid(0x40000005, 0), m.cpuid(7, 0));
@@ -39,13 +39,47 @@ TEST(CpuModel, OutOfRangeLeafReadsAsHighestBasicLeaf) {
 }
 
 TEST(CpuModel, BrandString) {
-  const auto& m = CpuModel::current();
+  const auto& m = CpuModel::deja_v1();
   std::string brand;
   for (uint32_t leaf = 0x80000002; leaf <= 0x80000004; ++leaf) {
     auto r = m.cpuid(leaf, 0);
     for (uint32_t reg : {r.eax, r.ebx, r.ecx, r.edx}) brand.append(reinterpret_cast<const char*>(&reg), 4);
   }
   EXPECT_EQ(std::string(brand.c_str()), "deja virtual CPU v1");
+}
+
+TEST(CpuModel, TheBaselineHasWhatLinuxNeedsAndNothingOfV2) {
+  const CpuModel& m = CpuModel::x86_64_v1();
+  for (const char* f : {"FPU", "PSE", "TSC", "MSR", "PAE", "CX8", "PGE", "CMOV", "FXSR", "SSE", "SSE2", "SYSCALL", "NX", "LM"}) {
+    EXPECT_TRUE(m.has(feature(f))) << f;
+  }
+  for (const char* f : {"POPCNT", "MOVBE", "ABM/LZCNT", "CX16", "SSE3", "LAHF_LM", "APIC", "XSAVE", "RDTSCP"}) {
+    EXPECT_FALSE(m.has(feature(f))) << f;
+  }
+}
+
+TEST(CpuModel, TracesFindTheirModelByNameOrByTheFirstVersion) {
+  EXPECT_EQ(CpuModel::for_trace("", 1), &CpuModel::deja_v1()) << "traces before names: v1 = deja-v1";
+  EXPECT_EQ(CpuModel::for_trace("x86-64-v1", 1), &CpuModel::x86_64_v1());
+  EXPECT_EQ(CpuModel::for_trace("deja-v1", 1), &CpuModel::deja_v1());
+  EXPECT_EQ(CpuModel::for_trace("x86-64-v1", 2), nullptr) << "a version this deja does not implement";
+  EXPECT_EQ(CpuModel::for_trace("no-such-model", 1), nullptr);
+  EXPECT_EQ(CpuModel::for_trace("", 2), nullptr);
+}
+
+TEST(CpuModel, DejaV1ComesLastAndNamesAreUnique) {
+  auto all = CpuModel::all();
+  ASSERT_GE(all.size(), 2u);
+  EXPECT_EQ(all.back(), &CpuModel::deja_v1());
+  for (const CpuModel* m : all) EXPECT_EQ(CpuModel::find(m->name()), m);
+}
+
+TEST(CpuModel, FirstMissingNamesTheFeature) {
+  const std::string_view provided[] = {"FPU", "TSC"};
+  auto missing = CpuModel::x86_64_v1().first_missing(provided);
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->label(), "PSE (CPUID.01H:EDX[3])");
+  EXPECT_EQ(CpuModel::x86_64_v1().hardware_features().front().name, "FPU");
 }
 
 }  // namespace

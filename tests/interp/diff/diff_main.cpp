@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "interp_diff: cannot build the guest machine\n");
     return 2;
   }
-  const deja::CpuModel& model = deja::CpuModel::current();
+  const deja::CpuModel& model = deja::CpuModel::deja_v1();
   Generator generator(seed, host_has_bmi1() && (model.cpuid(7, 0).ebx & (1u << 3)),
                       host_has_lzcnt() && (model.cpuid(0x80000001, 0).ecx & (1u << 5)));
   generator.avoid_xadd_same_register = avoid_xadd_same_register;

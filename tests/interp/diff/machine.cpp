@@ -275,7 +275,7 @@ std::unique_ptr<GuestMachine> GuestMachine::create() {
     ok = ok && m.write(Gpa{handler}, std::span(&hlt, 1)).has_value();
   }
   if (!ok) return nullptr;
-  machine->cpu_ = std::make_unique<InterpBackend>(m, CpuModel::current());
+  machine->cpu_ = std::make_unique<InterpBackend>(m, CpuModel::deja_v1());
   auto state = machine->cpu_->get_state();
   if (!state) return nullptr;
   CpuState& s = *state;

@@ -1,0 +1,219 @@
+// The KVM usability check's calibration guest: 64-bit CPL0 snippets, each ending in HLT with its answer in RAX.
+//
+// The blob between deja_usability_guest_begin and _end is copied into the probe VM's RAM at one address and
+// entered at a snippet's offset; every snippet is position-independent and uses only the scratch page at
+// 0x6000 (kvm/kvm_usability.cpp lays out the VM). Inputs come in RDI/RSI, the answer leaves in RAX.
+        .section .rodata.deja_usability_guest, "a"
+        .code64
+        .p2align 4
+        .globl deja_usability_guest_begin
+deja_usability_guest_begin:
+
+// Speed: RDI iterations of a two-instruction loop with one conditional branch.
+        .globl deja_probe_loop
+deja_probe_loop:
+        mov %edi, %ecx
+1:      dec %ecx
+        jnz 1b
+        hlt
+
+// SSE: 1.0f + 1.0f = 2.0f (0x40000000).
+        .globl deja_probe_sse
+deja_probe_sse:
+        mov $0x3f800000, %eax
+        movd %eax, %xmm1
+        addss %xmm1, %xmm1
+        movd %xmm1, %eax
+        hlt
+
+// SSE2: PADDQ of 0x1234567812345678 with itself = 0x2468acf02468acf0.
+        .globl deja_probe_sse2
+deja_probe_sse2:
+        movabs $0x1234567812345678, %rax
+        movq %rax, %xmm0
+        paddq %xmm0, %xmm0
+        movq %xmm0, %rax
+        hlt
+
+// x87: 1 + 1 stored as an integer = 2.
+        .globl deja_probe_fpu
+deja_probe_fpu:
+        fninit
+        fld1
+        fld1
+        faddp
+        fistpl 0x6000
+        movl 0x6000, %eax
+        hlt
+
+// CMOV: 7.
+        .globl deja_probe_cmov
+deja_probe_cmov:
+        xor %eax, %eax
+        mov $7, %ecx
+        test %ecx, %ecx
+        cmovnz %ecx, %eax
+        hlt
+
+// CMPXCHG8B: the comparison succeeds and stores ECX:EBX = 0:9.
+        .globl deja_probe_cx8
+deja_probe_cx8:
+        movq $5, 0x6000
+        xor %edx, %edx
+        mov $5, %eax
+        xor %ecx, %ecx
+        mov $9, %ebx
+        cmpxchg8b 0x6000
+        movq 0x6000, %rax
+        hlt
+
+// CMPXCHG16B: the same with RCX:RBX = 0:9 on a 16-byte-aligned operand.
+        .globl deja_probe_cx16
+deja_probe_cx16:
+        movq $5, 0x6000
+        movq $0, 0x6008
+        xor %edx, %edx
+        mov $5, %eax
+        xor %ecx, %ecx
+        mov $9, %ebx
+        cmpxchg16b 0x6000
+        movq 0x6000, %rax
+        hlt
+
+// POPCNT of 0xf0f0 = 8.
+        .globl deja_probe_popcnt
+deja_probe_popcnt:
+        mov $0xf0f0, %eax
+        popcnt %eax, %eax
+        hlt
+
+// LZCNT of 1 = 31 (BSR, which a host without LZCNT runs for the same bytes, gives 0).
+        .globl deja_probe_lzcnt
+deja_probe_lzcnt:
+        mov $1, %eax
+        lzcnt %eax, %eax
+        hlt
+
+// MOVBE: 0x11223344 byte-swapped = 0x44332211.
+        .globl deja_probe_movbe
+deja_probe_movbe:
+        movl $0x11223344, 0x6000
+        movbe 0x6000, %eax
+        hlt
+
+// FXSAVE/FXRSTOR round trip: 1.
+        .globl deja_probe_fxsr
+deja_probe_fxsr:
+        fxsave 0x6000
+        fxrstor 0x6000
+        mov $1, %eax
+        hlt
+
+// SAHF/LAHF in 64-bit mode: AH = 0xd5 in, 0xd7 out (bit 1 reads as 1).
+        .globl deja_probe_lahf
+deja_probe_lahf:
+        mov $0xd5, %ah
+        sahf
+        mov $0, %ah
+        lahf
+        movzbl %ah, %eax
+        hlt
+
+// CLFLUSH: 1.
+        .globl deja_probe_clflush
+deja_probe_clflush:
+        clflush 0x6000
+        mov $1, %eax
+        hlt
+
+// RDTSC executes (its value is not checked): 1.
+        .globl deja_probe_tsc
+deja_probe_tsc:
+        rdtsc
+        mov $1, %eax
+        hlt
+
+// SSE3: MOVSLDUP copies dword 0 into dword 1: 0x12345678.
+        .globl deja_probe_sse3
+deja_probe_sse3:
+        mov $0x12345678, %eax
+        movd %eax, %xmm0
+        movsldup %xmm0, %xmm1
+        psrldq $4, %xmm1
+        movd %xmm1, %eax
+        hlt
+
+// SSSE3: PABSD of -5 = 5.
+        .globl deja_probe_ssse3
+deja_probe_ssse3:
+        mov $-5, %eax
+        movd %eax, %xmm0
+        pabsd %xmm0, %xmm0
+        movd %xmm0, %eax
+        hlt
+
+// SSE4.1: PINSRD then PEXTRD of dword 1: 7.
+        .globl deja_probe_sse41
+deja_probe_sse41:
+        mov $7, %eax
+        pinsrd $1, %eax, %xmm0
+        pextrd $1, %xmm0, %eax
+        hlt
+
+// SSE4.2: CRC32C of the byte 'a' from 0 = 0x93ad1061.
+        .globl deja_probe_sse42
+deja_probe_sse42:
+        xor %eax, %eax
+        mov $0x61, %cl
+        crc32b %cl, %eax
+        hlt
+
+// CPUID of leaf RDI, sub-leaf RSI: the answer stays in EAX, EBX, ECX, EDX.
+        .globl deja_probe_cpuid
+deja_probe_cpuid:
+        mov %edi, %eax
+        mov %esi, %ecx
+        cpuid
+        hlt
+
+// Single-step: three one-byte instructions, each a step.
+        .globl deja_probe_step
+deja_probe_step:
+        nop
+        nop
+        nop
+        hlt
+
+// Single-step at CPL3 (user code): three steps, then SYSCALL to deja_probe_halt (LSTAR) at CPL0.
+        .globl deja_probe_user_step
+deja_probe_user_step:
+        nop
+        nop
+        nop
+        syscall
+
+        .globl deja_probe_halt
+deja_probe_halt:
+        hlt
+
+// Exception stubs, one per vector 0-31, 8 bytes each (the IDT points at them): report the vector on port
+// 0xe0 and halt, so a feature the host does not implement is named as "#UD" rather than as a triple fault.
+        .p2align 3
+        .globl deja_probe_vectors
+deja_probe_vectors:
+        .irp vector, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+        mov $\vector, %eax
+        out %eax, $0xe0
+        hlt
+        .endr
+
+// Interrupt window: entered with IF clear; the window opens after STI and the one instruction of its shadow.
+        .globl deja_probe_window
+deja_probe_window:
+        sti
+        .fill 4096, 1, 0x90
+        hlt
+
+        .globl deja_usability_guest_end
+deja_usability_guest_end:
+        .section .note.GNU-stack, "", @progbits
