@@ -79,7 +79,7 @@ const trace::Event* Engine::peek() {
       break;
     }
     if ((*next)->kind_case() == trace::Event::kSerialOutput) {
-      expected_output_ += (*next)->serial_output().data();
+      output_.add(StreamMatch::kRecorded, (*next)->serial_output().data());
       match_output();
       continue;
     }
@@ -287,35 +287,31 @@ void Engine::serial_output(std::span<const uint8_t> bytes) {
     pending_output_.insert(pending_output_.end(), bytes.begin(), bytes.end());
     if (pending_output_.size() >= 4096) flush_output();
   } else if (mode_ == Mode::kReplay) {
-    produced_output_.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    output_.add(StreamMatch::kReplayed, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
     match_output();
   }
 }
 
 void Engine::match_output() {
-  size_t n = std::min(produced_output_.size(), expected_output_.size());
-  size_t i = 0;
-  while (i < n && produced_output_[i] == expected_output_[i]) ++i;
-  if (i < n) {
+  const auto& m = output_.mismatch();
+  if (!m || divergence_) return;
+  if (m->end == 0) {
     diverge("serial output differs",
-            fmt::format("output byte {:#04x} after {} matching bytes", uint8_t(expected_output_[i]),
-                        output_matched_ + i),
-            fmt::format("output byte {:#04x}", uint8_t(produced_output_[i])));
+            fmt::format("output byte {:#04x} after {} matching bytes", m->recorded, m->offset),
+            fmt::format("output byte {:#04x}", m->replayed));
+  } else {
+    diverge("serial output differs", fmt::format("output bytes [{}, {}) (compared by SHA-256)", m->offset, m->end),
+            "other bytes there");
   }
-  output_matched_ += i;
-  produced_output_.erase(0, i);
-  expected_output_.erase(0, i);
 }
 
 void Engine::check_output_complete() {
   if (mode_ != Mode::kReplay) return;
   match_output();
-  if (!produced_output_.empty()) {
-    diverge("the guest printed more than was recorded", "end of recorded output",
-            fmt::format("{} more bytes", produced_output_.size()));
-  } else if (!expected_output_.empty()) {
-    diverge("the guest printed less than was recorded", fmt::format("{} more bytes", expected_output_.size()),
-            "end of output");
+  if (uint64_t more = output_.pending(StreamMatch::kReplayed)) {
+    diverge("the guest printed more than was recorded", "end of recorded output", fmt::format("{} more bytes", more));
+  } else if (uint64_t less = output_.pending(StreamMatch::kRecorded)) {
+    diverge("the guest printed less than was recorded", fmt::format("{} more bytes", less), "end of output");
   }
 }
 

@@ -15,6 +15,7 @@
 #include "logging/trace_writer.h"
 #include "vmm/backend.h"
 #include "vmm/host_io.h"
+#include "vmm/stream_match.h"
 
 namespace deja {
 
@@ -145,9 +146,7 @@ class Engine : public Clock {
   std::unique_ptr<TraceReader> reader_;
   std::optional<trace::Event> lookahead_;
   trace::Event current_;
-  std::string expected_output_;  // replay: recorded output not yet produced
-  std::string produced_output_;  // replay: produced output not yet matched
-  uint64_t output_matched_ = 0;
+  StreamMatch output_;  // replay: recorded against produced serial output, in bounded memory
   std::string trace_error_;
   uint64_t events_ = 0;
   bool exhausted_ = false;

@@ -565,6 +565,14 @@ void Session::print_stats() {
   for (const auto& [addr, acc] : machine_->mmio().unknown_accesses()) {
     say("  unmapped MMIO {:#x}: {} reads, {} writes", addr, acc.reads, acc.writes);
   }
+  // Past the first Bus::kUnknownSample addresses only totals are kept.
+  for (const Bus* bus : {&machine_->pio(), &machine_->mmio()}) {
+    const auto& rest = bus->unknown_unsampled();
+    if (rest.reads + rest.writes > 0) {
+      say("  {} more unknown {} accesses ({} reads, {} writes) at addresses beyond the first {} listed",
+          rest.reads + rest.writes, bus->name(), rest.reads, rest.writes, Bus::kUnknownSample);
+    }
+  }
   if (auto* interp = dynamic_cast<const InterpBackend*>(&machine_->backend())) {
     auto counts = interp->unimplemented_counts();
     if (counts.empty()) {

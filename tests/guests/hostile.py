@@ -148,6 +148,49 @@ def pit_hlt_exit_sync():
     pit_hlt("exit-sync")
 
 
+# ---- 3-6: bounded memory -----------------------------------------------------------------------------
+
+@case
+def trace_with_huge_serial_output():
+    """3: a small trace whose events claim 768 MiB of serial output: replay stays in budget and says it diverged."""
+    trace, forged = path("hello-3.trace"), path("serial-bomb.trace")
+    rec = deja("record", "-o", trace, "--backend", "interp", os.path.join(GUESTS, "hello.elf"))
+    expect(rec, 1, [], "recording hello")
+    f = memory_budget.run([FORGE, trace, forged, "--serial-events", "24", str(32 << 20)], budget=1 << 40)
+    if f.returncode != 0:
+        fail(f"trace_forge: {f.err}")
+    rep = deja("replay", "--serial-out", "/dev/null", forged)
+    expect(rep, 6, ["serial output differs"], "replaying a trace with 768 MiB of recorded output")
+    print(f"serial bomb ({os.path.getsize(forged)} bytes of trace, 768 MiB of output):", rep.figures())
+
+
+@case
+def nop_sled():
+    """4: 64 MiB of NOPs run in a loop: the decode cache stays within its capacity."""
+    r = deja("run", "--backend", "interp", hostile("nop-sled"), interrupt_after=8)
+    expect(r, 12, ["interrupted"], "nop-sled")
+    print("nop-sled for 8 s:", r.figures())
+
+
+@case
+def zeroed_ram():
+    """4: executing zeroed RAM (add %al,(%rax)) up to the end of RAM: bounded, then a clean stop."""
+    r = deja("run", "--backend", "interp", "--mem", "48M", hostile("zero-run"), guest_ram=48 << 20, timeout=300)
+    expect(r, 4, ["outside RAM"], "zero-run")
+    print("zero-run to the end of RAM:", r.figures())
+
+
+@case
+def mmio_scan():
+    """5: reading upward through the unmapped space above RAM: statistics keep a bounded sample."""
+    r = deja("run", "--backend", "interp", "--stats", hostile("mmio-scan"), interrupt_after=6)
+    expect(r, 12, ["more unknown MMIO accesses"], "mmio-scan")
+    listed = sum(1 for line in r.err.splitlines() if "unmapped MMIO" in line)
+    if listed > 256:
+        fail(f"--stats lists {listed} unmapped MMIO addresses; the sample is 256")
+    print(f"mmio-scan for 6 s: {listed} addresses listed;", r.figures())
+
+
 def main():
     global DEJA, HOSTILE, GUESTS, FORGE, TMP
     ap = argparse.ArgumentParser()
