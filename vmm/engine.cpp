@@ -51,7 +51,7 @@ void Engine::flush_output() {
   trace::Event e;
   e.mutable_serial_output()->set_data(pending_output_.data(), pending_output_.size());
   pending_output_.clear();
-  if (auto r = writer_->append(e); !r) write_error_ = r.error().message;
+  if (auto r = writer_->append(e); !r && write_error_.empty()) write_error_ = r.error().message;
 }
 
 // Serial output is logged in blocks (at 4 KiB, heartbeats and the end), not before every event: replay

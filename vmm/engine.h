@@ -119,6 +119,12 @@ class Engine : public Clock {
   const std::string& trace_error() const { return trace_error_; }
   // Events recorded or replayed (serial output excluded).
   uint64_t events_processed() const { return events_; }
+  // Record: every event written to the trace, serial output included (what `deja verify` counts).
+  uint64_t events_written() const { return writer_ ? writer_->events_written() : events_; }
+  // Record: the first error writing the trace (a full disk, a file-size limit); empty while all is well.
+  const std::string& write_error() const { return write_error_; }
+  // Record: the file the trace is being written to (the .partial one until it is complete).
+  std::string trace_file() const { return writer_ ? writer_->path() : std::string(); }
 
   // Replay: serial output the trace and the replay disagree on at the very end.
   void check_output_complete();

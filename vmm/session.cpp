@@ -461,6 +461,10 @@ Result<Outcome> Session::run() {
       return Outcome{exit_status::kTraceEnded, "end of trace", false};
     }
     if (g_stop_requested.load()) return Outcome{exit_status::kInterrupted, "interrupted", false};
+    // A full disk or a file-size limit stops the run at once, as a host failure, rather than letting
+    // the guest run on with its trace or its output lost.
+    if (!engine_.write_error().empty()) return fail(ErrorKind::kHost, "{}", engine_.write_error());
+    if (out_ && !out_->error().empty()) return fail(ErrorKind::kHost, "{}", out_->error());
     if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
 
     if (seeker_) {
@@ -496,12 +500,26 @@ Result<Outcome> Session::run() {
       kick_at_.store(kick);
     }
 
+    if (mode == Mode::kReplay && !exact) {
+      // An interrupted exit-sync recording can end right after an interrupt was delivered, before
+      // the handler's first instruction (the stop kicked the vCPU as it entered): the backend then
+      // delivers what was injected and returns, as it did when recording.
+      const trace::Event* next = engine_.peek();
+      if (next && next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") {
+        const Position here = position();
+        if (same_coordinate(next->end().at(), here, engine_.progress()) &&
+            !instructions_differ(next->end().instructions(), here)) {
+          cpu.kick();
+        }
+      }
+    }
     auto exit = seeker_ ? seeker_->run() : cpu.run();
     if (!exit) return std::unexpected(exit.error());
     auto done = handle_exit(**exit);
     if (!done) return std::unexpected(done.error());
     if (*done) {
       wall_ns_ = HostClock::monotonic_ns() - started;
+      if (out_ && !out_->error().empty()) return fail(ErrorKind::kHost, "{}", out_->error());
       return **done;
     }
     if (engine_.divergence()) continue;

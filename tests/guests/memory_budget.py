@@ -40,14 +40,15 @@ def rss_bytes(pid):
 
 
 def run(cmd, guest_ram=DEFAULT_GUEST_RAM, timeout=120, interrupt_after=None, stdin=subprocess.DEVNULL,
-        budget=None):
+        budget=None, kill_after=None, preexec_fn=None, cwd=None):
     """Runs `cmd`; kills it (and reports over_budget) when its RSS passes guest_ram + 512 MiB.
 
-    interrupt_after: seconds after which SIGINT is sent (a user pressing ^C); the timeout is a hang."""
+    interrupt_after: seconds after which SIGINT is sent (a user pressing ^C); kill_after: SIGKILL; the timeout
+    is a hang."""
     cap = budget if budget is not None else guest_ram + BUDGET_OVER_GUEST_RAM
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.monotonic()
-        p = subprocess.Popen(cmd, stdin=stdin, stdout=out, stderr=err)
+        p = subprocess.Popen(cmd, stdin=stdin, stdout=out, stderr=err, preexec_fn=preexec_fn, cwd=cwd)
         over = False
         interrupted = False
         hung = False
@@ -59,6 +60,9 @@ def run(cmd, guest_ram=DEFAULT_GUEST_RAM, timeout=120, interrupt_after=None, std
             if rss_bytes(p.pid) > cap:
                 over = True
                 p.kill()
+            elif kill_after is not None and now >= kill_after:
+                p.kill()
+                kill_after = None
             elif interrupt_after is not None and not interrupted and now >= interrupt_after:
                 interrupted = True
                 p.send_signal(signal.SIGINT)
