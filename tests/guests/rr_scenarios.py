@@ -63,7 +63,7 @@ def progress_options():
         (["record", "-o", os.path.join(TMP, "x.trace"), "--backend", "interp", "--progress", "emulated-pmu:lots"],
          "the skid 'lots' is not"),
         (["run", "--backend", "interp", "--progress", "emulated-pmu:5:-1"], "the seed '-1' is not"),
-        (["run", "--backend", "kvm", "--progress", "emulated-pmu:5"], "add --backend interp"),
+        (["run", "--backend", "kvm", "--progress", "emulated-pmu:5"], "--backend interp"),
     ]:
         p = deja(*args, guest("hello"))
         err = p.stderr.decode(errors="replace")
