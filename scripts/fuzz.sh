@@ -23,7 +23,7 @@ for target in "${targets[@]}"; do
       -artifact_prefix="build-fuzz/artifacts/$target-" 2>"build-fuzz/$target.log"; then
     passed=$((passed + 1))
     grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "build-fuzz/$target.log" | tr '\n' ' '
-    echo "cov: $(grep -oE 'cov: [0-9]+' "build-fuzz/$target.log" | tail -1)"
+    grep -oE "cov: [0-9]+" "build-fuzz/$target.log" | tail -1
   else
     failed=$((failed + 1))
     echo "fuzz: $target FAILED (build-fuzz/$target.log, inputs in build-fuzz/artifacts/):"

@@ -18,6 +18,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     options.modules.push_back({"module.bin", "args"});
     modules.emplace_back(module.begin(), module.end());
   }
-  (void)deja::load_guest_image_bytes(**memory, image, "fuzz.elf", options, modules);
+  (void)deja::load_guest_image_bytes(*memory, image, "fuzz.elf", options, modules);
   return 0;
 }

@@ -14,7 +14,7 @@ DecodedInsn nop() {
 }
 
 TEST(DecodeCache, ANopSledThroughAllOfRamStaysWithinTheCapacity) {
-  constexpr uint64_t kRam = uint64_t{64} << 20, kCapacity = uint64_t{8} << 20;
+  constexpr uint64_t kRam = uint64_t{16} << 20, kCapacity = uint64_t{2} << 20;
   DecodeCache cache(kRam, kCapacity);
   const DecodedInsn insn = nop();
   uint64_t peak = 0;
@@ -27,7 +27,7 @@ TEST(DecodeCache, ANopSledThroughAllOfRamStaysWithinTheCapacity) {
   }
   EXPECT_LE(peak, kCapacity);
   EXPECT_GT(cache.flushes(), 0u);
-  // Before the cap, about 115 bytes an instruction address: 64 M of them would have been 7 GB.
+  // Before the cap, about 115 bytes an instruction address: 16 M of them would have been 1.8 GB.
 }
 
 TEST(DecodeCache, AFlushChangesTheGenerationSoFetchPointersAreDropped) {
