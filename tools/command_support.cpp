@@ -105,13 +105,19 @@ Result<GuestInputs> read_guest_inputs(const std::string& image_path, const LoadO
     return fail(ErrorKind::kInvalidArgument, "{} boot modules: deja boots at most {}", load.modules.size(),
                 kMaxBootModules);
   }
-  auto image = read_guest_image(image_path, max_bytes);
+  auto image = load.linux_kernel ? read_boot_file(image_path, "Linux kernel", max_bytes)
+                                 : read_guest_image(image_path, max_bytes);
   if (!image) return std::unexpected(image.error());
   p.image = std::move(*image);
   for (const auto& m : load.modules) {
     auto bytes = read_boot_file(m.path, "boot module", max_bytes);
     if (!bytes) return std::unexpected(bytes.error());
     p.modules.push_back(std::move(*bytes));
+  }
+  if (!load.initrd_path.empty()) {
+    auto bytes = read_boot_file(load.initrd_path, "initrd", max_bytes);
+    if (!bytes) return std::unexpected(bytes.error());
+    p.initrd = std::move(*bytes);
   }
   return p;
 }

@@ -48,10 +48,11 @@ struct BackendChoice {
 Result<BackendChoice> choose_backend(const std::string& requested, const std::string& preferred,
                                      const CpuModel* model);
 
-// The guest image and boot modules, read whole.
+// The guest image and boot modules (or the Linux kernel and its initrd), read whole.
 struct GuestInputs {
   std::vector<uint8_t> image;
   std::vector<std::vector<uint8_t>> modules;
+  std::vector<uint8_t> initrd;
 };
 // Nothing larger than `max_bytes` (the guest's RAM) is read: it could not be loaded.
 Result<GuestInputs> read_guest_inputs(const std::string& image_path, const LoadOptions& load, uint64_t max_bytes);

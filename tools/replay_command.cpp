@@ -18,6 +18,7 @@ struct ReplayOptions {
   std::string trace_path;
   std::string backend;     // "" = the backend the trace was recorded on, if available here
   std::string image_path;  // "" = the path recorded in the trace
+  std::string initrd_path;  // "" = the path recorded in the trace
   std::string serial_out = "-";
   bool stats = false;
   bool print_digest = false;
@@ -128,9 +129,20 @@ int replay_trace(const ReplayOptions& options) {
 
   const trace::InputFile* image_entry = nullptr;
   std::string image_path = find_input(header, "image", &image_entry);
-  if (!image_entry) return report_error({ErrorKind::kBadTrace, fmt::format("{} names no guest image", options.trace_path)});
-  if (!options.image_path.empty()) image_path = options.image_path;
   LoadOptions load;
+  if (!image_entry) {
+    // A Linux kernel, loaded with the same boot protocol choice and initrd as recorded.
+    image_path = find_input(header, "kernel", &image_entry);
+    if (!image_entry) return report_error({ErrorKind::kBadTrace, fmt::format("{} names no guest image", options.trace_path)});
+    auto entry = parse_linux_entry(rc.boot_protocol());
+    if (!entry) return report_error({ErrorKind::kBadTrace, fmt::format("{}: {}", options.trace_path, entry.error().message)});
+    load.linux_kernel = true;
+    load.linux_entry = *entry;
+  }
+  const trace::InputFile* initrd_entry = nullptr;
+  load.initrd_path = find_input(header, "initrd", &initrd_entry);
+  if (!options.image_path.empty()) image_path = options.image_path;
+  if (!options.initrd_path.empty()) load.initrd_path = options.initrd_path;
   load.cmdline = rc.cmdline();
   int module_index = 0;
   for (const auto& f : header.inputs()) {
@@ -147,7 +159,7 @@ int replay_trace(const ReplayOptions& options) {
   }
   uint64_t recorded_bytes = 0;
   for (const auto& f : header.inputs()) {
-    if (f.role() == "image" || f.role() == "module") recorded_bytes += f.size();
+    if (f.role() != "serial-in") recorded_bytes += f.size();
   }
   if (recorded_bytes > rc.memory_bytes()) {
     return report_error({ErrorKind::kBadTrace,
@@ -155,7 +167,7 @@ int replay_trace(const ReplayOptions& options) {
                                      options.trace_path, recorded_bytes, rc.memory_bytes())});
   }
   auto read_input = [&](const trace::InputFile& f, const std::string& path) -> Result<std::vector<uint8_t>> {
-    const bool image = f.role() == "image";
+    const bool image = f.role() == "image" || f.role() == "kernel";
     const uint64_t limit = f.size() ? f.size() : rc.memory_bytes();
     struct stat st {};
     if (f.size() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && uint64_t(st.st_size) != f.size()) {
@@ -163,7 +175,10 @@ int replay_trace(const ReplayOptions& options) {
                   "{} differs from the {} recorded in {}: {} bytes here, {} recorded (the recording's SHA-256 is {})",
                   path, f.role(), options.trace_path, st.st_size, f.size(), hex(f.sha256()));
     }
-    auto bytes = image ? read_guest_image(path, limit) : read_boot_file(path, "boot module", limit);
+    auto bytes = f.role() == "image"    ? read_guest_image(path, limit)
+                 : f.role() == "kernel" ? read_boot_file(path, "Linux kernel", limit)
+                 : f.role() == "initrd" ? read_boot_file(path, "initrd", limit)
+                                        : read_boot_file(path, "boot module", limit);
     if (!bytes) {
       Error e = bytes.error();
       if (image && options.image_path.empty() && !path.starts_with("/")) {
@@ -189,6 +204,11 @@ int replay_trace(const ReplayOptions& options) {
   } else {
     return report_error(bytes.error());
   }
+  if (initrd_entry) {
+    auto bytes = read_input(*initrd_entry, load.initrd_path);
+    if (!bytes) return report_error(bytes.error());
+    loaded.initrd = std::move(*bytes);
+  }
   module_index = 0;
   for (const auto& f : header.inputs()) {
     if (f.role() != "module") continue;
@@ -209,7 +229,8 @@ int replay_trace(const ReplayOptions& options) {
   config.trap_rdtsc = rc.rdtsc_trapped();
 
   Session session(Mode::kReplay, progress.mode);
-  if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules);
+  if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules,
+                                 inputs->initrd);
       !built) {
     return report_error(built.error());
   }
@@ -286,7 +307,9 @@ Subcommand add_replay_command(CLI::App& app) {
   replay->add_option("--progress", o->progress,
                      "exact-mode traces: the counter to reach coordinates with: exact, or emulated-pmu:SKID[:SEED] "
                      "(interp; default: as recorded)");
-  replay->add_option("--image", o->image_path, "guest image (default: the path in the trace; hash-checked)");
+  replay->add_option("--image,--kernel", o->image_path,
+                     "guest image or Linux kernel (default: the path in the trace; hash-checked)");
+  replay->add_option("--initrd", o->initrd_path, "the Linux kernel's initrd (default: the path in the trace; hash-checked)");
   replay->add_option("--serial-out", o->serial_out, "where the replayed serial output goes (default stdout)");
   replay->add_flag("--stats", o->stats, "print exit counts at the end");
   replay->add_flag("--digest", o->print_digest, "print the final state digest");

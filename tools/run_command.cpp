@@ -9,6 +9,7 @@
 #include "kvm/pmu.h"
 #include "logging/trace_format.h"
 #include "tools/command_support.h"
+#include "tools/linux_guest.h"
 #include "vmm/build_info.h"
 #include "vmm/cpu_model.h"
 #include "vmm/guest_memory.h"
@@ -30,6 +31,11 @@ struct RunArgs {
   bool stats = false;
   bool digest = false;
   std::string image;
+  std::string kernel;  // a Linux kernel (bzImage or vmlinux) instead of IMAGE
+  std::string initrd;
+  std::string boot_protocol = "auto";
+  bool linux_guest = false;  // --linux: the bundled guest
+  bool print_cmdline = false;
   std::string output;  // record: the trace
 };
 
@@ -59,7 +65,9 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
                       " (default: the first of these the backend provides on this host)")
       ->check(CLI::IsMember(models));
   cmd->add_option("--mem", a.mem, "guest RAM size, e.g. 256M or 1G (default 256M)");
-  cmd->add_option("--cmdline", a.cmdline, "kernel command line passed to the guest (Multiboot, fw_cfg)");
+  cmd->add_option("--cmdline,--append", a.cmdline,
+                  "kernel command line passed to the guest (Multiboot, Linux, fw_cfg); with --linux, added after the "
+                  "bundled guest's own");
   cmd->add_option("--serial-in", a.serial_in, "file whose bytes arrive on COM1's receiver ('-' = stdin)");
   cmd->add_option("--serial-out", a.serial_out, "file receiving COM1's output (default '-' = stdout)");
   cmd->add_option("--module", a.modules, "Multiboot boot module: 'PATH' or 'PATH ARGS' (repeatable)");
@@ -70,7 +78,20 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
                   "on interp; on KVM exact when `deja selftest` passes, else exit-sync");
   cmd->add_flag("--stats", a.stats, "print exit counts, unknown ports and unimplemented instructions at the end");
   cmd->add_flag("--digest", a.digest, "print the final state digest (registers, control registers, RAM hash)");
-  cmd->add_option("IMAGE", a.image, "guest image: Multiboot ELF32/ELF64, or ELF64 for direct 64-bit boot")->required();
+  cmd->add_option("--kernel", a.kernel, "a Linux kernel to boot instead of IMAGE: a bzImage or an ELF vmlinux");
+  cmd->add_option("--initrd", a.initrd, "the Linux kernel's initrd or initramfs");
+  cmd->add_option("--boot-protocol", a.boot_protocol,
+                  "how to enter the Linux kernel: pvh (PVH entry; a bzImage's payload is decompressed by deja), 64bit "
+                  "(the bzImage's 64-bit boot protocol: the kernel decompresses itself), or auto (pvh when the "
+                  "kernel has a PVH entry)")
+      ->check(CLI::IsMember({"auto", "64bit", "pvh"}));
+  cmd->add_flag("--linux", a.linux_guest,
+                "boot the bundled Linux guest: the installed Debian kernel with the initramfs the build makes "
+                "(docs/linux.md)");
+  cmd->add_flag("--print-cmdline", a.print_cmdline,
+                "print the kernel command line the guest would boot with (e.g. to boot the --linux guest elsewhere) "
+                "and exit");
+  cmd->add_option("IMAGE", a.image, "guest image: Multiboot ELF32/ELF64, or ELF64 for direct 64-bit boot");
 }
 
 Result<SessionOptions> to_session(const RunArgs& a) {
@@ -83,6 +104,12 @@ Result<SessionOptions> to_session(const RunArgs& a) {
     auto progress = parse_progress(a.progress);
     if (!progress) return std::unexpected(progress.error());
     o.progress = *progress;
+  }
+  const int chosen = int(!a.image.empty()) + int(!a.kernel.empty()) + int(a.linux_guest);
+  if (chosen != 1) {
+    return fail(ErrorKind::kInvalidArgument, "{}",
+                chosen == 0 ? "nothing to boot: give a guest IMAGE, a Linux kernel with --kernel, or --linux"
+                            : "give only one of a guest IMAGE, --kernel and --linux");
   }
   // An emulated PMU exists only on the software CPU, so asking for one picks it.
   std::string requested = a.backend.empty() && o.progress.emulated_skid ? "interp" : a.backend;
@@ -97,6 +124,26 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   o.progress.automatic = a.progress.empty() && o.machine.backend == "kvm";
   o.image_path = a.image;
   o.load.cmdline = a.cmdline;
+  if (!a.initrd.empty() && a.kernel.empty() && !a.linux_guest) {
+    return fail(ErrorKind::kInvalidArgument, "--initrd is for a Linux kernel: add --kernel");
+  }
+  if (!a.kernel.empty() || a.linux_guest) {
+    auto entry = parse_linux_entry(a.boot_protocol);
+    if (!entry) return std::unexpected(entry.error());
+    o.load.linux_kernel = true;
+    o.load.linux_entry = *entry;
+    o.image_path = a.kernel;
+    o.load.initrd_path = a.initrd;
+    if (a.linux_guest) {
+      auto guest = find_linux_guest();
+      if (!guest) return std::unexpected(guest.error());
+      o.image_path = guest->kernel;
+      if (o.load.initrd_path.empty()) o.load.initrd_path = guest->initramfs;
+      o.load.cmdline = a.cmdline.empty() ? guest->cmdline : guest->cmdline + " " + a.cmdline;
+      o.machine.cmdline = o.load.cmdline;
+    }
+    if (!a.modules.empty()) return fail(ErrorKind::kInvalidArgument, "--module is for Multiboot images; a Linux kernel takes --initrd");
+  }
   for (const auto& m : a.modules) {
     auto space = m.find(' ');
     o.load.modules.push_back(
@@ -137,10 +184,12 @@ Result<> check_recording_options(const SessionOptions& o) {
     if (auto r = check_text(fmt::format("the arguments of module '{}'", m.path), m.args); !r) return r;
   }
   if (auto r = check_text(fmt::format("the serial input path '{}'", o.serial_in), o.serial_in); !r) return r;
+  if (auto r = check_text(fmt::format("the initrd path '{}'", o.load.initrd_path), o.load.initrd_path); !r) return r;
   // The trace must be none of the files the recording reads or writes.
   const std::string trace = file_identity(o.trace_path);
   std::vector<std::pair<std::string, std::string>> others{{"the guest image", o.image_path}};
   for (const auto& m : o.load.modules) others.emplace_back("a boot module", m.path);
+  if (!o.load.initrd_path.empty()) others.emplace_back("the initrd", o.load.initrd_path);
   if (!o.serial_in.empty() && o.serial_in != "-") others.emplace_back("the serial input", o.serial_in);
   if (o.serial_out != "-") others.emplace_back("the serial output", o.serial_out);
   for (const auto& [what, path] : others) {
@@ -190,7 +239,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     input = std::move(*in);
   }
   if (auto built = session.build(config, options.serial_out, inputs->image, options.image_path, options.load,
-                                 inputs->modules);
+                                 inputs->modules, inputs->initrd);
       !built) {
     return report_error(built.error());
   }
@@ -207,7 +256,10 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     header.set_deja_version(deja_version());
     header.set_host(host_description());
     header.set_start_unix_ns(start_unix_ns);
-    *header.add_inputs() = input_file("image", options.image_path, inputs->image);
+    *header.add_inputs() = input_file(options.load.linux_kernel ? "kernel" : "image", options.image_path, inputs->image);
+    if (!options.load.initrd_path.empty()) {
+      *header.add_inputs() = input_file("initrd", options.load.initrd_path, inputs->initrd);
+    }
     for (size_t i = 0; i < options.load.modules.size(); ++i) {
       auto* f = header.add_inputs();
       *f = input_file("module", options.load.modules[i].path, inputs->modules[i]);
@@ -235,6 +287,10 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     c->set_rdtsc_trapped(session.machine().backend().traps_rdtsc());
     c->set_tsc_hz(CpuModel::kTscHz);
     c->set_device_semantics(config.device_semantics);
+    if (options.load.linux_kernel) {
+      c->set_boot_protocol(std::string(linux_entry_name(options.load.linux_entry)));
+      c->set_image_format(session.image_format());
+    }
     auto writer = TraceWriter::create_replacing(options.trace_path, header);
     if (!writer) return report_error(writer.error());
     session.engine().attach_writer(std::move(*writer));
@@ -304,6 +360,10 @@ std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
   auto start = [](const RunArgs& a, Mode mode) {
     auto options = to_session(a);
     if (!options) return report_error(options.error());
+    if (a.print_cmdline) {
+      std::printf("%s\n", options->load.cmdline.c_str());
+      return 0;
+    }
     options->trace_path = a.output;
     return run_or_record(*options, mode);
   };

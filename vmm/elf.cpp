@@ -107,7 +107,20 @@ Result<ElfImage> parse_elf(std::span<const uint8_t> bytes, const std::string& na
   }
   for (unsigned i = 0; i < phnum; ++i) {
     const uint64_t at = phoff + i * phentsize;
-    if (read_le(bytes, at, 4) != elf::kPtLoad) continue;
+    const uint32_t p_type = static_cast<uint32_t>(read_le(bytes, at, 4));
+    if (p_type == elf::kPtNote) {
+      ElfNoteRange note{i, is64 ? read_le(bytes, at + 8, 8) : read_le(bytes, at + 4, 4),
+                        is64 ? read_le(bytes, at + 32, 8) : read_le(bytes, at + 16, 4)};
+      if (note.file_offset > bytes.size() || note.file_size > bytes.size() - note.file_offset) {
+        return fail(ErrorKind::kBadImage,
+                    "guest image '{}' is truncated: note segment {} [{:#x}, +{:#x}) extends beyond the end of the "
+                    "{}-byte file",
+                    name, i, note.file_offset, note.file_size, bytes.size());
+      }
+      image.notes.push_back(note);
+      continue;
+    }
+    if (p_type != elf::kPtLoad) continue;
     ElfSegment seg;
     seg.index = i;
     if (is64) {
@@ -141,6 +154,37 @@ Result<ElfImage> parse_elf(std::span<const uint8_t> bytes, const std::string& na
     return fail(ErrorKind::kBadImage, "guest image '{}' has no PT_LOAD segment with memory to load", name);
   }
   return image;
+}
+
+Result<std::vector<ElfNote>> parse_elf_notes(std::span<const uint8_t> bytes, const ElfImage& image,
+                                             const std::string& name) {
+  std::vector<ElfNote> notes;
+  for (const ElfNoteRange& range : image.notes) {
+    const auto segment = bytes.subspan(range.file_offset, range.file_size);
+    uint64_t at = 0;
+    while (segment.size() - at >= 12) {
+      const uint64_t name_size = read_le(segment, at, 4), desc_size = read_le(segment, at + 4, 4);
+      const uint32_t type = static_cast<uint32_t>(read_le(segment, at + 8, 4));
+      const uint64_t name_at = at + 12;
+      const uint64_t desc_at = name_at + ((name_size + 3) & ~uint64_t{3});
+      const uint64_t next = desc_at + ((desc_size + 3) & ~uint64_t{3});
+      if (desc_at > segment.size() || desc_size > segment.size() - desc_at) {
+        return fail(ErrorKind::kBadImage,
+                    "guest image '{}': note segment {} holds a note at offset {:#x} (name {} bytes, descriptor {} "
+                    "bytes) that runs past the segment's {} bytes",
+                    name, range.index, at, name_size, desc_size, segment.size());
+      }
+      ElfNote note;
+      auto name_bytes = segment.subspan(name_at, name_size);
+      while (!name_bytes.empty() && name_bytes.back() == 0) name_bytes = name_bytes.first(name_bytes.size() - 1);
+      note.name.assign(name_bytes.begin(), name_bytes.end());
+      note.type = type;
+      note.desc = segment.subspan(desc_at, desc_size);
+      notes.push_back(std::move(note));
+      at = std::min<uint64_t>(next, segment.size());
+    }
+  }
+  return notes;
 }
 
 }  // namespace deja

@@ -20,14 +20,7 @@ namespace {
 
 using namespace boot_layout;
 
-constexpr uint64_t k4GiB = uint64_t{1} << 32;
-constexpr uint64_t k1GiB = uint64_t{1} << 30;
-constexpr uint64_t k2MiB = uint64_t{1} << 21;
-
-struct Region {
-  const char* what;
-  uint64_t start, end;
-};
+constexpr uint64_t k4GiB = kBoot4GiB;
 
 constexpr Region kGdtRegion{"the loader's GDT", kGdtBase, kGdtEnd};
 constexpr Region kInfoRegion{"the Multiboot information area", kInfoBase, kInfoEnd};
@@ -35,27 +28,12 @@ constexpr Region kPageTableRegion{"the long-mode page tables", kPageTableBase, k
 constexpr Region kStackRegion{"the boot stack", kStackBase, kStackTop};
 constexpr Region kLegacyHole{"the legacy EBDA/VGA/BIOS hole", multiboot::kEbdaStart, multiboot::kHighMemoryStart};
 
-// One thing to write: `data` at `gpa`, then zeros up to `mem_size` (ELF .bss, a.out bss).
-struct Piece {
-  std::string what;
-  uint64_t gpa = 0;
-  std::span<const uint8_t> data;
-  uint64_t mem_size = 0;
-  uint64_t end() const { return gpa + mem_size; }
-};
-
 struct Plan {
   std::string format;
   uint64_t entry = 0;
   bool long_mode = false;
   std::vector<Piece> image_pieces;
 };
-
-bool overlaps(uint64_t a_start, uint64_t a_end, uint64_t b_start, uint64_t b_end) {
-  return a_start < b_end && b_start < a_end;
-}
-
-uint64_t align_up(uint64_t value, uint64_t alignment) { return (value + alignment - 1) / alignment * alignment; }
 
 std::vector<Region> reserved_regions(bool long_mode) {
   std::vector<Region> regions{kGdtRegion, kInfoRegion};
@@ -70,46 +48,7 @@ std::vector<Region> reserved_regions(bool long_mode) {
 // loader's structures and of every other piece.
 Result<> check_image_pieces(const std::string& name, const std::vector<Piece>& pieces, uint64_t ram_size,
                             bool long_mode) {
-  const auto reserved = reserved_regions(long_mode);
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const Piece& piece = pieces[i];
-    if (piece.gpa > ram_size || piece.mem_size > ram_size - piece.gpa) {
-      return fail(ErrorKind::kBadImage,
-                  "guest image '{}': {} at guest-physical [{:#x}, +{:#x}) lies outside RAM (RAM size {:#x}; give "
-                  "the guest more memory or link the image lower)",
-                  name, piece.what, piece.gpa, piece.mem_size, ram_size);
-    }
-    if (!long_mode && piece.end() > k4GiB) {
-      return fail(ErrorKind::kBadImage,
-                  "guest image '{}': {} at [{:#x}, {:#x}) ends above 4 GiB, unreachable from the 32-bit Multiboot "
-                  "entry",
-                  name, piece.what, piece.gpa, piece.end());
-    }
-    for (const Region& region : reserved) {
-      if (overlaps(piece.gpa, piece.end(), region.start, region.end)) {
-        return fail(ErrorKind::kBadImage,
-                    "guest image '{}': {} at [{:#x}, {:#x}) overlaps {} at [{:#x}, {:#x}) (see docs/boot.md for the "
-                    "boot memory layout)",
-                    name, piece.what, piece.gpa, piece.end(), region.what, region.start, region.end);
-      }
-    }
-  }
-  // Sweep in address order (an image may carry 65535 program headers: no quadratic pairing).
-  std::vector<size_t> order(pieces.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return pieces[a].gpa < pieces[b].gpa; });
-  std::optional<size_t> furthest;  // the piece reaching highest among those seen so far
-  for (size_t i : order) {
-    if (pieces[i].mem_size == 0) continue;
-    if (furthest && pieces[i].gpa < pieces[*furthest].end()) {
-      const Piece& later = pieces[std::max(i, *furthest)];
-      const Piece& earlier = pieces[std::min(i, *furthest)];
-      return fail(ErrorKind::kBadImage, "guest image '{}': {} at [{:#x}, {:#x}) overlaps {} at [{:#x}, {:#x})", name,
-                  later.what, later.gpa, later.end(), earlier.what, earlier.gpa, earlier.end());
-    }
-    if (!furthest || pieces[i].end() > pieces[*furthest].end()) furthest = i;
-  }
-  return {};
+  return check_pieces(fmt::format("guest image '{}'", name), pieces, ram_size, !long_mode, reserved_regions(long_mode));
 }
 
 std::string segment_name(const ElfSegment& segment) { return fmt::format("segment {}", segment.index); }
@@ -233,8 +172,7 @@ Result<> check_image_magic(const std::string& name, std::span<const uint8_t> ima
     return fail(ErrorKind::kBadImage,
                 "guest image '{}' is not an ELF file (bad magic) and has no Multiboot header in its first {} bytes{}",
                 name, multiboot::kSearchLimit,
-                bzimage ? " (it is a Linux bzImage; the Linux boot protocol is not supported yet: boot the vmlinux ELF)"
-                        : "");
+                bzimage ? " (it is a Linux bzImage: boot it with --kernel)" : "");
   }
   return {};
 }
@@ -269,7 +207,7 @@ Result<std::vector<Piece>> place_modules(const LoadOptions& options, std::span<c
     for (bool moved = true; moved;) {
       moved = false;
       for (const Region& region : avoid) {
-        if (cursor < region.end && overlaps(cursor, cursor + std::max<uint64_t>(size, 1), region.start, region.end)) {
+        if (cursor < region.end && ranges_overlap(cursor, cursor + std::max<uint64_t>(size, 1), region.start, region.end)) {
           cursor = align_up(region.end, kPageSize);
           moved = true;
         }
@@ -297,47 +235,10 @@ Result<std::vector<Piece>> place_modules(const LoadOptions& options, std::span<c
 // GDT entries (accessed bit preset, so the CPU never writes them back): null, 64-bit code,
 // flat data, flat 32-bit code.
 std::vector<uint8_t> build_gdt() {
-  constexpr uint64_t kEntries[] = {0, 0x00af9b000000ffffull, 0x00cf93000000ffffull, 0x00cf9b000000ffffull};
+  constexpr uint64_t kEntries[] = {0, gdt_entry::kCode64, gdt_entry::kData, gdt_entry::kCode32};
   std::vector<uint8_t> bytes(sizeof(kEntries));
   std::memcpy(bytes.data(), kEntries, sizeof(kEntries));
   return bytes;
-}
-
-// Identity map of max(4 GiB, RAM) with 2 MiB pages: PML4 -> one PDPT -> one PD per GiB.
-// Pages beyond RAM (the MMIO window below 4 GiB) are mapped uncached (PCD|PWT).
-std::vector<uint8_t> build_page_tables(uint64_t ram_size) {
-  constexpr uint64_t kPresent = 1, kWritable = 2, kPwt = 1 << 3, kPcd = 1 << 4, kLargePage = 1 << 7;
-  const uint64_t mapped = std::max(k4GiB, align_up(ram_size, k1GiB));
-  const uint64_t directories = mapped / k1GiB;
-  std::vector<uint64_t> table((2 + directories) * 512, 0);
-  const uint64_t pdpt = kPageTableBase + kPageSize;
-  table[0] = pdpt | kPresent | kWritable;
-  for (uint64_t d = 0; d < directories; ++d) {
-    table[512 + d] = (kPageTableBase + (2 + d) * kPageSize) | kPresent | kWritable;
-    for (uint64_t e = 0; e < 512; ++e) {
-      const uint64_t address = d * k1GiB + e * k2MiB;
-      uint64_t entry = address | kPresent | kWritable | kLargePage;
-      if (address >= ram_size) entry |= kPcd | kPwt;
-      table[(2 + d) * 512 + e] = entry;
-    }
-  }
-  std::vector<uint8_t> bytes(table.size() * 8);
-  std::memcpy(bytes.data(), table.data(), bytes.size());
-  return bytes;
-}
-
-SegmentReg flat_segment(uint16_t selector, uint8_t type, bool code64) {
-  SegmentReg s;
-  s.base = 0;
-  s.limit = 0xffffffff;
-  s.selector = selector;
-  s.type = type;
-  s.present = true;
-  s.s = true;
-  s.db = !code64;
-  s.l = code64;
-  s.g = true;
-  return s;
 }
 
 CpuState entry_state(const Plan& plan, const LoadOptions& options) {
@@ -352,12 +253,7 @@ CpuState entry_state(const Plan& plan, const LoadOptions& options) {
   st.idt = TableReg{0, 0};  // no IDT: an exception before the guest sets one up triple-faults visibly
   st.rflags = 0x2;
   st.rip = plan.entry;
-  // x87 and SSE as after FNINIT / reset: all exceptions masked, so early SSE code does not fault.
-  const uint16_t fcw = 0x037f;
-  const uint32_t mxcsr = 0x1f80, mxcsr_mask = 0xffff;
-  std::memcpy(st.fxsave.data() + 0, &fcw, sizeof(fcw));
-  std::memcpy(st.fxsave.data() + 24, &mxcsr, sizeof(mxcsr));
-  std::memcpy(st.fxsave.data() + 28, &mxcsr_mask, sizeof(mxcsr_mask));
+  reset_fpu_state(st);
   if (long_mode) {
     st.cr0 = cr0::kPe | cr0::kMp | cr0::kEt | cr0::kNe | cr0::kWp | cr0::kPg;
     st.cr3 = kPageTableBase;
@@ -376,23 +272,29 @@ CpuState entry_state(const Plan& plan, const LoadOptions& options) {
   return st;
 }
 
-Result<> write_piece(GuestMemory& memory, const Piece& piece) {
-  if (auto r = memory.write(Gpa{piece.gpa}, piece.data); !r) return r;
-  // Zero the rest explicitly: the memory may have been used before (reset, replay into a reused RAM).
-  static const std::vector<uint8_t> kZeros(64 * 1024, 0);
-  for (uint64_t at = piece.data.size(); at < piece.mem_size;) {
-    const uint64_t chunk = std::min<uint64_t>(kZeros.size(), piece.mem_size - at);
-    if (auto r = memory.write(Gpa{piece.gpa + at}, std::span(kZeros.data(), chunk)); !r) return r;
-    at += chunk;
-  }
-  return {};
-}
-
 }  // namespace
 
 Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const uint8_t> image,
                                            const std::string& name, const LoadOptions& options,
-                                           std::span<const std::vector<uint8_t>> module_bytes) {
+                                           std::span<const std::vector<uint8_t>> module_bytes,
+                                           std::span<const uint8_t> initrd) {
+  if (options.linux_kernel) {
+    if (!options.modules.empty()) {
+      return fail(ErrorKind::kInvalidArgument,
+                  "Linux kernel '{}': Multiboot boot modules (--module) cannot be passed to a Linux kernel; use "
+                  "--initrd",
+                  name);
+    }
+    return load_linux_kernel(memory, image, name,
+                             LinuxBootOptions{.cmdline = options.cmdline,
+                                              .entry = options.linux_entry,
+                                              .initrd = initrd,
+                                              .initrd_name = options.initrd_path,
+                                              .cpu_has_nx = options.cpu_has_nx});
+  }
+  if (!options.initrd_path.empty()) {
+    return fail(ErrorKind::kInvalidArgument, "guest image '{}': an initrd is only for a Linux kernel (--kernel)", name);
+  }
   if (module_bytes.size() != options.modules.size()) {
     return fail(ErrorKind::kInvalidArgument, "guest image '{}': {} boot modules named but {} module contents given",
                 name, options.modules.size(), module_bytes.size());
@@ -421,18 +323,14 @@ Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const 
   structures.push_back(Piece{"boot information", kInfoBase, *info, info->size()});
   std::vector<uint8_t> page_tables;
   if (plan->long_mode) {
-    page_tables = build_page_tables(ram_size);
+    page_tables = build_identity_page_tables(kPageTableBase, ram_size);
     structures.push_back(Piece{"page tables", kPageTableBase, page_tables, page_tables.size()});
   }
 
   // Everything is validated; from here on only a host failure can stop the load.
   LoadedImage loaded;
-  for (const auto* group : {&plan->image_pieces, &*modules, &structures}) {
-    for (const Piece& piece : *group) {
-      if (auto r = write_piece(memory, piece); !r) return std::unexpected(r.error());
-      loaded.loaded_ranges.emplace_back(piece.gpa, piece.mem_size);
-    }
-  }
+  const std::vector<Piece>* groups[] = {&plan->image_pieces, &*modules, &structures};
+  if (auto r = write_pieces(memory, groups, loaded); !r) return std::unexpected(r.error());
   loaded.format = plan->format;
   loaded.entry = plan->entry;
   loaded.initial_state = entry_state(*plan, options);
@@ -502,7 +400,8 @@ Result<std::vector<uint8_t>> read_guest_image(const std::string& path, uint64_t 
 
 Result<LoadedImage> load_guest_image(GuestMemory& memory, const std::string& image_path, const LoadOptions& options) {
   const uint64_t loadable = std::min(memory.size(), k4GiB);  // nothing larger fits, even for elf64-direct
-  auto image = read_guest_image(image_path, loadable);
+  auto image = options.linux_kernel ? read_boot_file(image_path, "Linux kernel", loadable)
+                                    : read_guest_image(image_path, loadable);
   if (!image) return std::unexpected(image.error());
   std::vector<std::vector<uint8_t>> module_bytes;
   for (const auto& module : options.modules) {
@@ -510,7 +409,13 @@ Result<LoadedImage> load_guest_image(GuestMemory& memory, const std::string& ima
     if (!bytes) return std::unexpected(bytes.error());
     module_bytes.push_back(std::move(*bytes));
   }
-  return load_guest_image_bytes(memory, *image, image_path, options, module_bytes);
+  std::vector<uint8_t> initrd;
+  if (!options.initrd_path.empty()) {
+    auto bytes = read_boot_file(options.initrd_path, "initrd", loadable);
+    if (!bytes) return std::unexpected(bytes.error());
+    initrd = std::move(*bytes);
+  }
+  return load_guest_image_bytes(memory, *image, image_path, options, module_bytes, initrd);
 }
 
 }  // namespace deja

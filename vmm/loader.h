@@ -1,4 +1,5 @@
-// Guest image loaders: Multiboot v1 (ELF32, ELF64, a.out kludge) and ELF64 direct boot into long mode.
+// Guest image loaders: Multiboot v1 (ELF32, ELF64, a.out kludge), ELF64 direct boot into long mode, and Linux
+// kernels (the x86 64-bit boot protocol for a bzImage, PVH for a vmlinux or a bzImage's payload: linux_boot.h).
 //
 // Guest-physical layout of the loader's own structures. An image segment or module that overlaps
 // any structure its format uses is refused (never silently overwritten):
@@ -9,7 +10,8 @@
 //   [0x70000, 0x80000)  boot stack, RSP = 0x80000 at entry                              (elf64-direct)
 //
 // Boot modules are placed page-aligned above the highest byte of the image, skipping these areas
-// and the legacy hole [0x9fc00, 0x100000). See docs/boot.md for entry states and every rejection.
+// and the legacy hole [0x9fc00, 0x100000). Linux kernels have their own layout (linux_boot.h). See
+// docs/boot.md for entry states and every rejection.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +20,11 @@
 #include <utility>
 #include <vector>
 
+#include "vmm/boot_plan.h"
 #include "vmm/cpu_state.h"
 #include "vmm/error.h"
 #include "vmm/guest_memory.h"
+#include "vmm/linux_boot.h"
 
 namespace deja {
 
@@ -42,25 +46,24 @@ struct BootModule {
 struct LoadOptions {
   std::string cmdline;
   std::vector<BootModule> modules;
-  bool cpu_has_nx = true;  // the CPU model has NX: elf64-direct enters with EFER.NXE set
-};
-
-struct LoadedImage {
-  CpuState initial_state;  // the vCPU state at the guest's entry
-  std::string format;      // "multiboot-elf32", "multiboot-elf64", "multiboot-aout", "elf64-direct"
-  uint64_t entry = 0;
-  std::vector<std::pair<uint64_t, uint64_t>> loaded_ranges;  // [gpa, size) of every segment/module/structure written
+  // The image is a Linux kernel (`--kernel`): a bzImage or an ELF vmlinux, booted by linux_boot.h. Boot
+  // modules are then refused; the initrd, if any, is `initrd_path`.
+  bool linux_kernel = false;
+  LinuxEntry linux_entry = LinuxEntry::kAuto;
+  std::string initrd_path;  // "" = no initrd
+  bool cpu_has_nx = true;  // the CPU model has NX: elf64-direct and the Linux 64-bit entry set EFER.NXE
 };
 
 // Reads the image file and every module from disk, validates, writes into `memory`.
 Result<LoadedImage> load_guest_image(GuestMemory& memory, const std::string& image_path, const LoadOptions& options);
 
 // Same from bytes already in memory (for tests and for replay, which hashes the bytes it loads).
-// `module_bytes[i]` is the content of `options.modules[i]`. Nothing is written to `memory` unless
-// the whole image, every module and every loader structure fit.
+// `module_bytes[i]` is the content of `options.modules[i]`; `initrd` that of `options.initrd_path`. Nothing is
+// written to `memory` unless the whole image, every module and every loader structure fit.
 Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const uint8_t> image,
                                            const std::string& name_for_errors, const LoadOptions& options,
-                                           std::span<const std::vector<uint8_t>> module_bytes = {});
+                                           std::span<const std::vector<uint8_t>> module_bytes = {},
+                                           std::span<const uint8_t> initrd = {});
 
 // At most this many boot modules (the Multiboot information area has room for about as many).
 constexpr size_t kMaxBootModules = 64;

@@ -75,7 +75,7 @@ Session::~Session() = default;
 
 Result<> Session::build(const MachineConfig& config, const std::string& serial_out, std::span<const uint8_t> image,
                         const std::string& image_name, const LoadOptions& load,
-                        std::span<const std::vector<uint8_t>> modules) {
+                        std::span<const std::vector<uint8_t>> modules, std::span<const uint8_t> initrd) {
   auto sink = FileSink::open(serial_out);
   if (!sink) return std::unexpected(sink.error());
   out_ = std::move(*sink);
@@ -85,8 +85,9 @@ Result<> Session::build(const MachineConfig& config, const std::string& serial_o
   machine_ = std::move(*machine);
   LoadOptions options = load;
   options.cpu_has_nx = config.cpu_model->has(feature("NX"));
-  auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, options, modules);
+  auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, options, modules, initrd);
   if (!loaded) return std::unexpected(loaded.error());
+  image_format_ = loaded->format;
   if (auto s = machine_->backend().set_state(loaded->initial_state); !s) return std::unexpected(s.error());
   engine_.set_position_source([this] { return position(); });
   return {};
@@ -455,6 +456,9 @@ Result<Outcome> Session::run() {
     if (mode == Mode::kReplay) {
       replay_async();
       if (auto end = replay_end_here()) return *end;
+      // Recording takes a due digest right after the asynchronous event that made it due, before the
+      // interrupt that event may raise is delivered; replay consumes that event only here, so check here too.
+      maybe_digest();
     }
     if (engine_.divergence()) return Outcome{exit_status::kDivergence, "divergence", false};
     if (mode == Mode::kReplay && engine_.replay_exhausted() && !engine_.peek()) {

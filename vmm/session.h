@@ -38,10 +38,13 @@ class Session {
 
   Engine& engine() { return engine_; }
 
-  // Builds the machine, loads the image and sets the vCPU to its entry state.
+  // Builds the machine, loads the image (with its modules, or a Linux kernel with its initrd) and sets the vCPU
+  // to its entry state.
   Result<> build(const MachineConfig& config, const std::string& serial_out, std::span<const uint8_t> image,
                  const std::string& image_name, const LoadOptions& load,
-                 std::span<const std::vector<uint8_t>> modules);
+                 std::span<const std::vector<uint8_t>> modules, std::span<const uint8_t> initrd = {});
+  // The loaded image's format ("multiboot-elf32", "linux-pvh", ...), once built.
+  const std::string& image_format() const { return image_format_; }
 
   // Exact mode: attaches the counter that places events (emulated PMU, host PMU) and, in replay, the seeker.
   Result<> setup_progress(const ProgressChoice& choice);
@@ -81,6 +84,7 @@ class Session {
   std::optional<Outcome> replay_end_here();
 
   Engine engine_;
+  std::string image_format_;
   std::unique_ptr<FileSink> out_;
   std::unique_ptr<TeeSink> tee_;
   std::unique_ptr<Machine> machine_;

@@ -49,12 +49,51 @@ TEST(KvmUsability, PassesOnAFaithfulVcpu) {
   EXPECT_EQ(check(r, "interrupt window").detail, "exit right after STI's shadow");
 }
 
-// kvm-pvm as measured (design.md): CPL0 code emulated at a few microseconds an instruction, SSE an emulation
-// failure, CPUID answered from the host, LZCNT run as BSR.
-class EmulatingKvm final : public Backend {
+// A vCPU that is the software CPU except where a test makes it misbehave like an imperfect KVM.
+class AlteredVcpu : public Backend {
  public:
-  EmulatingKvm(GuestMemory& memory, const CpuModel& model) : inner_(memory, model) {}
+  AlteredVcpu(GuestMemory& memory, const CpuModel& model) : inner_(memory, model) {}
   std::string_view name() const override { return "kvm"; }
+  Result<CpuState> get_state() override { return inner_.get_state(); }
+  Result<> set_state(const CpuState& s) override { return inner_.set_state(s); }
+  bool can_inject_interrupt() override { return inner_.can_inject_interrupt(); }
+  Result<> inject_interrupt(uint8_t v) override { return inner_.inject_interrupt(v); }
+  void request_interrupt_window(bool e) override { inner_.request_interrupt_window(e); }
+  void kick() override { inner_.kick(); }
+  ProgressCounter* progress_counter() override { return nullptr; }
+  std::optional<uint64_t> instruction_count() const override { return std::nullopt; }
+  Result<> set_debug(const DebugControl& c) override { return inner_.set_debug(c); }
+
+ protected:
+  // Replaces the answer a snippet entered at `entry` leaves in register `reg` at its HLT.
+  Result<VcpuExit*> run_and_alter(uint64_t entry, int reg, uint64_t (*alter)(uint64_t, const CpuState& before)) {
+    auto before = inner_.get_state();
+    if (!before) return std::unexpected(before.error());
+    auto exit = inner_.run();
+    if (exit && (*exit)->kind == ExitKind::kHlt && before->rip == entry) {
+      auto after = inner_.get_state();
+      after->gpr[reg] = alter(after->gpr[reg], *before);
+      (void)inner_.set_state(*after);
+    }
+    return exit;
+  }
+  InterpBackend inner_;
+};
+
+// LZCNT run as BSR (as on kvm-pvm).
+class LzcntAsBsr final : public AlteredVcpu {
+ public:
+  using AlteredVcpu::AlteredVcpu;
+  Result<VcpuExit*> run() override {
+    return run_and_alter(at(deja_probe_lzcnt), kRax, [](uint64_t, const CpuState&) -> uint64_t { return 0; });
+  }
+};
+
+// kvm-pvm as measured (design.md): CPL0 code emulated at about a microsecond an instruction, SSE an emulation
+// failure, CPUID answered from the host, LZCNT run as BSR.
+class EmulatingKvm final : public AlteredVcpu {
+ public:
+  using AlteredVcpu::AlteredVcpu;
   Result<VcpuExit*> run() override {
     auto st = inner_.get_state();
     if (!st) return std::unexpected(st.error());
@@ -66,32 +105,16 @@ class EmulatingKvm final : public Backend {
       return &fault_;
     }
     if (st->rip == at(deja_probe_loop)) std::this_thread::sleep_for(std::chrono::microseconds(st->gpr[kRdi]));
-    auto exit = inner_.run();
-    if (exit && (*exit)->kind == ExitKind::kHlt) {
-      auto after = inner_.get_state();
-      if (st->rip == at(deja_probe_cpuid) && st->gpr[kRdi] == 1) {
-        after->gpr[kRcx] |= 1u << 26;  // the host's XSAVE bit leaks through
-        (void)inner_.set_state(*after);
-      }
-      if (st->rip == at(deja_probe_lzcnt)) {
-        after->gpr[kRax] = 0;  // BSR of 1
-        (void)inner_.set_state(*after);
-      }
+    if (st->rip == at(deja_probe_lzcnt)) {
+      return run_and_alter(at(deja_probe_lzcnt), kRax, [](uint64_t, const CpuState&) -> uint64_t { return 0; });
     }
-    return exit;
+    // The host's XSAVE bit leaks into leaf 1.
+    return run_and_alter(at(deja_probe_cpuid), kRcx, [](uint64_t ecx, const CpuState& before) -> uint64_t {
+      return before.gpr[kRdi] == 1 ? ecx | (1u << 26) : ecx;
+    });
   }
-  Result<CpuState> get_state() override { return inner_.get_state(); }
-  Result<> set_state(const CpuState& s) override { return inner_.set_state(s); }
-  bool can_inject_interrupt() override { return inner_.can_inject_interrupt(); }
-  Result<> inject_interrupt(uint8_t v) override { return inner_.inject_interrupt(v); }
-  void request_interrupt_window(bool e) override { inner_.request_interrupt_window(e); }
-  void kick() override { inner_.kick(); }
-  ProgressCounter* progress_counter() override { return nullptr; }
-  std::optional<uint64_t> instruction_count() const override { return std::nullopt; }
-  Result<> set_debug(const DebugControl& c) override { return inner_.set_debug(c); }
 
  private:
-  InterpBackend inner_;
   VcpuExit fault_;
 };
 
@@ -126,30 +149,6 @@ TEST(KvmUsability, NamesEachFaultOfAnEmulatingKvm) {
 
 TEST(KvmUsability, AWrongAnswerIsNamedWithWhatCameBack) {
   // Only LZCNT wrong (BSR's answer): deja-v1 (which has LZCNT) is refused, the baseline is not.
-  struct LzcntAsBsr final : public Backend {
-    LzcntAsBsr(GuestMemory& memory, const CpuModel& model) : inner(memory, model) {}
-    std::string_view name() const override { return "kvm"; }
-    Result<VcpuExit*> run() override {
-      auto st = inner.get_state();
-      auto exit = inner.run();
-      if (st && exit && (*exit)->kind == ExitKind::kHlt && st->rip == at(deja_probe_lzcnt)) {
-        auto after = inner.get_state();
-        after->gpr[kRax] = 0;
-        (void)inner.set_state(*after);
-      }
-      return exit;
-    }
-    Result<CpuState> get_state() override { return inner.get_state(); }
-    Result<> set_state(const CpuState& s) override { return inner.set_state(s); }
-    bool can_inject_interrupt() override { return inner.can_inject_interrupt(); }
-    Result<> inject_interrupt(uint8_t v) override { return inner.inject_interrupt(v); }
-    void request_interrupt_window(bool e) override { inner.request_interrupt_window(e); }
-    void kick() override { inner.kick(); }
-    ProgressCounter* progress_counter() override { return nullptr; }
-    std::optional<uint64_t> instruction_count() const override { return std::nullopt; }
-    Result<> set_debug(const DebugControl& c) override { return inner.set_debug(c); }
-    InterpBackend inner;
-  };
   UsabilityProbeHost host{.make_vcpu = [](GuestMemory& memory, const CpuModel& model) -> Result<std::unique_ptr<Backend>> {
                             return std::make_unique<LzcntAsBsr>(memory, model);
                           },

@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""The bundled Linux guest on deja: boot to /init's marker, then serial commands, the virtio disk (read, write into
+the overlay with the base image unchanged), /dev/hwrng, an HTTP fetch through slirp from a server on the host's
+loopback, and power-off through isa-debug-exit. With --qemu, the same kernel, initramfs and disk also boot under
+QEMU and the guest's own output (the commands' output, timestamps masked) must be the same as on deja.
+
+Device steps run when this deja has the option they need (--disk, --rng, --net); the report says which were
+skipped. Exit status 0 = pass, 1 = fail, 77 = skipped (no bundled guest built).
+"""
+import argparse
+import hashlib
+import http.server
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import linux_guest  # noqa: E402
+
+FILE_TEXT = "deja virtio disk: the quick brown fox jumps over the lazy dog\n"
+WRITE_MARK = "deja-overlay-write-0123456789"
+WRITE_SECTOR = 6000  # beyond the tar archive
+
+
+def deja_options(deja):
+    help_text = subprocess.run([deja, "run", "--help"], capture_output=True, text=True).stdout
+    return {opt: opt in help_text for opt in ("--disk", "--net", "--rng")}
+
+
+class BlobServer:
+    """An HTTP server on 127.0.0.1 serving one pseudo-random file, for the guest to fetch through slirp."""
+
+    def __init__(self, size):
+        self.blob = hashlib.shake_256(b"deja-linux-http").digest(size)
+        self.md5 = hashlib.md5(self.blob).hexdigest()
+        blob = self.blob
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(blob)))
+                self.end_headers()
+                self.wfile.write(blob)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def sha256(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def guest_steps(session, features, server, kernel_version, results):
+    """The steps whose output is compared across machines: a list of (name, output)."""
+    compared = []
+
+    def step(name, command, expect=None, timeout=None):
+        t0 = time.monotonic()
+        out = session.check(command, timeout)
+        if expect is not None and out.strip() != expect.strip():
+            raise linux_guest.GuestError(f"{name}: `{command}` printed {out!r}, expected {expect!r}")
+        results.append(f"{name}: ok ({time.monotonic() - t0:.1f} s)")
+        compared.append((name, linux_guest.mask(out)))
+        return out
+
+    step("serial commands", "echo hello-$((6*7))", "hello-42")
+    step("kernel", "uname -r", kernel_version)
+    step("cmdline", "cat /proc/cmdline")
+    if features["--disk"]:
+        step("disk read", "tar -xOf /dev/vda ./hello.txt", FILE_TEXT)
+        step("disk write", f"echo {WRITE_MARK} | dd of=/dev/vda bs=512 seek={WRITE_SECTOR} conv=notrunc,sync "
+                           "2>/dev/null; sync; echo done", "done")
+        step("disk read back", f"dd if=/dev/vda bs=512 skip={WRITE_SECTOR} count=1 2>/dev/null | head -1", WRITE_MARK)
+    else:
+        results.append("disk: skipped (this deja has no --disk)")
+    if features["--rng"]:
+        step("hwrng", "head -c 64 /dev/hwrng | wc -c", "64")
+    else:
+        results.append("hwrng: skipped (this deja has no --rng)")
+    if features["--net"]:
+        step("net up", "/scripts/net-up; echo up", "up")
+        step("http fetch", f"wget -q -O - http://10.0.2.2:{server.port}/blob | md5sum", f"{server.md5}  -",
+             timeout=600)
+    else:
+        results.append("http: skipped (this deja has no --net)")
+    return compared
+
+
+def run_deja(args, features, server, kernel_version, workdir, results):
+    extra = []
+    overlay = os.path.join(workdir, "overlay.img")
+    disk = os.path.join(args.guest_dir, "disk.img")
+    if features["--disk"]:
+        extra += ["--disk", f"{disk},overlay={overlay}"]
+    if features["--net"]:
+        extra += ["--net", "user"]
+    if features["--rng"]:
+        extra += ["--rng"]
+    argv = linux_guest.deja_argv(args.deja, args.backend, extra, stats=True)
+    base_sha = sha256(disk)
+    log = open(os.path.join(workdir, f"deja-{args.backend}.log"), "wb")
+    session = linux_guest.Session(argv, timeout=args.timeout, log=log)
+    try:
+        ready = session.boot()
+        results.append(f"deja {args.backend}: boot to the marker in {ready:.1f} s")
+        compared = guest_steps(session, features, server, kernel_version, results)
+        cmdline = session.check("cat /proc/cmdline").strip()
+        status = session.finish(5)
+    finally:
+        session.kill()
+    if status != 11:
+        raise linux_guest.GuestError(f"deja-exit 5 should end deja with status 11 ((5 << 1) | 1), got {status}")
+    results.append("power off through isa-debug-exit: ok (status 11)")
+    if features["--disk"]:
+        if sha256(disk) != base_sha:
+            raise linux_guest.GuestError(f"the base disk image {disk} changed")
+        if WRITE_MARK.encode() not in open(overlay, "rb").read():
+            raise linux_guest.GuestError(f"the overlay {overlay} does not hold the guest's write")
+        results.append("base image unchanged, overlay holds the write: ok")
+    stats = session.output.decode(errors="replace")
+    for line in stats.splitlines():
+        if "instructions retired" in line or "unimplemented" in line:
+            results.append(line.strip())
+    return compared, cmdline
+
+
+def run_qemu(args, features, server, kernel_version, cmdline, workdir, results):
+    kernel = open(os.path.join(args.guest_dir, "kernel.path")).read().strip()
+    vmlinux = os.path.join(workdir, "vmlinux")
+    if not linux_guest.extract_vmlinux(kernel, vmlinux):
+        results.append("qemu: skipped (the kernel's compression is not readable from Python)")
+        return None
+    argv = linux_guest.qemu_argv(vmlinux, os.path.join(args.guest_dir, "initramfs.cpio"), cmdline,
+                                 disk=os.path.join(args.guest_dir, "disk.img") if features["--disk"] else None,
+                                 net=features["--net"], rng=features["--rng"])
+    log = open(os.path.join(workdir, "qemu.log"), "wb")
+    session = linux_guest.Session(argv, timeout=args.timeout, log=log)
+    qemu_results = []
+    try:
+        ready = session.boot()
+        results.append(f"qemu tcg: boot to the marker in {ready:.1f} s")
+        compared = guest_steps(session, features, server, kernel_version, qemu_results)
+        status = session.finish(5)
+    finally:
+        session.kill()
+    if status != 11:
+        raise linux_guest.GuestError(f"QEMU ended with status {status}, not 11")
+    return compared
+
+
+def record_replay(args, workdir, results):
+    """Records a boot that runs /scripts/devices and powers off, replays it, and compares the serial output."""
+    trace = os.path.join(workdir, "boot.trace")
+    recorded = os.path.join(workdir, "recorded.out")
+    replayed = os.path.join(workdir, "replayed.out")
+    t0 = time.monotonic()
+    rec = subprocess.run([args.deja, "record", "--backend", args.backend, "--linux", "--append",
+                          "deja.script=devices", "-o", trace, "--serial-out", recorded],
+                         capture_output=True, text=True, timeout=args.timeout)
+    if rec.returncode != 1 or b"deja-linux: ready" not in open(recorded, "rb").read():
+        raise linux_guest.GuestError(f"record ended with status {rec.returncode}:\n{rec.stderr[-2000:]}")
+    t1 = time.monotonic()
+    rep = subprocess.run([args.deja, "replay", trace, "--serial-out", replayed], capture_output=True, text=True,
+                         timeout=args.timeout)
+    if rep.returncode != 1 or "replay OK" not in rep.stderr:
+        raise linux_guest.GuestError(f"replay ended with status {rep.returncode}:\n{rep.stderr[-2000:]}")
+    if open(recorded, "rb").read() != open(replayed, "rb").read():
+        raise linux_guest.GuestError("the replayed serial output differs from the recorded one")
+    inspect = subprocess.run([args.deja, "inspect", trace], capture_output=True, text=True).stdout
+    for role in ("input        kernel", "input        initrd"):
+        if role not in inspect:
+            raise linux_guest.GuestError(f"the trace header has no '{role.split()[-1]}' input:\n{inspect}")
+    results.append(f"record {t1 - t0:.1f} s, replay {time.monotonic() - t1:.1f} s, {os.path.getsize(trace)} bytes: "
+                   + rep.stderr.strip().splitlines()[-1].removeprefix("deja: "))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--deja", required=True)
+    parser.add_argument("--backend", default="interp", choices=["interp", "kvm"])
+    parser.add_argument("--guest-dir", required=True, help="the build's guest-linux/ directory")
+    parser.add_argument("--qemu", action="store_true", help="also boot under QEMU and compare the output")
+    parser.add_argument("--record-replay", action="store_true",
+                        help="instead: record a boot running /scripts/devices, replay it, compare")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds for any one step")
+    parser.add_argument("--keep", help="keep logs and the overlay in this directory")
+    args = parser.parse_args()
+    if not os.path.exists(os.path.join(args.guest_dir, "initramfs.cpio")):
+        print(f"SKIP: no bundled Linux guest in {args.guest_dir}")
+        return 77
+    os.environ["DEJA_LINUX_GUEST_DIR"] = args.guest_dir
+    kernel_version = open(os.path.join(args.guest_dir, "kernel.path")).read().strip().split("vmlinuz-")[-1]
+    features = deja_options(args.deja)
+    workdir = args.keep or tempfile.mkdtemp(prefix="deja-linux-")
+    os.makedirs(workdir, exist_ok=True)
+    server = BlobServer(1 << 20)
+    results = []
+    t0 = time.monotonic()
+    try:
+        if args.record_replay:
+            record_replay(args, workdir, results)
+            print("\n".join(results))
+            print(f"PASS in {time.monotonic() - t0:.1f} s (logs in {workdir})")
+            return 0
+        compared, cmdline = run_deja(args, features, server, kernel_version, workdir, results)
+        if args.qemu:
+            theirs = run_qemu(args, features, server, kernel_version, cmdline, workdir, results)
+            if theirs is not None:
+                if [c for c in compared] != [c for c in theirs]:
+                    for (name, ours), (_, qemu) in zip(compared, theirs):
+                        if ours != qemu:
+                            print(f"FAIL: '{name}' differs:\n  deja: {ours!r}\n  qemu: {qemu!r}")
+                    return 1
+                results.append(f"qemu and deja agree on {len(compared)} outputs")
+    except linux_guest.GuestError as e:
+        print("\n".join(results))
+        print(f"FAIL: {e}\n(logs in {workdir})")
+        return 1
+    finally:
+        server.close()
+    print("\n".join(results))
+    print(f"PASS in {time.monotonic() - t0:.1f} s (logs in {workdir})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
