@@ -8,6 +8,7 @@ Prints the record and replay times, trace size, events, and resident memory samp
 peak against the last minute's peak): "flat" means the last is within 16 MiB of the first."""
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,7 @@ def main():
     ap.add_argument("--build", required=True)
     ap.add_argument("--seconds", type=int, default=600, help="guest time to record")
     ap.add_argument("--backend", default="interp")
+    ap.add_argument("--keep", help="directory to copy the trace and the replay's messages to when replay fails")
     args = ap.parse_args()
     deja = os.path.join(args.build, "deja")
     guest = os.path.join(args.build, "guest-tests", "soak.elf")
@@ -83,6 +85,11 @@ def main():
         events = err.split("recorded ")[1].split()[0]
         rep_rc, rep_err, rep_s, rep_rss = sampled_run([deja, "replay", "--digest", trace])
         ok = rep_rc == 1 and "replay OK" in rep_err
+        if not ok and args.keep:
+            os.makedirs(args.keep, exist_ok=True)
+            shutil.copy(trace, args.keep)
+            with open(os.path.join(args.keep, "replay.err"), "w") as f:
+                f.write(rep_err)
         size = os.path.getsize(trace)
         r_first, r_last, r_flat = flat(rec_rss)
         p_first, p_last, p_flat = flat(rep_rss)
