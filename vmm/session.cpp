@@ -470,6 +470,9 @@ Result<Outcome> Session::run() {
     if (!engine_.write_error().empty()) return fail(ErrorKind::kHost, "{}", engine_.write_error());
     if (out_ && !out_->error().empty()) return fail(ErrorKind::kHost, "{}", out_->error());
     if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
+    // A digest an interrupt event made due is taken here, before the vCPU runs: where the run after an
+    // injection stops (a kick in recording, the next exit in replay) differs between the two.
+    maybe_digest();
 
     if (seeker_) {
       std::optional<SeekTarget> target;
