@@ -30,13 +30,20 @@ const Bus::Range* Bus::find(uint64_t address, uint64_t size) const {
   return &*it;
 }
 
+Bus::UnknownAccess& Bus::unknown_at(uint64_t address) {
+  auto it = unknown_.find(address);
+  if (it != unknown_.end()) return it->second;
+  if (unknown_.size() >= kUnknownSample) return unsampled_;
+  return unknown_[address];
+}
+
 bool Bus::read(uint64_t address, std::span<uint8_t> data) {
   if (const Range* r = find(address, data.size())) {
     r->device->read(address - r->base, data);
     return true;
   }
   std::fill(data.begin(), data.end(), uint8_t{0xff});
-  ++unknown_[address].reads;
+  ++unknown_at(address).reads;
   return false;
 }
 
@@ -45,7 +52,7 @@ bool Bus::write(uint64_t address, std::span<const uint8_t> data) {
     r->device->write(address - r->base, data);
     return true;
   }
-  ++unknown_[address].writes;
+  ++unknown_at(address).writes;
   return false;
 }
 

@@ -148,9 +148,14 @@ const char* mnemonic_name(uint16_t mnemonic) { return ZydisMnemonicGetString(Zyd
 DecodedInsn* DecodeCache::insert(uint64_t gpa, const DecodedInsn& insn) {
   uint64_t pfn = gpa >> 12;
   Page* page = pfn == last_pfn_ ? last_page_ : lookup_page(pfn);
+  if (!page && bytes_ + sizeof(Page) + 4096 * sizeof(uint16_t) > capacity_) {
+    clear();
+    ++flushes_;
+  }
   if (!page) {
     auto fresh = std::make_unique<Page>();
     page = fresh.get();
+    bytes_ += page->bytes();
     pages_.emplace(pfn, std::move(fresh));
     last_pfn_ = pfn;
     last_page_ = page;
@@ -161,9 +166,25 @@ DecodedInsn* DecodeCache::insert(uint64_t gpa, const DecodedInsn& insn) {
     page->insns[slot - 1] = insn;
     return &page->insns[slot - 1];
   }
+  const uint64_t before = page->insns.capacity();
   page->insns.push_back(insn);
+  bytes_ += (page->insns.capacity() - before) * sizeof(DecodedInsn);
   slot = uint16_t(page->insns.size());
-  return &page->insns.back();
+  DecodedInsn* entry = &page->insns.back();
+  if (bytes_ > capacity_) {
+    // Full: everything else goes (retired, so pointers held by the caller stay valid until the
+    // next step); this page stays, so the entry returned is still cached.
+    std::unique_ptr<Page> keep = std::move(pages_[pfn]);
+    pages_.erase(pfn);
+    clear();
+    ++flushes_;
+    bytes_ = keep->bytes();
+    pages_.emplace(pfn, std::move(keep));
+    last_pfn_ = pfn;
+    last_page_ = page;
+    if (pfn < has_code_.size()) has_code_[pfn] = 1;
+  }
+  return entry;
 }
 
 void DecodeCache::invalidate_range(uint64_t gpa, unsigned size) {
@@ -190,6 +211,7 @@ void DecodeCache::invalidate(uint64_t pfn) {
   auto it = pages_.find(pfn);
   if (pfn < has_code_.size()) has_code_[pfn] = 0;
   if (it == pages_.end()) return;
+  bytes_ -= std::min(bytes_, it->second->bytes());
   graveyard_.push_back(std::move(it->second));
   pages_.erase(it);
   if (last_pfn_ == pfn) {
@@ -206,6 +228,7 @@ void DecodeCache::clear() {
     graveyard_.push_back(std::move(page));
   }
   pages_.clear();
+  bytes_ = 0;
   ++generation_;
   last_pfn_ = ~0ull;
   last_page_ = nullptr;

@@ -47,9 +47,17 @@ struct DecodedInsn {
 
 // Decoded instructions per guest-physical page. An entry stays valid until a store into the page
 // (from the guest, checked through `has_code`) or a VMM write drops the whole page.
+//
+// The cache holds at most `capacity_bytes` (slot tables plus decoded entries): a guest that
+// executes more distinct code than that (a NOP sled through all of RAM, zeroed memory) makes it
+// drop everything and start again, as QEMU flushes its translation buffer when it is full. Only
+// speed depends on the cache, never what the guest sees.
 class DecodeCache {
  public:
-  explicit DecodeCache(uint64_t ram_bytes) : has_code_((ram_bytes + 4095) / 4096, 0) {}
+  static constexpr uint64_t kDefaultCapacityBytes = uint64_t{128} << 20;
+
+  explicit DecodeCache(uint64_t ram_bytes, uint64_t capacity_bytes = kDefaultCapacityBytes)
+      : has_code_((ram_bytes + 4095) / 4096, 0), capacity_(capacity_bytes) {}
 
   // The cached entry for `gpa` decoded in `mode`, or nullptr.
   DecodedInsn* find(uint64_t gpa, uint8_t mode) {
@@ -87,12 +95,15 @@ class DecodeCache {
   }
   void clear();
   uint64_t invalidations() const { return invalidations_; }
+  uint64_t bytes() const { return bytes_; }  // what the live pages hold (retired ones excluded)
+  uint64_t flushes() const { return flushes_; }  // times the cache was full and dropped everything
   uint64_t generation() const { return generation_; }  // bumps whenever any decoded page is dropped
 
  private:
   struct Page {
     std::vector<uint16_t> slot = std::vector<uint16_t>(4096, 0);
     std::vector<DecodedInsn> insns;
+    uint64_t bytes() const { return sizeof(Page) + slot.capacity() * sizeof(uint16_t) + insns.capacity() * sizeof(DecodedInsn); }
   };
   Page* lookup_page(uint64_t pfn) {
     auto it = pages_.find(pfn);
@@ -109,6 +120,9 @@ class DecodeCache {
   Page* last_page_ = nullptr;
   uint64_t invalidations_ = 0;
   uint64_t generation_ = 0;
+  uint64_t capacity_;
+  uint64_t bytes_ = 0;
+  uint64_t flushes_ = 0;
 };
 
 }  // namespace deja::interp

@@ -157,6 +157,17 @@ Result<VcpuExit*> InterpBackend::run() {
       return out;
     }
     if (responses_.empty()) {
+      // Every HLT is reported as an exit before anything else happens, as KVM does: the VMM counts
+      // guest-caused exits, and exit-synchronous coordinates must mean the same on both backends.
+      // Nothing (a kick, a single step, an overflow) may stop between the HLT and its exit: that
+      // point has the registers and exit count of the instruction after it, so an event placed
+      // there would be replayed before the HLT ran.
+      if (s_.halted && hlt_unreported_) {
+        hlt_unreported_ = false;
+        VcpuExit* out = finish(ExitKind::kHlt);
+        out->rip = hlt_rip_;
+        return out;
+      }
       // Between instructions: the only points where events are taken and coordinates compared.
       if (pending_irq_ && (s_.rflags & rflags::kIf) && !s_.interrupt_shadow) {
         uint8_t vector = *pending_irq_;
@@ -181,14 +192,6 @@ Result<VcpuExit*> InterpBackend::run() {
       if (budget_ != 0 && steps_ - budget_start_ >= budget_) {
         budget_ = 0;
         return finish(ExitKind::kKicked);
-      }
-      // Every HLT is reported as an exit before anything else happens, as KVM does: the VMM counts
-      // guest-caused exits, and exit-synchronous coordinates must mean the same on both backends.
-      if (s_.halted && hlt_unreported_) {
-        hlt_unreported_ = false;
-        VcpuExit* out = finish(ExitKind::kHlt);
-        out->rip = hlt_rip_;
-        return out;
       }
       if (window_requested_ && can_inject_interrupt()) return finish(ExitKind::kInterruptWindow);
       if (s_.halted) {

@@ -13,10 +13,28 @@ namespace deja {
 
 namespace {
 
-// Bytes >= 0x80 are escaped as \u00XX: serial output is arbitrary bytes, and the JSON must stay valid.
+// The length of the valid UTF-8 sequence starting at p[0] (0 when there is none).
+size_t utf8_sequence(const unsigned char* p, size_t n) {
+  const unsigned char c = p[0];
+  const size_t length = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+  if (length == 0 || length > n) return 0;
+  uint32_t code = c & (0x7f >> length);
+  for (size_t k = 1; k < length; ++k) {
+    if ((p[k] & 0xc0) != 0x80) return 0;
+    code = (code << 6) | (p[k] & 0x3f);
+  }
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (code < kMin[length] || (code >= 0xd800 && code <= 0xdfff) || code > 0x10ffff) return 0;
+  return length;
+}
+
+// Valid UTF-8 is kept as it is ("café" stays "café"); a byte that is not part of valid UTF-8 (serial
+// output is arbitrary bytes) is escaped as \u00XX, so the JSON stays valid either way.
 std::string json_string(std::string_view s) {
   std::string out = "\"";
-  for (unsigned char c : s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = p[i];
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -24,6 +42,13 @@ std::string json_string(std::string_view s) {
       case '\r': out += "\\r"; break;
       case '\t': out += "\\t"; break;
       default:
+        if (c >= 0x80) {
+          if (size_t length = utf8_sequence(p + i, s.size() - i)) {
+            out.append(s.data() + i, length);
+            i += length - 1;
+            break;
+          }
+        }
         if (c < 0x20 || c >= 0x7f) out += fmt::format("\\u{:04x}", c);
         else out += static_cast<char>(c);
     }

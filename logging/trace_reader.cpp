@@ -63,7 +63,9 @@ Result<> TraceReader::read_at(uint64_t offset, void* data, size_t size) {
 }
 
 Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it (reads of a regular file
+  // never block, whatever the flag says).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return fail(ErrorKind::kHost, "cannot open trace {}: {}", path, std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -73,7 +75,11 @@ Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path) 
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return fail(ErrorKind::kBadTrace, "{} is not a regular file, so it cannot be a deja trace", path);
+    return fail(ErrorKind::kBadTrace, "{} is not a regular file ({}), so it cannot be a deja trace", path,
+                S_ISFIFO(st.st_mode)  ? "a FIFO"
+                : S_ISDIR(st.st_mode) ? "a directory"
+                : S_ISSOCK(st.st_mode) ? "a socket"
+                                       : "a device");
   }
   std::unique_ptr<TraceReader> r(new TraceReader(fd, path, static_cast<uint64_t>(st.st_size)));
   if (r->dctx_ == nullptr) return fail(ErrorKind::kHost, "cannot allocate a zstd decompression context");

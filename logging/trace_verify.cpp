@@ -14,6 +14,7 @@ VerifyReport verify_trace(const std::string& path) {
     return report;
   }
   TraceReader& reader = **opened;
+  report.opened = true;
   uint64_t end_events = 0;
   uint64_t first_end_index = 0;
   bool last_is_end = false;

@@ -8,6 +8,7 @@ namespace deja {
 
 struct VerifyReport {
   bool ok = false;             // every check passed and the trace is complete
+  bool opened = false;         // the file is a deja trace whose header could be read
   std::string first_problem;   // empty when ok
   uint64_t chunks = 0;         // chunks that verified
   uint64_t events = 0;         // events in those chunks

@@ -49,14 +49,21 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path
     return fail(ErrorKind::kInvalidArgument, "trace header for {} is {} bytes, over the {} byte limit", path,
                 header_bytes.size(), kMaxHeaderBytes);
 
-  // 0600: traces carry guest input (keystrokes, network payloads) and must not be world-readable.
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return fail(ErrorKind::kHost, "cannot create trace file {}: {}", path, std::strerror(errno));
-  // The mode argument only applies to new files; an existing file keeps its old mode unless forced.
-  if (::fchmod(fd, 0600) != 0) {
+  if (trace::Header check; !check.ParseFromString(header_bytes))
+    return fail(ErrorKind::kInvalidArgument,
+                "the trace header for {} would not be readable (a text field, such as the command line or a file "
+                "name, is not valid UTF-8)",
+                path);
+
+  // 0600: traces carry guest input (keystrokes, network payloads) and must not be world-readable. O_EXCL and
+  // O_NOFOLLOW: a new file only, so no existing file, symlink target or device is ever opened for writing.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
     int err = errno;
-    ::close(fd);
-    return fail(ErrorKind::kHost, "cannot set mode 0600 on trace file {}: {}", path, std::strerror(err));
+    if (err == EEXIST)
+      return fail(ErrorKind::kInvalidArgument, "cannot create trace file {}: it exists already (deja does not write "
+                  "over a file it did not create; move or remove it)", path);
+    return fail(ErrorKind::kHost, "cannot create trace file {}: {}", path, std::strerror(err));
   }
   std::unique_ptr<TraceWriter> writer(new TraceWriter(fd, path));
   if (writer->cctx_ == nullptr) return fail(ErrorKind::kHost, "cannot allocate a zstd compression context");
@@ -72,6 +79,44 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path
   writer->chain_ = sha256_bytes(header_span);
   preamble.append(reinterpret_cast<const char*>(writer->chain_.data()), writer->chain_.size());
   if (auto r = writer->write_all(preamble.data(), preamble.size()); !r) return std::unexpected(r.error());
+  return writer;
+}
+
+namespace {
+
+// What kind of non-regular file `st` is, for messages.
+const char* file_kind(const struct stat& st) {
+  if (S_ISLNK(st.st_mode)) return "a symbolic link";
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  return "a device";
+}
+
+Result<> check_replaceable(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return {};  // nothing there (or unreachable: creating the .partial says so)
+  if (S_ISREG(st.st_mode)) return {};
+  return fail(ErrorKind::kInvalidArgument,
+              "refusing to write the trace to {}: it is {}; deja writes a trace only as a new or regular file", path,
+              file_kind(st));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TraceWriter>> TraceWriter::create_replacing(const std::string& path, const trace::Header& header) {
+  if (auto ok = check_replaceable(path); !ok) return std::unexpected(ok.error());
+  const std::string partial = partial_path(path);
+  auto writer = create(partial, header);
+  if (!writer) {
+    if (writer.error().message.find("exists already") != std::string::npos)
+      return fail(ErrorKind::kInvalidArgument,
+                  "{} exists: the prefix of an earlier recording to {} that was interrupted (or one still running); "
+                  "move or remove it",
+                  partial, path);
+    return writer;
+  }
+  (*writer)->final_path_ = path;
   return writer;
 }
 
@@ -233,6 +278,17 @@ Result<> TraceWriter::finish(trace::Footer footer) {
   int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) return fail(ErrorKind::kHost, "cannot close trace file {}: {}", path_, std::strerror(errno));
+  if (!final_path_.empty()) {
+    // Checked again right before: the target may have been replaced by a symlink or device meanwhile.
+    if (auto ok = check_replaceable(final_path_); !ok) {
+      return fail(ErrorKind::kInvalidArgument, "{}; the complete trace is in {}", ok.error().message, path_);
+    }
+    if (::rename(path_.c_str(), final_path_.c_str()) != 0) {
+      return fail(ErrorKind::kHost, "cannot rename {} to {}: {}; the complete trace is in {}", path_, final_path_,
+                  std::strerror(errno), path_);
+    }
+    path_ = final_path_;
+  }
   return {};
 }
 

@@ -18,8 +18,15 @@ namespace deja {
 // chunk is on disk (write(2)) before append() returns, so a killed recorder leaves a readable prefix.
 class TraceWriter {
  public:
-  // Creates/truncates `path` (mode 0600) and writes magic + header. Fails clearly (path + errno text).
+  // Creates `path` (mode 0600; it must not exist: never a symlink, a device or someone's file) and writes
+  // magic + header. Fails clearly (path + errno text). A header that would not parse back (text that is not
+  // UTF-8) is refused: a trace must always be readable.
   static Result<std::unique_ptr<TraceWriter>> create(const std::string& path, const trace::Header& header);
+  // Writes to `path`.partial (created as above) and renames it over `path` when finish() succeeds, so an old
+  // trace at `path` survives a recording that fails or is killed part-way, whose prefix stays in the .partial
+  // file. `path`, when it exists, must be a regular file.
+  static Result<std::unique_ptr<TraceWriter>> create_replacing(const std::string& path, const trace::Header& header);
+  static std::string partial_path(const std::string& path) { return path + ".partial"; }
   ~TraceWriter();
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
@@ -33,6 +40,8 @@ class TraceWriter {
   Result<> finish(trace::Footer footer);
 
   uint64_t events_written() const { return events_written_; }
+  // The file being written (the .partial one until finish() renamed it).
+  const std::string& path() const { return path_; }
   uint64_t chunks_written() const { return index_.size() - (chunk_events_ > 0 ? 1 : 0); }
   void set_chunk_bytes(size_t n) { chunk_bytes_ = n == 0 ? 1 : n; }
   void set_flush_interval(std::chrono::nanoseconds interval) { flush_interval_ = interval; }
@@ -47,6 +56,7 @@ class TraceWriter {
 
   int fd_ = -1;
   std::string path_;
+  std::string final_path_;  // create_replacing(): renamed to this when finished
   uint64_t offset_ = 0;
   Sha256 chain_{};
   bool failed_ = false;

@@ -16,6 +16,8 @@ PACKAGES=(
   linux-image-amd64 busybox-static cpio kmod xz-utils zstd
   # kvm-deja (scripts/kvm-deja-build.sh): patch(1); the kernel headers and source are added below
   patch
+  # coverage-guided fuzzing (scripts/fuzz.sh): clang 16 and its libFuzzer runtime
+  clang-16 libclang-rt-16-dev
 )
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

@@ -20,3 +20,6 @@ cmake --build build-release -j"$jobs"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEJA_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -j"$jobs" -LE "qemu|kvm|nested|guests|bench" --timeout 1800)
+
+# Coverage-guided fuzzing: each libFuzzer target for a fixed budget from the seed corpus (tests/fuzz/).
+scripts/fuzz.sh "${DEJA_FUZZ_SECONDS:-45}"

@@ -99,22 +99,47 @@ Result<BackendChoice> choose_backend(const std::string& requested, const std::st
   return BackendChoice{backend, richest};
 }
 
-Result<GuestInputs> read_guest_inputs(const std::string& image_path, const LoadOptions& load) {
+Result<GuestInputs> read_guest_inputs(const std::string& image_path, const LoadOptions& load, uint64_t max_bytes) {
   GuestInputs p;
-  auto image = read_boot_file(image_path, load.linux_kernel ? "Linux kernel" : "guest image");
+  if (load.modules.size() > kMaxBootModules) {
+    return fail(ErrorKind::kInvalidArgument, "{} boot modules: deja boots at most {}", load.modules.size(),
+                kMaxBootModules);
+  }
+  auto image = load.linux_kernel ? read_boot_file(image_path, "Linux kernel", max_bytes)
+                                 : read_guest_image(image_path, max_bytes);
   if (!image) return std::unexpected(image.error());
   p.image = std::move(*image);
   for (const auto& m : load.modules) {
-    auto bytes = read_boot_file(m.path, "boot module");
+    auto bytes = read_boot_file(m.path, "boot module", max_bytes);
     if (!bytes) return std::unexpected(bytes.error());
     p.modules.push_back(std::move(*bytes));
   }
   if (!load.initrd_path.empty()) {
-    auto bytes = read_boot_file(load.initrd_path, "initrd");
+    auto bytes = read_boot_file(load.initrd_path, "initrd", max_bytes);
     if (!bytes) return std::unexpected(bytes.error());
     p.initrd = std::move(*bytes);
   }
   return p;
+}
+
+std::optional<size_t> first_invalid_utf8(std::string_view text) {
+  const auto* p = reinterpret_cast<const uint8_t*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const uint8_t c = p[i];
+    size_t length = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+    if (length == 0 || i + length > n) return i;
+    uint32_t code = length == 1 ? c : c & (0x7f >> length);
+    for (size_t k = 1; k < length; ++k) {
+      if ((p[i + k] & 0xc0) != 0x80) return i;
+      code = (code << 6) | (p[i + k] & 0x3f);
+    }
+    // Overlong forms, UTF-16 surrogates and values past U+10FFFF are not UTF-8 either.
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (code < kMin[length] || (code >= 0xd800 && code <= 0xdfff) || code > 0x10ffff) return i;
+    i += length;
+  }
+  return std::nullopt;
 }
 
 trace::InputFile input_file(const std::string& role, const std::string& path, std::span<const uint8_t> bytes) {

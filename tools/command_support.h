@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -53,7 +54,11 @@ struct GuestInputs {
   std::vector<std::vector<uint8_t>> modules;
   std::vector<uint8_t> initrd;
 };
-Result<GuestInputs> read_guest_inputs(const std::string& image_path, const LoadOptions& load);
+// Nothing larger than `max_bytes` (the guest's RAM) is read: it could not be loaded.
+Result<GuestInputs> read_guest_inputs(const std::string& image_path, const LoadOptions& load, uint64_t max_bytes);
+
+// The offset of the first byte that is not part of valid UTF-8, or none.
+std::optional<size_t> first_invalid_utf8(std::string_view text);
 
 // A trace header's description of one input file (role, path, SHA-256, size).
 trace::InputFile input_file(const std::string& role, const std::string& path, std::span<const uint8_t> bytes);

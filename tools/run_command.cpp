@@ -1,4 +1,8 @@
 // `deja run` and `deja record`: build a machine for a guest image, run it, and (record) write every input to a trace.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -158,9 +162,60 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   return o;
 }
 
+// A name for the file a path leads to: device and inode when it exists, else its directory's canonical path and
+// its name, so that two spellings of one new file are the same.
+std::string file_identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return fmt::format("inode {}:{}", st.st_dev, st.st_ino);
+  std::error_code ec;
+  return "path " + std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec).string();
+}
+
+// The trace header stores these as text: refuse what would make the trace unreadable, naming it.
+Result<> check_text(const std::string& what, const std::string& text) {
+  if (auto bad = first_invalid_utf8(text)) {
+    return fail(ErrorKind::kInvalidArgument,
+                "{} is not valid UTF-8 (byte {:#04x} at offset {}); the trace header records it as text (rename the "
+                "file, or give a symbolic link with a UTF-8 name)",
+                what, uint8_t(text[*bad]), *bad);
+  }
+  return {};
+}
+
+Result<> check_recording_options(const SessionOptions& o) {
+  if (auto r = check_text("--cmdline", o.load.cmdline); !r) return r;
+  if (auto r = check_text(fmt::format("the image path '{}'", o.image_path), o.image_path); !r) return r;
+  for (const auto& m : o.load.modules) {
+    if (auto r = check_text(fmt::format("the module path '{}'", m.path), m.path); !r) return r;
+    if (auto r = check_text(fmt::format("the arguments of module '{}'", m.path), m.args); !r) return r;
+  }
+  if (auto r = check_text(fmt::format("the serial input path '{}'", o.serial_in), o.serial_in); !r) return r;
+  if (auto r = check_text(fmt::format("the initrd path '{}'", o.load.initrd_path), o.load.initrd_path); !r) return r;
+  // The trace must be none of the files the recording reads or writes.
+  const std::string trace = file_identity(o.trace_path);
+  std::vector<std::pair<std::string, std::string>> others{{"the guest image", o.image_path}};
+  for (const auto& m : o.load.modules) others.emplace_back("a boot module", m.path);
+  if (!o.load.initrd_path.empty()) others.emplace_back("the initrd", o.load.initrd_path);
+  if (!o.serial_in.empty() && o.serial_in != "-") others.emplace_back("the serial input", o.serial_in);
+  if (o.serial_out != "-") others.emplace_back("the serial output", o.serial_out);
+  for (const auto& [what, path] : others) {
+    if (file_identity(path) == trace) {
+      return fail(ErrorKind::kInvalidArgument, "-o {}: that is also {} ({}); the trace needs a file of its own",
+                  o.trace_path, what, path);
+    }
+  }
+  return {};
+}
+
 int run_or_record(const SessionOptions& options, Mode mode) {
   install_stop_signal_handlers();
-  auto inputs = read_guest_inputs(options.image_path, options.load);
+  if (mode == Mode::kRecord) {
+    if (auto ok = check_recording_options(options); !ok) return report_error(ok.error());
+    // A file-size limit (ulimit -f) makes write(2) fail with EFBIG instead of killing deja, so the
+    // recording stops with a message and leaves its valid prefix.
+    ::signal(SIGXFSZ, SIG_IGN);
+  }
+  auto inputs = read_guest_inputs(options.image_path, options.load, options.machine.memory_bytes);
   if (!inputs) return report_error(inputs.error());
 
   MachineConfig config = options.machine;
@@ -195,7 +250,6 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     return report_error(built.error());
   }
   if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
-  session.attach_input(std::move(input));
   session.set_digest_interval(options.digest_interval);
 
   if (mode == Mode::kRecord) {
@@ -216,13 +270,16 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       auto* f = header.add_inputs();
       *f = input_file("module", options.load.modules[i].path, inputs->modules[i]);
     }
-    if (!options.serial_in.empty() && options.serial_in != "-") {
-      if (auto sha = sha256_file(options.serial_in)) {
-        auto* f = header.add_inputs();
-        f->set_role("serial-in");
-        f->set_path(options.serial_in);
-        f->set_sha256(sha->data(), sha->size());
-      }
+    // Only a regular file is hashed: a FIFO, a terminal or /dev/zero is streamed, its bytes recorded as they
+    // arrive, like a real terminal's.
+    if (input && input->regular() && options.serial_in != "-") {
+      auto hashed = input->content_hash();
+      if (!hashed) return report_error(hashed.error());
+      auto* f = header.add_inputs();
+      f->set_role("serial-in");
+      f->set_path(options.serial_in);
+      f->set_sha256(hashed->first.data(), hashed->first.size());
+      f->set_size(hashed->second);
     }
     auto* c = header.mutable_config();
     c->set_memory_bytes(config.memory_bytes);
@@ -241,10 +298,11 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       c->set_boot_protocol(std::string(linux_entry_name(options.load.linux_entry)));
       c->set_image_format(session.image_format());
     }
-    auto writer = TraceWriter::create(options.trace_path, header);
+    auto writer = TraceWriter::create_replacing(options.trace_path, header);
     if (!writer) return report_error(writer.error());
     session.engine().attach_writer(std::move(*writer));
   }
+  session.attach_input(std::move(input));
 
   auto outcome = session.run();
   if (!outcome) {
@@ -253,7 +311,12 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       trace::End end;
       end.set_exit_status(status);
       end.set_reason("host failure: " + outcome.error().message);
-      (void)session.engine().finish_record(end, trace::Footer{});
+      if (session.engine().finish_record(end, trace::Footer{})) {
+        say("the recording up to the failure is complete in {}", options.trace_path);
+      } else {
+        say("the recording up to the failure is in {} (a valid prefix: `deja replay {}` replays it)",
+            session.engine().trace_file(), session.engine().trace_file());
+      }
     }
     return status;
   }
@@ -276,8 +339,13 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     footer.set_branches(backend.branch_count().value_or(0));
     footer.set_wall_ns(session.wall_ns());
     footer.set_exit_status(outcome->status);
-    if (auto r = session.engine().finish_record(std::move(end), std::move(footer)); !r) return report_error(r.error());
-    say("recorded {} events to {} (backend {}, CPU model {}, {} progress)", session.engine().events_processed(),
+    if (auto r = session.engine().finish_record(std::move(end), std::move(footer)); !r) {
+      int status = report_error(r.error());
+      say("the recording is in {} (a valid prefix: `deja replay {}` replays it)", session.engine().trace_file(),
+          session.engine().trace_file());
+      return status;
+    }
+    say("recorded {} events to {} (backend {}, CPU model {}, {} progress)", session.engine().events_written(),
         options.trace_path, config.backend, config.cpu_model->name(), progress_mode_name(progress.mode));
   }
   return outcome->status;

@@ -3,6 +3,7 @@
 
 #include "logging/trace_verify.h"
 #include "tools/command_support.h"
+#include "vmm/exit_status.h"
 
 namespace deja {
 
@@ -15,7 +16,9 @@ Subcommand add_verify_command(CLI::App& app) {
             std::printf("%s\n", report.summary.c_str());
             if (!report.ok) {
               std::fprintf(stderr, "deja: %s: %s\n", path->c_str(), report.first_problem.c_str());
-              return 1;
+              // deja's own statuses, as replay uses them: not a (readable) trace at all is a bad
+              // argument; a trace that is cut short, damaged or incomplete "ended early".
+              return report.opened ? exit_status::kTraceEnded : exit_status::kUsage;
             }
             return 0;
           }};

@@ -38,8 +38,16 @@ Result<VcpuExit*> CoordinateSeeker::run() {
     auto state = cpu_.get_state();
     if (!state) return std::unexpected(state.error());
     const uint64_t count = counter_.read();
+    const Visit visit = target_->visit ? target_->visit() : Visit::kTarget;
+    if (visit == Visit::kLater) {
+      std::string detail = fmt::format("the guest reached rip {:#x} at {} conditional branches after the point the "
+                                       "recording names (more guest exits or instructions than recorded there)",
+                                       state->rip, count);
+      if (auto r = release(); !r) return std::unexpected(r.error());
+      return own_exit(ExitKind::kCoordinateMissed, std::move(detail));
+    }
     if (count == want.branches && state->rip == want.rip && state->gpr[kRcx] == want.rcx &&
-        (!target_->gpr_digest || gpr_digest(*state) == *target_->gpr_digest)) {
+        (!target_->gpr_digest || gpr_digest(*state) == *target_->gpr_digest) && visit == Visit::kTarget) {
       ++stats_.reached;
       if (auto r = release(); !r) return std::unexpected(r.error());
       VcpuExit* e = own_exit(ExitKind::kCoordinateReached);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -12,9 +13,16 @@ namespace deja {
 // Where to stop: the coordinate, and the digest of the general registers there (which tells apart
 // points a loop without conditional branches revisits with the same branch count, RIP and RCX;
 // without it the first such point is taken).
+enum class Visit { kTarget, kEarlier, kLater };
 struct SeekTarget {
   Coordinate at;
   std::optional<uint64_t> gpr_digest;
+  // A further check where the counter and the registers match, of what only the caller knows (the
+  // guest-exit count, the instruction count). An earlier visit is stepped past like an earlier
+  // iteration of a loop, so `sti; hlt` or `incq mem; jmp` loops stop at the recorded visit; a later
+  // one means the target was passed (kCoordinateMissed). Checked at every breakpoint hit, so it
+  // also catches a guest that loops past the target without ever branching.
+  std::function<Visit()> visit;
 };
 
 // The algorithm (docs/coordinates.md): while the target is more than skid() branches away, arm the

@@ -51,7 +51,7 @@ void Engine::flush_output() {
   trace::Event e;
   e.mutable_serial_output()->set_data(pending_output_.data(), pending_output_.size());
   pending_output_.clear();
-  if (auto r = writer_->append(e); !r) write_error_ = r.error().message;
+  if (auto r = writer_->append(e); !r && write_error_.empty()) write_error_ = r.error().message;
 }
 
 // Serial output is logged in blocks (at 4 KiB, heartbeats and the end), not before every event: replay
@@ -79,7 +79,7 @@ const trace::Event* Engine::peek() {
       break;
     }
     if ((*next)->kind_case() == trace::Event::kSerialOutput) {
-      expected_output_ += (*next)->serial_output().data();
+      output_.add(StreamMatch::kRecorded, (*next)->serial_output().data());
       match_output();
       continue;
     }
@@ -274,13 +274,20 @@ std::pair<uint64_t, bool> Engine::device_msr_read(uint32_t msr, uint64_t device_
 
 uint64_t Engine::tsc_now() { return ns_to_tsc(host_now_ns()); }
 
-static bool same_coordinate(const trace::Coordinate& recorded, const Position& p, ProgressMode progress) {
+// The guest-exit count is part of the coordinate in both modes: in exact mode it tells apart the visits
+// of a loop that has no conditional branch but exits (an `sti; hlt` idle loop whose interrupt handler
+// only acknowledges), which branches, RIP and registers cannot.
+bool same_coordinate(const trace::Coordinate& recorded, const Position& p, ProgressMode progress) {
   if (recorded.vcpu() != p.at.vcpu || recorded.rip() != p.at.rip || recorded.rcx() != p.at.rcx ||
-      recorded.gpr_digest() != p.gpr_digest) {
+      recorded.gpr_digest() != p.gpr_digest || recorded.guest_exits() != p.guest_exits) {
     return false;
   }
-  return progress == ProgressMode::kExact ? recorded.branches() == p.at.branches
-                                          : recorded.guest_exits() == p.guest_exits;
+  return progress == ProgressMode::kExitSync || recorded.branches() == p.at.branches;
+}
+
+bool instructions_differ(uint64_t recorded, const Position& p) {
+  // 0 is "not counted" (a KVM recording); a replay on KVM does not count either.
+  return recorded != 0 && p.instructions && *p.instructions != recorded;
 }
 
 void Engine::interrupt(uint8_t vector, const Position& where) {
@@ -304,35 +311,31 @@ void Engine::serial_output(std::span<const uint8_t> bytes) {
     pending_output_.insert(pending_output_.end(), bytes.begin(), bytes.end());
     if (pending_output_.size() >= 4096) flush_output();
   } else if (mode_ == Mode::kReplay) {
-    produced_output_.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    output_.add(StreamMatch::kReplayed, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
     match_output();
   }
 }
 
 void Engine::match_output() {
-  size_t n = std::min(produced_output_.size(), expected_output_.size());
-  size_t i = 0;
-  while (i < n && produced_output_[i] == expected_output_[i]) ++i;
-  if (i < n) {
+  const auto& m = output_.mismatch();
+  if (!m || divergence_) return;
+  if (m->end == 0) {
     diverge("serial output differs",
-            fmt::format("output byte {:#04x} after {} matching bytes", uint8_t(expected_output_[i]),
-                        output_matched_ + i),
-            fmt::format("output byte {:#04x}", uint8_t(produced_output_[i])));
+            fmt::format("output byte {:#04x} after {} matching bytes", m->recorded, m->offset),
+            fmt::format("output byte {:#04x}", m->replayed));
+  } else {
+    diverge("serial output differs", fmt::format("output bytes [{}, {}) (compared by SHA-256)", m->offset, m->end),
+            "other bytes there");
   }
-  output_matched_ += i;
-  produced_output_.erase(0, i);
-  expected_output_.erase(0, i);
 }
 
 void Engine::check_output_complete() {
   if (mode_ != Mode::kReplay) return;
   match_output();
-  if (!produced_output_.empty()) {
-    diverge("the guest printed more than was recorded", "end of recorded output",
-            fmt::format("{} more bytes", produced_output_.size()));
-  } else if (!expected_output_.empty()) {
-    diverge("the guest printed less than was recorded", fmt::format("{} more bytes", expected_output_.size()),
-            "end of output");
+  if (uint64_t more = output_.pending(StreamMatch::kReplayed)) {
+    diverge("the guest printed more than was recorded", "end of recorded output", fmt::format("{} more bytes", more));
+  } else if (uint64_t less = output_.pending(StreamMatch::kRecorded)) {
+    diverge("the guest printed less than was recorded", fmt::format("{} more bytes", less), "end of output");
   }
 }
 
@@ -374,7 +377,10 @@ const trace::Coordinate& Engine::positional_at(const trace::Event& e) const {
 }
 
 bool Engine::positional_matches(const trace::Event& e, const Position& where) const {
-  return same_coordinate(positional_at(e), where, progress_);
+  if (!same_coordinate(positional_at(e), where, progress_)) return false;
+  // A heartbeat carries the instruction count, which tells apart the visits of a loop that neither
+  // branches conditionally nor exits (where the backend counts instructions).
+  return e.kind_case() != trace::Event::kDigest || !instructions_differ(e.digest().instructions(), where);
 }
 
 trace::Event Engine::consume_positional() {
@@ -404,7 +410,10 @@ void Engine::record_digest(const Position& where, std::span<const uint8_t> diges
     if (const auto* e = expect(trace::Event::kDigest, what)) {
       if (e->digest().digest() != got || !same_coordinate(e->digest().at(), where, progress_)) {
         diverge("machine state differs (registers, RAM or devices)", describe_event(*e),
-                fmt::format("digest {} at rip={:#x}", hex(digest), where.at.rip));
+                fmt::format("digest {} at rip={:#x} guest-exits {}", hex(digest), where.at.rip, where.guest_exits));
+      } else if (instructions_differ(e->digest().instructions(), where)) {
+        diverge("the instruction count differs at a state digest", describe_event(*e),
+                fmt::format("{} instructions", *where.instructions));
       }
     }
   }

@@ -15,6 +15,7 @@
 #include "logging/trace_writer.h"
 #include "vmm/backend.h"
 #include "vmm/host_io.h"
+#include "vmm/stream_match.h"
 
 namespace deja {
 
@@ -32,6 +33,9 @@ struct Position {
   Coordinate at;
   uint64_t gpr_digest = 0;
   uint64_t guest_exits = 0;
+  // Retired instructions, where the backend counts them (interp): not part of a coordinate (a PMU
+  // cannot count them exactly), but heartbeats, digests and the End carry them and replay checks them.
+  std::optional<uint64_t> instructions;
 };
 
 // Divergence: replay disagrees with the recording. Carries the report printed for the user.
@@ -118,6 +122,12 @@ class Engine : public Clock {
   const std::string& trace_error() const { return trace_error_; }
   // Events recorded or replayed (serial output excluded).
   uint64_t events_processed() const { return events_; }
+  // Record: every event written to the trace, serial output included (what `deja verify` counts).
+  uint64_t events_written() const { return writer_ ? writer_->events_written() : events_; }
+  // Record: the first error writing the trace (a full disk, a file-size limit); empty while all is well.
+  const std::string& write_error() const { return write_error_; }
+  // Record: the file the trace is being written to (the .partial one until it is complete).
+  std::string trace_file() const { return writer_ ? writer_->path() : std::string(); }
 
   // Replay: serial output the trace and the replay disagree on at the very end.
   void check_output_complete();
@@ -145,9 +155,7 @@ class Engine : public Clock {
   std::unique_ptr<TraceReader> reader_;
   std::optional<trace::Event> lookahead_;
   trace::Event current_;
-  std::string expected_output_;  // replay: recorded output not yet produced
-  std::string produced_output_;  // replay: produced output not yet matched
-  uint64_t output_matched_ = 0;
+  StreamMatch output_;  // replay: recorded against produced serial output, in bounded memory
   std::string trace_error_;
   uint64_t events_ = 0;
   bool exhausted_ = false;
@@ -156,5 +164,9 @@ class Engine : public Clock {
 };
 
 trace::Coordinate to_proto(const Position& p);
+// Whether the guest is at `recorded`: every field of the coordinate, the guest-exit count included.
+bool same_coordinate(const trace::Coordinate& recorded, const Position& p, ProgressMode progress);
+// A recorded instruction count (0 = not counted) that the replay counted differently.
+bool instructions_differ(uint64_t recorded, const Position& p);
 
 }  // namespace deja

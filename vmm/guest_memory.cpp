@@ -22,7 +22,11 @@ Result<GuestMemory> GuestMemory::create(uint64_t size) {
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
     int e = errno;
     close(fd);
-    return fail(ErrorKind::kHost, "cannot size guest RAM to {} bytes: {}", size, strerror(e));
+    // Guest RAM is a memfd, so a file-size limit applies to it as to any file.
+    return fail(ErrorKind::kHost, "cannot size guest RAM to {} bytes: {}{}", size, strerror(e),
+                e == EFBIG ? " (the file-size limit, ulimit -f, applies to guest RAM, which is a memory file: raise it "
+                             "above the guest's --mem)"
+                           : "");
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
   if (base == MAP_FAILED) {

@@ -1,6 +1,8 @@
 // Host clock, entropy, description and file-backed serial I/O.
 #include "vmm/host_io.h"
 
+#include "logging/trace_format.h"
+
 #include <fcntl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -55,11 +57,34 @@ Result<std::unique_ptr<FdInput>> FdInput::open(const std::string& path) {
   if (path == "-") {
     int flags = fcntl(0, F_GETFL);
     if (flags >= 0) fcntl(0, F_SETFL, flags | O_NONBLOCK);
-    return std::unique_ptr<FdInput>(new FdInput(0, false));
+    struct stat st{};
+    return std::unique_ptr<FdInput>(new FdInput(0, false, fstat(0, &st) == 0 && S_ISREG(st.st_mode)));
   }
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return fail(ErrorKind::kInvalidArgument, "cannot open serial input '{}': {}", path, strerror(errno));
-  return std::unique_ptr<FdInput>(new FdInput(fd, true));
+  struct stat st{};
+  if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+    close(fd);
+    return fail(ErrorKind::kInvalidArgument, "serial input '{}' is a directory: give a file, a FIFO or a terminal",
+                path);
+  }
+  return std::unique_ptr<FdInput>(new FdInput(fd, true, S_ISREG(st.st_mode)));
+}
+
+Result<std::pair<std::array<uint8_t, 32>, uint64_t>> FdInput::content_hash() const {
+  if (!regular_) return fail(ErrorKind::kInvalidArgument, "serial input is not a regular file: it is not hashed");
+  trace_detail::Sha256Stream sha;
+  uint8_t buffer[64 * 1024];
+  uint64_t offset = 0;
+  for (;;) {
+    ssize_t n = ::pread(fd_, buffer, sizeof buffer, off_t(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail(ErrorKind::kHost, "cannot read serial input: {}", strerror(errno));
+    if (n == 0) break;
+    sha.update(buffer, size_t(n));
+    offset += uint64_t(n);
+  }
+  return std::pair{sha.finish(), offset};
 }
 
 FdInput::~FdInput() {
@@ -75,10 +100,15 @@ size_t FdInput::read_available(std::span<uint8_t> out) {
 }
 
 Result<std::unique_ptr<FileSink>> FileSink::open(const std::string& path) {
-  if (path == "-") return std::unique_ptr<FileSink>(new FileSink(1, false));
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (path == "-") return std::unique_ptr<FileSink>(new FileSink(1, false, "standard output"));
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0644);
   if (fd < 0) return fail(ErrorKind::kInvalidArgument, "cannot create serial output '{}': {}", path, strerror(errno));
-  return std::unique_ptr<FileSink>(new FileSink(fd, true));
+  struct stat st{};
+  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    close(fd);
+    return fail(ErrorKind::kInvalidArgument, "serial output '{}' is a directory", path);
+  }
+  return std::unique_ptr<FileSink>(new FileSink(fd, true, path));
 }
 
 FileSink::~FileSink() {
@@ -89,9 +119,17 @@ void FileSink::write(std::span<const uint8_t> bytes) {
   const uint8_t* p = bytes.data();
   size_t left = bytes.size();
   while (left > 0) {
+    if (closed_ || !error_.empty()) return;
     ssize_t n = ::write(fd_, p, left);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // output closed (e.g. a pipe's reader left): the guest keeps running
+    if (n < 0 && errno == EPIPE) {
+      closed_ = true;  // a pipe's reader left: the guest keeps running, as with a closed terminal
+      return;
+    }
+    if (n <= 0) {
+      error_ = fmt::format("cannot write serial output {}: {}", path_, n < 0 ? strerror(errno) : "nothing written");
+      return;
+    }
     p += n;
     left -= size_t(n);
   }

@@ -1,6 +1,7 @@
 // The only code that touches the host's clock, entropy and input files; the engine decides when it is consulted.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -37,11 +38,17 @@ class FdInput : public HostInput {
   size_t read_available(std::span<uint8_t> out) override;
   bool at_end() const override { return eof_; }
   int fd() const { return fd_; }
+  // A regular file can be hashed up front (its bytes are also recorded as they arrive); a FIFO, a
+  // terminal or a device such as /dev/zero is streamed like a real terminal, never read ahead.
+  bool regular() const { return regular_; }
+  // Regular files: SHA-256 and size of the whole content, read with pread (the input still starts at 0).
+  Result<std::pair<std::array<uint8_t, 32>, uint64_t>> content_hash() const;
 
  private:
-  FdInput(int fd, bool owned) : fd_(fd), owned_(owned) {}
+  FdInput(int fd, bool owned, bool regular) : fd_(fd), owned_(owned), regular_(regular) {}
   int fd_;
   bool owned_;
+  bool regular_;
   bool eof_ = false;
 };
 
@@ -51,11 +58,17 @@ class FileSink : public ByteSink {
   static Result<std::unique_ptr<FileSink>> open(const std::string& path);  // "-" = stdout
   ~FileSink() override;
   void write(std::span<const uint8_t> bytes) override;
+  // The first write error other than a reader that went away (a full disk, /dev/full, a file-size
+  // limit): the session stops with a host failure instead of dropping output silently.
+  const std::string& error() const { return error_; }
 
  private:
-  explicit FileSink(int fd, bool owned) : fd_(fd), owned_(owned) {}
+  explicit FileSink(int fd, bool owned, std::string path) : fd_(fd), owned_(owned), path_(std::move(path)) {}
   int fd_;
   bool owned_;
+  std::string path_;
+  std::string error_;
+  bool closed_ = false;  // the reader of a pipe left: output is dropped, the guest keeps running
 };
 
 // Reads a whole file (guest images, modules); errors name the path.

@@ -1,7 +1,9 @@
 // Guest image loading: plan every byte (image, modules, GDT, boot info, page tables), validate it all, then write.
 #include "vmm/loader.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -157,6 +159,24 @@ Result<Plan> plan_aout_kludge(const std::string& name, std::span<const uint8_t> 
   return plan;
 }
 
+// Refuses bytes that start like no image deja loads: no ELF magic and no Multiboot header where one
+// must be. `image` may be only the first bytes of the file (at least the Multiboot search window).
+Result<> check_image_magic(const std::string& name, std::span<const uint8_t> image) {
+  if (image.empty()) return fail(ErrorKind::kBadImage, "guest image '{}' is empty", name);
+  auto header = find_multiboot_header(image, name);
+  if (header && *header) return {};
+  if (!header && !has_elf_magic(image)) return std::unexpected(header.error());
+  if (!has_elf_magic(image)) {
+    // A Linux bzImage carries "HdrS" at 0x202: say so, since it is the most likely wrong file.
+    const bool bzimage = image.size() >= 0x206 && std::memcmp(image.data() + 0x202, "HdrS", 4) == 0;
+    return fail(ErrorKind::kBadImage,
+                "guest image '{}' is not an ELF file (bad magic) and has no Multiboot header in its first {} bytes{}",
+                name, multiboot::kSearchLimit,
+                bzimage ? " (it is a Linux bzImage: boot it with --kernel)" : "");
+  }
+  return {};
+}
+
 Result<Plan> plan_image(const std::string& name, std::span<const uint8_t> image) {
   if (image.empty()) return fail(ErrorKind::kBadImage, "guest image '{}' is empty", name);
   auto header = find_multiboot_header(image, name);
@@ -171,14 +191,7 @@ Result<Plan> plan_image(const std::string& name, std::span<const uint8_t> image)
     }
     return plan_elf(name, image, /*multiboot=*/true);
   }
-  if (!has_elf_magic(image)) {
-    // A Linux bzImage carries "HdrS" at 0x202: say so, since it is the most likely wrong file.
-    const bool bzimage = image.size() >= 0x206 && std::memcmp(image.data() + 0x202, "HdrS", 4) == 0;
-    return fail(ErrorKind::kBadImage,
-                "guest image '{}' is not an ELF file (bad magic) and has no Multiboot header in its first {} bytes{}",
-                name, multiboot::kSearchLimit,
-                bzimage ? " (it is a Linux bzImage: boot it with --kernel)" : "");
-  }
+  if (auto ok = check_image_magic(name, image); !ok) return std::unexpected(ok.error());
   return plan_elf(name, image, /*multiboot=*/false);
 }
 
@@ -324,40 +337,71 @@ Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const 
   return loaded;
 }
 
-Result<std::vector<uint8_t>> read_boot_file(const std::string& path, const char* what, uint64_t max_size) {
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!file) return fail(ErrorKind::kBadImage, "cannot open {} '{}': {}", what, path, std::strerror(errno));
+namespace {
+
+Result<std::vector<uint8_t>> read_regular_file(const std::string& path, const char* what, uint64_t max_size,
+                                               bool image) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return fail(ErrorKind::kBadImage, "cannot open {} '{}': {}", what, path, std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   struct stat info {};
-  if (fstat(fileno(file.get()), &info) != 0) {
+  if (fstat(fd, &info) != 0) {
     return fail(ErrorKind::kBadImage, "cannot read {} '{}': {}", what, path, std::strerror(errno));
   }
   if (S_ISDIR(info.st_mode)) return fail(ErrorKind::kBadImage, "cannot read {} '{}': it is a directory", what, path);
-  if (!S_ISREG(info.st_mode) && !S_ISFIFO(info.st_mode)) {
-    return fail(ErrorKind::kBadImage, "cannot read {} '{}': not a regular file", what, path);
+  if (!S_ISREG(info.st_mode)) {
+    return fail(ErrorKind::kBadImage, "cannot read {} '{}': not a regular file (a {}); deja loads only regular files",
+                what, path, S_ISFIFO(info.st_mode) ? "FIFO" : S_ISCHR(info.st_mode) || S_ISBLK(info.st_mode) ? "device" : "socket");
   }
-  const auto too_large = [&](uint64_t size) {
-    return fail(ErrorKind::kBadImage, "{} '{}' is larger ({}{} bytes) than anything deja can load ({} bytes)", what,
-                path, S_ISREG(info.st_mode) ? "" : "over ", size, max_size);
+  const uint64_t size = uint64_t(info.st_size);
+  if (size > max_size) {
+    return fail(ErrorKind::kBadImage, "{} '{}' is larger ({} bytes) than anything deja can load here ({} bytes)", what,
+                path, size, max_size);
+  }
+  if (image && size == 0) return fail(ErrorKind::kBadImage, "guest image '{}' is empty", path);
+  auto read_into = [&](uint8_t* out, size_t want) -> Result<> {
+    for (size_t done = 0; done < want;) {
+      const ssize_t n = ::read(fd, out + done, want - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        return fail(ErrorKind::kBadImage, "cannot read {} '{}': {}", what, path,
+                    n < 0 ? std::strerror(errno) : "the file shrank while being read");
+      }
+      done += size_t(n);
+    }
+    return {};
   };
-  if (S_ISREG(info.st_mode) && uint64_t(info.st_size) > max_size) return too_large(info.st_size);
-  std::vector<uint8_t> bytes;
-  if (S_ISREG(info.st_mode)) bytes.reserve(info.st_size);
-  uint8_t buffer[64 * 1024];
-  for (;;) {
-    const size_t got = std::fread(buffer, 1, sizeof(buffer), file.get());
-    if (got > max_size - bytes.size()) return too_large(max_size);
-    bytes.insert(bytes.end(), buffer, buffer + got);
-    if (got < sizeof(buffer)) break;
+  // An image is checked on its first bytes before memory for the rest is even allocated.
+  uint8_t head[multiboot::kSearchLimit + 16];
+  const size_t prefix = image ? std::min<size_t>(size, sizeof head) : 0;
+  if (auto r = read_into(head, prefix); !r) return std::unexpected(r.error());
+  if (image) {
+    if (auto ok = check_image_magic(path, std::span(head, prefix)); !ok) return std::unexpected(ok.error());
   }
-  if (std::ferror(file.get())) {
-    return fail(ErrorKind::kBadImage, "cannot read {} '{}': {}", what, path, std::strerror(errno));
-  }
+  std::vector<uint8_t> bytes(size);
+  std::memcpy(bytes.data(), head, prefix);
+  if (auto r = read_into(bytes.data() + prefix, size - prefix); !r) return std::unexpected(r.error());
   return bytes;
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> read_boot_file(const std::string& path, const char* what, uint64_t max_size) {
+  return read_regular_file(path, what, max_size, false);
+}
+
+Result<std::vector<uint8_t>> read_guest_image(const std::string& path, uint64_t max_size) {
+  return read_regular_file(path, "guest image", max_size, true);
 }
 
 Result<LoadedImage> load_guest_image(GuestMemory& memory, const std::string& image_path, const LoadOptions& options) {
   const uint64_t loadable = std::min(memory.size(), k4GiB);  // nothing larger fits, even for elf64-direct
-  auto image = read_boot_file(image_path, options.linux_kernel ? "Linux kernel" : "guest image", loadable);
+  auto image = options.linux_kernel ? read_boot_file(image_path, "Linux kernel", loadable)
+                                    : read_guest_image(image_path, loadable);
   if (!image) return std::unexpected(image.error());
   std::vector<std::vector<uint8_t>> module_bytes;
   for (const auto& module : options.modules) {

@@ -65,10 +65,17 @@ Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const 
                                            std::span<const std::vector<uint8_t>> module_bytes = {},
                                            std::span<const uint8_t> initrd = {});
 
+// At most this many boot modules (the Multiboot information area has room for about as many).
+constexpr size_t kMaxBootModules = 64;
+
 // Reads a whole file (image or module) for the loader; `what` names it in errors ("guest image", "boot module").
-// Refuses directories and devices, and files larger than `max_size` (nothing larger can be loaded),
-// so a path such as /dev/zero fails at once instead of exhausting host memory.
+// Refuses anything but a regular file (directories, devices, FIFOs: opened without blocking, so a FIFO
+// never hangs the open), and files larger than `max_size` (nothing larger can be loaded), so a path
+// such as /dev/zero fails at once instead of exhausting host memory.
 Result<std::vector<uint8_t>> read_boot_file(const std::string& path, const char* what,
                                             uint64_t max_size = uint64_t{1} << 32);
+// The same for the guest image, which must also start like one (ELF magic, or a Multiboot header in
+// its first 8 KiB): checked on the first bytes, before the rest of a large file is read.
+Result<std::vector<uint8_t>> read_guest_image(const std::string& path, uint64_t max_size = uint64_t{1} << 32);
 
 }  // namespace deja

@@ -140,6 +140,7 @@ Result<> Session::setup_progress(const ProgressChoice& choice) {
 Position Session::position() {
   Position p;
   p.guest_exits = guest_exits_;
+  p.instructions = machine_->backend().instruction_count();
   if (engine_.progress() == ProgressMode::kExitSync) {
     // Exit-synchronous coordinates: the n-th guest-caused exit and the instruction that caused it.
     p.at.rip = last_exit_rip_;
@@ -185,8 +186,16 @@ void Session::replay_async() {
     if (!engine_.positional_matches(*e, here)) {
       // In exact mode the backend stops on the coordinate, so being past it means divergence.
       const trace::Coordinate& at = engine_.positional_at(*e);
-      bool passed = engine_.progress() == ProgressMode::kExact ? here.at.branches > at.branches()
-                                                               : here.guest_exits >= at.guest_exits();
+      // Branches and guest exits only grow: past either (or, at equal counts, past the recorded
+      // instruction count of a heartbeat) means the guest went by the event's place.
+      bool passed = engine_.progress() == ProgressMode::kExact
+                        ? here.at.branches > at.branches() ||
+                              (here.at.branches == at.branches() &&
+                               (here.guest_exits > at.guest_exits() ||
+                                (here.guest_exits == at.guest_exits() && e->kind_case() == trace::Event::kDigest &&
+                                 here.instructions && e->digest().instructions() != 0 &&
+                                 *here.instructions > e->digest().instructions())))
+                        : here.guest_exits >= at.guest_exits();
       if (passed) {
         engine_.report_divergence("the guest is not where the recording says it was at this point",
                                   describe_event(*e),
@@ -272,12 +281,43 @@ std::optional<Outcome> Session::replay_end_here() {
   if (!e || e->kind_case() != trace::Event::kEnd) return std::nullopt;
   const auto& end = e->end();
   if (end.reason() == "guest exit") return std::nullopt;  // reached through the guest's own exit port write
-  Position here = position();
-  bool at = engine_.progress() == ProgressMode::kExact
-                ? end.at().branches() == here.at.branches && end.at().rip() == here.at.rip
-                : end.at().guest_exits() == here.guest_exits;
-  if (!at) return std::nullopt;
+  // The whole coordinate, guest exits included; whether the guest really got there (instructions,
+  // state, output) is check_replay_end()'s question.
+  const Position here = position();
+  if (!same_coordinate(end.at(), here, engine_.progress())) return std::nullopt;
+  if (engine_.progress() == ProgressMode::kExitSync && end.instructions() != 0 && here.instructions &&
+      *here.instructions < end.instructions()) {
+    // Exit-sync on the software CPU: the recording stopped between guest exits (interrupted, or a
+    // spin stopped by deja), which the coordinate cannot place; the instruction count can.
+    if (auto* interp = dynamic_cast<InterpBackend*>(&machine_->backend())) {
+      interp->set_instruction_budget(end.instructions() - *here.instructions);
+      return std::nullopt;
+    }
+  }
   return Outcome{end.exit_status(), end.reason(), false, true};
+}
+
+Digest Session::check_replay_end(const trace::End& end, const Outcome& outcome) {
+  Digest full = final_machine_digest();
+  const Position here = position();
+  const std::string got(reinterpret_cast<const char*>(full.bytes.data()), full.bytes.size());
+  if (end.exit_status() != outcome.status) {
+    engine_.report_divergence("the guest's exit status differs", fmt::format("status {}", end.exit_status()),
+                              fmt::format("status {}", outcome.status));
+  } else if (end.at().guest_exits() != here.guest_exits) {
+    engine_.report_divergence("the guest made a different number of exits (port I/O, MMIO, HLT, MSR) by the end",
+                              fmt::format("{} guest exits", end.at().guest_exits()),
+                              fmt::format("{} guest exits", here.guest_exits));
+  } else if (instructions_differ(end.instructions(), here)) {
+    engine_.report_divergence("the guest retired a different number of instructions by the end",
+                              fmt::format("{} instructions", end.instructions()),
+                              fmt::format("{} instructions", *here.instructions));
+  } else if (!end.digest().empty() && end.digest() != got) {
+    engine_.report_divergence("the final machine state differs (registers, RAM or devices)",
+                              fmt::format("digest {}", hex(end.digest())), fmt::format("digest {}", full.hex()));
+  }
+  engine_.check_output_complete();
+  return full;
 }
 
 Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
@@ -410,6 +450,7 @@ Result<Outcome> Session::run() {
   uint64_t started = HostClock::monotonic_ns();
   next_heartbeat_ = started + kHeartbeatNs;
   if (mode != Mode::kReplay) start_kicker();
+  else g_kick_target.store(&cpu);  // SIGINT/SIGTERM stop a replay too, even one the seeker is stepping
   struct KickerGuard {
     Session* s;
     ~KickerGuard() { s->stop_kicker(); }
@@ -428,15 +469,38 @@ Result<Outcome> Session::run() {
       return Outcome{exit_status::kTraceEnded, "end of trace", false};
     }
     if (g_stop_requested.load()) return Outcome{exit_status::kInterrupted, "interrupted", false};
+    // A full disk or a file-size limit stops the run at once, as a host failure, rather than letting
+    // the guest run on with its trace or its output lost.
+    if (!engine_.write_error().empty()) return fail(ErrorKind::kHost, "{}", engine_.write_error());
+    if (out_ && !out_->error().empty()) return fail(ErrorKind::kHost, "{}", out_->error());
     if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
+    // A digest an interrupt event made due is taken here, before the vCPU runs: where the run after an
+    // injection stops (a kick in recording, the next exit in replay) differs between the two.
+    maybe_digest();
 
     if (seeker_) {
       std::optional<SeekTarget> target;
       if (const trace::Event* next = engine_.peek()) {
         const trace::Coordinate* at = nullptr;
-        if (engine_.next_positional()) at = &engine_.positional_at(*next);
-        if (next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") at = &next->end().at();
-        if (at) target = SeekTarget{Coordinate{at->vcpu(), at->branches(), at->rip(), at->rcx()}, at->gpr_digest()};
+        uint64_t instructions = 0;  // recorded with heartbeats and the End (0: not counted)
+        if (engine_.next_positional()) {
+          at = &engine_.positional_at(*next);
+          if (next->kind_case() == trace::Event::kDigest) instructions = next->digest().instructions();
+        }
+        if (next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") {
+          at = &next->end().at();
+          instructions = next->end().instructions();
+        }
+        if (at) {
+          target = SeekTarget{Coordinate{at->vcpu(), at->branches(), at->rip(), at->rcx()}, at->gpr_digest(),
+                              [this, exits = at->guest_exits(), instructions] {
+                                auto n = machine_->backend().instruction_count();
+                                const bool counted = instructions != 0 && n;
+                                if (guest_exits_ > exits || (counted && *n > instructions)) return Visit::kLater;
+                                if (guest_exits_ < exits || (counted && *n < instructions)) return Visit::kEarlier;
+                                return Visit::kTarget;
+                              }};
+        }
       }
       seeker_->set_target(target);
     } else if (mode != Mode::kReplay) {
@@ -447,15 +511,32 @@ Result<Outcome> Session::run() {
       kick_at_.store(kick);
     }
 
+    if (mode == Mode::kReplay && !exact) {
+      // An interrupted exit-sync recording can end right after an interrupt was delivered, before
+      // the handler's first instruction (the stop kicked the vCPU as it entered): the backend then
+      // delivers what was injected and returns, as it did when recording.
+      const trace::Event* next = engine_.peek();
+      if (next && next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") {
+        const Position here = position();
+        if (same_coordinate(next->end().at(), here, engine_.progress()) &&
+            !instructions_differ(next->end().instructions(), here)) {
+          cpu.kick();
+        }
+      }
+    }
     auto exit = seeker_ ? seeker_->run() : cpu.run();
     if (!exit) return std::unexpected(exit.error());
     auto done = handle_exit(**exit);
     if (!done) return std::unexpected(done.error());
     if (*done) {
       wall_ns_ = HostClock::monotonic_ns() - started;
+      if (out_ && !out_->error().empty()) return fail(ErrorKind::kHost, "{}", out_->error());
       return **done;
     }
     if (engine_.divergence()) continue;
+    // Replay applies the events recorded right after this exit here too, before the digest check
+    // below, as recording did (not at the top of the next iteration, after the next exit).
+    if (mode == Mode::kReplay) replay_async();
 
     // Where asynchronous events may land: anywhere in a plain run; at instruction boundaries the
     // backend can find again (exact) or right after guest-caused exits (exit-sync) when recording.
@@ -517,6 +598,14 @@ void Session::print_stats() {
   }
   for (const auto& [addr, acc] : machine_->mmio().unknown_accesses()) {
     say("  unmapped MMIO {:#x}: {} reads, {} writes", addr, acc.reads, acc.writes);
+  }
+  // Past the first Bus::kUnknownSample addresses only totals are kept.
+  for (const Bus* bus : {&machine_->pio(), &machine_->mmio()}) {
+    const auto& rest = bus->unknown_unsampled();
+    if (rest.reads + rest.writes > 0) {
+      say("  {} more unknown {} accesses ({} reads, {} writes) at addresses beyond the first {} listed",
+          rest.reads + rest.writes, bus->name(), rest.reads, rest.writes, Bus::kUnknownSample);
+    }
   }
   if (auto* interp = dynamic_cast<const InterpBackend*>(&machine_->backend())) {
     auto counts = interp->unimplemented_counts();

@@ -57,6 +57,10 @@ class Session {
   void set_digest_interval(uint64_t n) { digest_interval_ = n; }
 
   Result<Outcome> run();
+  // Replay: the guest stopped at the recording's End (or at its own exit). Compares everything the End
+  // carries with where the replay got: exit status, guest-exit count, instruction count, the full state
+  // digest, and the serial output so far. A mismatch is reported as divergence. Returns the digest.
+  Digest check_replay_end(const trace::End& end, const Outcome& outcome);
   void print_stats();
   Digest final_cpu_ram_digest();
   Digest final_machine_digest();

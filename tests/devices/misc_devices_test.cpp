@@ -170,5 +170,28 @@ TEST(DevicesOnBus, UartInterruptReachesThePicThroughOut2) {
   EXPECT_TRUE(pic.interrupt_pending());
 }
 
+// A guest scanning the address space (issue 11): per-address statistics stop growing at the sample
+// size, and every further access is still counted.
+TEST(BusStatistics, UnknownAddressesAreSampledAndCounted) {
+  Bus bus("MMIO");
+  uint8_t data[8];
+  constexpr uint64_t kScanned = 1'000'000;
+  for (uint64_t i = 0; i < kScanned; ++i) {
+    bus.read(0x10000000 + i * 64, std::span(data, 8));
+    if (i % 2 == 0) bus.write(0x10000000 + i * 64, std::span<const uint8_t>(data, 8));
+  }
+  EXPECT_EQ(bus.unknown_accesses().size(), Bus::kUnknownSample);
+  uint64_t reads = bus.unknown_unsampled().reads, writes = bus.unknown_unsampled().writes;
+  for (const auto& [address, access] : bus.unknown_accesses()) {
+    reads += access.reads;
+    writes += access.writes;
+  }
+  EXPECT_EQ(reads, kScanned);
+  EXPECT_EQ(writes, kScanned / 2);
+  // An address in the sample keeps its own count.
+  bus.read(0x10000000, std::span(data, 8));
+  EXPECT_EQ(bus.unknown_accesses().at(0x10000000).reads, 2u);
+}
+
 }  // namespace
 }  // namespace deja

@@ -84,17 +84,50 @@ TEST(TraceRoundTrip, FooterRecordsSerialOutputAndFirstCoordinates) {
   }
 }
 
-TEST(TraceWriter, CreatesFileWithMode0600EvenOverAnExistingFile) {
+TEST(TraceWriter, ReplacesAnExistingTraceWithAMode0600FileOnlyWhenComplete) {
   TempDir dir;
   std::string path = dir.file("t.trace");
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT, 0644);
   ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "old", 3), 3);
   ::fchmod(fd, 0644);
   ::close(fd);
-  testing::write_trace(path, testing::sample_events(5));
+  auto writer = TraceWriter::create_replacing(path, testing::sample_header());
+  ASSERT_TRUE(writer.has_value()) << writer.error().message;
+  EXPECT_EQ((*writer)->path(), TraceWriter::partial_path(path));
+  for (const auto& e : testing::sample_events(5)) ASSERT_TRUE((*writer)->append(e).has_value());
+  ASSERT_TRUE((*writer)->flush().has_value());
+  EXPECT_EQ(testing::read_bytes(path), "old");  // untouched until the trace is complete
+  ASSERT_TRUE((*writer)->finish(trace::Footer{}).has_value());
   struct stat st {};
   ASSERT_EQ(::stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_NE(::access(TraceWriter::partial_path(path).c_str(), F_OK), 0);
+}
+
+TEST(TraceWriter, NeverOpensAnExistingFileASymlinkOrADevice) {
+  TempDir dir;
+  std::string path = dir.file("t.trace");
+  testing::write_trace(path, testing::sample_events(5));
+  auto again = TraceWriter::create(path, testing::sample_header());
+  ASSERT_FALSE(again.has_value());
+  EXPECT_NE(again.error().message.find("exists already"), std::string::npos);
+  std::string link = dir.file("link.trace");
+  ASSERT_EQ(::symlink(path.c_str(), link.c_str()), 0);
+  for (const std::string& target : {link, std::string("/dev/null")}) {
+    auto w = TraceWriter::create_replacing(target, testing::sample_header());
+    ASSERT_FALSE(w.has_value()) << target;
+    EXPECT_NE(w.error().message.find("refusing"), std::string::npos) << w.error().message;
+  }
+}
+
+TEST(TraceWriter, RefusesAHeaderThatWouldNotParseBack) {
+  TempDir dir;
+  trace::Header h = testing::sample_header();
+  h.mutable_config()->set_cmdline("n=\xff");
+  auto w = TraceWriter::create(dir.file("t.trace"), h);
+  ASSERT_FALSE(w.has_value());
+  EXPECT_NE(w.error().message.find("UTF-8"), std::string::npos);
 }
 
 TEST(TraceWriter, CreateFailureNamesThePathAndReason) {
