@@ -7,6 +7,9 @@
 #define STACK_BYTES 16384
 
 static volatile uint64_t shared_counter;
+static uint64_t increments = INCREMENTS; /* "increments=N" on the command line scales the run (bench/) */
+/* Written once, when thread 1 is half done: a watchpoint target far back in a long trace (bench/). */
+static volatile uint64_t halfway_mark;
 static volatile uint64_t progress[WORKERS + 1];
 static volatile int finished[WORKERS + 1];
 static volatile int sse_intact[WORKERS + 1];
@@ -19,7 +22,7 @@ static _Noreturn void worker(uint64_t id) {
   /* A double accumulator lives in XMM registers across preemptions, so a scheduler that mixed up
      SSE state would show up as a wrong sum (the values are integers, exact in a double). */
   double sum = 0;
-  for (uint64_t k = 0; k < INCREMENTS; ++k) {
+  for (uint64_t k = 0; k < increments; ++k) {
     uint64_t value = shared_counter; /* load ... */
     uint64_t scratch = value;
     for (int i = 0; i < 8; ++i) scratch = scratch * 6364136223846793005ull + 1442695040888963407ull;
@@ -27,8 +30,9 @@ static _Noreturn void worker(uint64_t id) {
     shared_counter = value + 1; /* ... store: not atomic, updates from other threads in between are lost */
     sum += (double)(k * id);
     progress[id] = k + 1;
+    if (id == 1 && k == increments / 2) halfway_mark = shared_counter;
   }
-  double expected = (double)id * ((double)INCREMENTS * (INCREMENTS - 1) / 2);
+  double expected = (double)id * ((double)increments * (increments - 1) / 2);
   sse_intact[id] = sum == expected;
   finished[id] = 1;
   for (;;) __asm__ volatile("hlt"); /* parked until the scheduler stops picking it */
@@ -63,7 +67,8 @@ static struct frame *prepare_thread(int id, void (*entry)(uint64_t)) {
 }
 
 int guest_main(void) {
-  printf("threads-race: %d threads x %d unlocked increments, preempted by the PIT at %d Hz\n", WORKERS, INCREMENTS,
+  increments = boot_arg_u64("increments", INCREMENTS);
+  printf("threads-race: %d threads x %lu unlocked increments, preempted by the PIT at %d Hz\n", WORKERS, increments,
          TICK_HZ);
   for (int id = 1; id <= WORKERS; ++id) saved[id] = prepare_thread(id, (void (*)(uint64_t))worker);
   set_interrupt_handler(IRQ_BASE + 0, schedule);
@@ -82,7 +87,7 @@ int guest_main(void) {
   for (int id = 1; id <= WORKERS; ++id) {
     printf("thread %d: %lu increments, SSE state intact: %s\n", id, progress[id], sse_intact[id] ? "yes" : "no");
     total += progress[id];
-    ok &= progress[id] == INCREMENTS && sse_intact[id];
+    ok &= progress[id] == increments && sse_intact[id];
   }
   uint64_t final = shared_counter;
   printf("final count: %lu of %lu (lost updates: %lu)\n", final, total, total - final);

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "devices/state_codec.h"
+
 namespace deja {
 
 namespace {
@@ -13,7 +15,8 @@ constexpr uint8_t kDb = 1;
 }
 
 InterpBackend::InterpBackend(GuestMemory& memory, const CpuModel& model)
-    : memory_(memory), model_(model), ram_(memory.host_base()), ram_size_(memory.size()), cache_(memory.size()) {
+    : memory_(memory), model_(model), ram_(memory.host_base()), ram_size_(memory.size()), cache_(memory.size()),
+      dirty_bits_(memory.dirty_bitmap().data()) {
   // Architectural reset values for the x87/SSE control words (SDM 9.1.1).
   uint16_t fcw = 0x37f;
   uint32_t mxcsr = 0x1f80;
@@ -94,6 +97,7 @@ void InterpBackend::step() {
   icebp_ = false;
   rep_continues_ = false;
   hlt_executed_ = false;
+  watch_hit_.reset();
   const bool single_step = s_.rflags & rflags::kTf;
   try {
     const interp::DecodedInsn& insn = fetch_decoded();
@@ -180,7 +184,18 @@ Result<VcpuExit*> InterpBackend::run() {
         step_origin_ = executed_;
         return finish(ExitKind::kDebug);
       }
+      if (watch_hit_) {
+        VcpuExit* out = finish(ExitKind::kDebug);
+        out->watch_hit = true;
+        out->address = watch_hit_->address;
+        out->watch_kind = uint8_t(watch_hit_->kind);
+        out->rip = watch_hit_->rip;
+        watch_hit_.reset();
+        return out;
+      }
+      if (debug_.stop_at_step && executed_ >= *debug_.stop_at_step) return finish(ExitKind::kDebug);
       if (debug_.breakpoint && !s_.halted && *debug_.breakpoint == current_linear_rip()) return finish(ExitKind::kDebug);
+      if (!debug_.breakpoints.empty() && !s_.halted && user_breakpoint_here()) return finish(ExitKind::kDebug);
       if (overflow_at_ && branches_ >= *overflow_at_) {
         overflow_at_.reset();
         return finish(ExitKind::kKicked);
@@ -241,6 +256,63 @@ Result<> InterpBackend::inject_interrupt(uint8_t vector) {
 Result<> InterpBackend::set_debug(const DebugControl& control) {
   debug_ = control;
   step_origin_ = executed_;
+  return {};
+}
+
+bool InterpBackend::user_breakpoint_here() const {
+  const uint64_t rip = current_linear_rip();
+  for (uint64_t address : debug_.breakpoints)
+    if (address == rip) return true;
+  return false;
+}
+
+void InterpBackend::check_watch(uint64_t linear, unsigned size, bool write) {
+  if (watch_hit_) return;
+  for (const Watchpoint& w : debug_.watchpoints) {
+    if (write ? w.kind == WatchKind::kRead : w.kind == WatchKind::kWrite) continue;
+    if (linear < w.address + w.length && w.address < linear + size) {
+      watch_hit_ = WatchHit{std::max(linear, w.address), w.kind, insn_rip_};
+      return;
+    }
+  }
+}
+
+// Between run() calls with no exit outstanding, this and CpuState are the whole vCPU.
+std::vector<uint8_t> InterpBackend::save_internal() {
+  StateWriter w("INTP", 1);
+  w.u64(instructions_);
+  w.u64(steps_);
+  w.u64(branches_);
+  w.u64(executed_);
+  w.boolean(pending_irq_.has_value());
+  w.u8(pending_irq_.value_or(0));
+  w.boolean(hlt_unreported_);
+  w.u64(hlt_rip_);
+  return w.take();
+}
+
+Result<> InterpBackend::restore_internal(std::span<const uint8_t> state) {
+  StateReader r(state, "INTP", 1);
+  uint64_t instructions = r.u64(), steps = r.u64(), branches = r.u64(), executed = r.u64();
+  bool has_irq = r.boolean();
+  uint8_t irq = r.u8();
+  bool hlt_unreported = r.boolean();
+  uint64_t hlt_rip = r.u64();
+  if (auto done = r.finish(); !done) return done;
+  instructions_ = instructions;
+  steps_ = steps;
+  branches_ = branches;
+  executed_ = executed;
+  step_origin_ = executed;
+  budget_start_ = steps;
+  pending_irq_ = has_irq ? std::optional<uint8_t>(irq) : std::nullopt;
+  hlt_unreported_ = hlt_unreported;
+  hlt_rip_ = hlt_rip;
+  overflow_at_.reset();
+  watch_hit_.reset();
+  // A restore rewrote RAM under the decode cache: the caller reports those pages through
+  // GuestMemory's VMM-write list, taken at the next run().
+  invalidate_fetch();
   return {};
 }
 

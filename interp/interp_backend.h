@@ -34,6 +34,9 @@ class InterpBackend : public Backend {
   ProgressCounter* progress_counter() override { return &counter_; }
   std::optional<uint64_t> instruction_count() const override { return instructions_; }
   Result<> set_debug(const DebugControl& control) override;
+  std::optional<uint64_t> step_count() const override { return executed_; }
+  std::vector<uint8_t> save_internal() override;
+  Result<> restore_internal(std::span<const uint8_t> state) override;
 
   // Makes the progress counter behave like a hardware PMU (for testing CoordinateSeeker without one):
   // an armed overflow stops the vCPU a random 0..skid branches late, drawn from a generator seeded with `seed`.
@@ -194,6 +197,9 @@ class InterpBackend : public Backend {
   void triple_fault(const std::string& why);
 
   void invalidate_vmm_writes();
+  // Data watchpoints (DebugControl::watchpoints): notes the first access of this step that hits one.
+  void check_watch(uint64_t linear, unsigned size, bool write);
+  bool user_breakpoint_here() const;
   void note_code_write(uint64_t gpa, unsigned size);
   void count_unimplemented(uint16_t mnemonic);
 
@@ -242,6 +248,11 @@ class InterpBackend : public Backend {
     Result<> arm(uint64_t at) override;
     void disarm() override { cpu_.overflow_at_.reset(); }
     uint64_t skid() const override { return skid_; }
+    Result<> rebase(uint64_t count) override {
+      cpu_.branches_ = count;
+      disarm();
+      return {};
+    }
 
    private:
     friend class InterpBackend;
@@ -252,6 +263,13 @@ class InterpBackend : public Backend {
   Counter counter_{*this};
   std::optional<uint64_t> overflow_at_;  // branch count at which an armed overflow stops run()
   DebugControl debug_;
+  struct WatchHit {
+    uint64_t address;
+    WatchKind kind;
+    uint64_t rip;  // the accessing instruction
+  };
+  std::optional<WatchHit> watch_hit_;  // set during a step that touched a watched range
+  uint64_t* dirty_bits_;               // GuestMemory's checkpoint dirty bitmap: every store marks its page
   uint64_t executed_ = 0;     // step() calls that finished (retired, faulted, or one REP iteration)
   uint64_t step_origin_ = 0;  // executed_ when single-stepping last stopped
   std::atomic<bool> kicked_{false};

@@ -63,6 +63,7 @@ uint64_t InterpBackend::walk(uint64_t linear, Access access, bool user, TlbEntry
   };
   auto store = [&](uint64_t gpa, uint64_t value, bool wide) {
     std::memcpy(ram_ + gpa, &value, wide ? 8 : 4);
+    dirty_bits_[gpa >> 18] |= uint64_t{1} << ((gpa >> 12) & 63);
     note_code_write(gpa, wide ? 8 : 4);
   };
 
@@ -174,6 +175,8 @@ void InterpBackend::read_phys(uint64_t gpa, void* out, unsigned size) {
 void InterpBackend::write_phys(uint64_t gpa, const void* data, unsigned size) {
   if (gpa < ram_size_ && size <= ram_size_ - gpa) [[likely]] {
     std::memcpy(ram_ + gpa, data, size);
+    // Callers pass ranges within one page (write_linear splits at page boundaries).
+    dirty_bits_[gpa >> 18] |= uint64_t{1} << ((gpa >> 12) & 63);
     if (cache_.has_code(gpa >> 12)) [[unlikely]] cache_.invalidate_range(gpa, size);
     return;
   }
@@ -190,6 +193,7 @@ void InterpBackend::write_phys(uint64_t gpa, const void* data, unsigned size) {
 }
 
 void InterpBackend::read_linear(uint64_t linear, void* out, unsigned size, Access access) {
+  if (!debug_.watchpoints.empty()) [[unlikely]] check_watch(linear, size, false);
   bool user = is_user();
   unsigned offset = linear & 0xfff;
   if (offset + size <= 4096) [[likely]] {
@@ -204,6 +208,7 @@ void InterpBackend::read_linear(uint64_t linear, void* out, unsigned size, Acces
 }
 
 void InterpBackend::write_linear(uint64_t linear, const void* data, unsigned size) {
+  if (!debug_.watchpoints.empty()) [[unlikely]] check_watch(linear, size, true);
   bool user = is_user();
   unsigned offset = linear & 0xfff;
   if (offset + size <= 4096) [[likely]] {

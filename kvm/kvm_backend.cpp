@@ -162,6 +162,8 @@ class KvmBackend final : public Backend, public KvmVcpu {
   ProgressCounter* progress_counter() override { return counter_.get(); }
   std::optional<uint64_t> instruction_count() const override { return std::nullopt; }
   Result<> set_debug(const DebugControl& control) override;
+  Result<> start_dirty_log() override;
+  Result<> sync_dirty_log() override;
 
   volatile uint8_t* immediate_exit_flag() override { return &run_->immediate_exit; }
   void adopt_progress_counter(std::unique_ptr<ProgressCounter> counter) override { counter_ = std::move(counter); }
@@ -205,6 +207,8 @@ class KvmBackend final : public Backend, public KvmVcpu {
   bool injected_since_exit_ = false;
   bool state_set_since_exit_ = true;
   bool halted_ = false;
+  GuestMemory* ram_ = nullptr;  // slot 0
+  bool dirty_log_ = false;      // KVM_MEM_LOG_DIRTY_PAGES set on slot 0
 
   // Parts of CpuState that KVM does not hold for deja (VMM-emulated or outside kvm_fpu), kept so that
   // set_state followed by get_state returns what was set.
@@ -319,6 +323,7 @@ Result<> KvmBackend::setup(GuestMemory& memory, const CpuModel& model, const Kvm
     return fail(ErrorKind::kHost, "KVM_SET_USER_MEMORY_REGION ({} bytes of RAM at GPA 0) failed: {}", memory.size(),
                 errno_text(errno));
   }
+  ram_ = &memory;
 
   kvm_enable_cap msr_exits{};
   msr_exits.cap = KVM_CAP_X86_USER_SPACE_MSR;
@@ -977,6 +982,10 @@ Result<> KvmBackend::inject_interrupt(uint8_t vector) {
 }
 
 Result<> KvmBackend::set_debug(const DebugControl& control) {
+  if (!control.watchpoints.empty() || !control.breakpoints.empty() || control.stop_at_step) {
+    return fail(ErrorKind::kUnsupported,
+                "the KVM backend has no data watchpoints, extra breakpoints or step count (debug with --backend interp)");
+  }
   // KVM_SET_GUEST_DEBUG takes the complete debug configuration each time; clearing it is control = 0.
   kvm_guest_debug debug{};
   if (control.single_step || control.breakpoint) {
@@ -1001,6 +1010,37 @@ Result<> KvmBackend::set_debug(const DebugControl& control) {
 }
 
 void KvmBackend::request_interrupt_window(bool enable) { run_->request_interrupt_window = enable ? 1 : 0; }
+
+// Checkpoints: slot 0 re-registered with KVM_MEM_LOG_DIRTY_PAGES; from then on KVM write-protects RAM
+// and KVM_GET_DIRTY_LOG returns (and clears) the pages the guest wrote since the previous call.
+Result<> KvmBackend::start_dirty_log() {
+  if (dirty_log_) return {};
+  kvm_userspace_memory_region region{};
+  region.slot = 0;
+  region.flags = KVM_MEM_LOG_DIRTY_PAGES;
+  region.memory_size = ram_->size();
+  region.userspace_addr = reinterpret_cast<uint64_t>(ram_->host_base());
+  if (::ioctl(vm_.get(), KVM_SET_USER_MEMORY_REGION, &region) < 0) {
+    return fail(ErrorKind::kHost, "enabling KVM's dirty log on guest RAM (KVM_MEM_LOG_DIRTY_PAGES) failed: {}",
+                errno_text(errno));
+  }
+  dirty_log_ = true;
+  return {};
+}
+
+Result<> KvmBackend::sync_dirty_log() {
+  if (!dirty_log_) return fail(ErrorKind::kInvalidArgument, "KVM dirty log read before start_dirty_log()");
+  std::span<uint64_t> bits = ram_->dirty_bitmap();
+  std::vector<uint64_t> log(bits.size(), 0);
+  kvm_dirty_log request{};
+  request.slot = 0;
+  request.dirty_bitmap = log.data();
+  if (::ioctl(vm_.get(), KVM_GET_DIRTY_LOG, &request) < 0) {
+    return fail(ErrorKind::kHost, "KVM_GET_DIRTY_LOG failed: {}", errno_text(errno));
+  }
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] |= log[i];
+  return {};
+}
 
 }  // namespace
 

@@ -374,7 +374,16 @@ uint64_t PerfCounter::read() {
   if (got != static_cast<ssize_t>(sizeof(value)) && read_error_.empty()) {
     read_error_ = fmt::format("reading the {} counter returned {}: {}", model_.name, got, std::strerror(errno));
   }
-  return value;
+  return value + offset_;
+}
+
+Result<> PerfCounter::rebase(uint64_t count) {
+  disarm();
+  offset_ = 0;
+  uint64_t raw = read();
+  if (!read_error_.empty()) return fail(ErrorKind::kHost, "rebasing the PMU count: {}", read_error_);
+  offset_ = count - raw;  // modular: read() = raw' + offset_ counts on from `count`
+  return {};
 }
 
 Result<> PerfCounter::arm(uint64_t at) {

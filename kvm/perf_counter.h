@@ -81,6 +81,7 @@ class PerfCounter final : public ProgressCounter {
   Result<> arm(uint64_t at) override;
   void disarm() override;
   uint64_t skid() const override { return model_.skid + min_period_ - 1; }
+  Result<> rebase(uint64_t count) override;
 
   const PmuModel& model() const { return model_; }
   // Errors of read() (which cannot return one): the first failure's text, empty if none.
@@ -99,6 +100,7 @@ class PerfCounter final : public ProgressCounter {
   uint64_t min_period_ = 1;  // some CPUs' drivers refuse periods below 32 (rr's ioc_period_bug check)
   volatile uint8_t* immediate_exit_ = nullptr;
   bool armed_ = false;
+  uint64_t offset_ = 0;  // added to the hardware count (rebase: a checkpoint restore sets the count)
   std::string read_error_;
   std::vector<std::string> warnings_;
 };

@@ -12,12 +12,16 @@ PACKAGES=(
   liblzma-dev zlib1g-dev libbz2-dev liblz4-dev liblzo2-dev
   # guests are linked with binutils (objcopy -O elf32-i386); QEMU is the reference and hosts nested KVM
   binutils qemu-system-x86
+  # bench/timetravel_bench.py: a qcow2 disk for QEMU's record/replay snapshots
+  qemu-utils
   # the nested-KVM harness: a Debian kernel with its kvm modules, busybox, cpio, kmod, zstd/xz for modules
   linux-image-amd64 busybox-static cpio kmod xz-utils zstd
   # kvm-deja (scripts/kvm-deja-build.sh): patch(1); the kernel headers and source are added below
   patch
   # coverage-guided fuzzing (scripts/fuzz.sh): clang 16 and its libFuzzer runtime
   clang-16 libclang-rt-16-dev
+  # deja debug is tested through Debian's stock gdb (tests/debug)
+  gdb
 )
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

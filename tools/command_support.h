@@ -30,6 +30,8 @@ Subcommand add_replay_command(CLI::App& app);
 Subcommand add_inspect_command(CLI::App& app);
 Subcommand add_verify_command(CLI::App& app);
 Subcommand add_selftest_command(CLI::App& app);
+Subcommand add_debug_command(CLI::App& app);
+Subcommand add_query_command(CLI::App& app);
 
 // Prints the error ("deja: ...") and returns the exit status for its kind.
 int report_error(const Error& e);

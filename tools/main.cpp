@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   table.push_back(add_inspect_command(app));
   table.push_back(add_verify_command(app));
   table.push_back(add_selftest_command(app));
+  table.push_back(add_debug_command(app));
+  table.push_back(add_query_command(app));
 
   try {
     app.parse(argc, argv);

@@ -7,6 +7,7 @@
 #include "kvm/pmu.h"
 #include "logging/trace_format.h"
 #include "tools/command_support.h"
+#include "tools/replay_setup.h"
 #include "vmm/cpu_model.h"
 #include "vmm/exit_status.h"
 #include "vmm/messages.h"
@@ -16,8 +17,8 @@ namespace {
 
 struct ReplayOptions {
   std::string trace_path;
-  std::string backend;     // "" = the backend the trace was recorded on, if available here
-  std::string image_path;  // "" = the path recorded in the trace
+  std::string backend;      // "" = the backend the trace was recorded on, if available here
+  std::string image_path;   // "" = the path recorded in the trace
   std::string initrd_path;  // "" = the path recorded in the trace
   std::string serial_out = "-";
   bool stats = false;
@@ -27,221 +28,17 @@ struct ReplayOptions {
   std::string progress;               // "" = as recorded; "exact" or "emulated-pmu:SKID[:SEED]" to override the counter
 };
 
-std::string find_input(const trace::Header& h, const std::string& role, const trace::InputFile** out) {
-  for (const auto& f : h.inputs()) {
-    if (f.role() == role) {
-      *out = &f;
-      return f.path();
-    }
-  }
-  *out = nullptr;
-  return "";
-}
-
-// A recording whose RDTSC/RDRAND values are in the trace needs a backend that traps them, or the guest would
-// read live values where the recording has events: refuse before running (stock KVM, DEJA_KVM_DEJA=off).
-// Interp recordings always say "trapped", so the events are counted (a second pass over the trace, only on
-// this path): a trace of a guest that never read the TSC replays anywhere.
-Result<> check_rdtsc_replayable(const trace::Header& header, const Backend& backend, const std::string& path) {
-  if (!header.config().rdtsc_trapped() || backend.traps_rdtsc()) return {};
-  auto reader = TraceReader::open(path);
-  if (!reader) return std::unexpected(reader.error());
-  uint64_t trapped = 0;
-  while (true) {
-    auto event = (*reader)->next();
-    if (!event || !*event) break;  // damage is reported by the replay itself, at its place
-    if ((*event)->has_rdtsc() || (*event)->has_rdrand()) ++trapped;
-  }
-  if (trapped == 0) return {};
-  return fail(ErrorKind::kUnsupported,
-              "{} holds {} RDTSC/RDRAND values recorded on {}; the {} backend cannot hand them to the guest because "
-              "{}: replay with --backend interp, or on KVM with the kvm-deja module loaded (docs/kvm-deja.md)",
-              path, trapped, header.config().backend(), backend.name(), backend.rdtsc_untrapped_reason());
-}
-
 int replay_trace(const ReplayOptions& options) {
   install_stop_signal_handlers();
-  auto reader = TraceReader::open(options.trace_path);
-  if (!reader) {
-    // A trace that cannot be opened is a bad argument, not a host failure.
-    Error e = reader.error();
-    if (e.kind == ErrorKind::kHost) e.kind = ErrorKind::kInvalidArgument;
-    return report_error(e);
-  }
-  const trace::Header header = (*reader)->header();
-  const auto& rc = header.config();
-
-  const CpuModel* model = CpuModel::for_trace(header.cpu_model(), header.cpu_model_version());
-  if (!model) {
-    return report_error({ErrorKind::kUnsupported,
-                         fmt::format("{} was recorded with CPU model {} v{}; this deja implements {}",
-                                     options.trace_path, header.cpu_model().empty() ? "(unnamed)" : header.cpu_model(),
-                                     header.cpu_model_version(), CpuModel::names())});
-  }
-  if (header.device_model_version() < kOldestDeviceModelVersion || header.device_model_version() > kDeviceModelVersion) {
-    return report_error({ErrorKind::kUnsupported,
-                         fmt::format("{} was recorded with device model v{}; this deja implements v{} to v{}",
-                                     options.trace_path, header.device_model_version(), kOldestDeviceModelVersion,
-                                     kDeviceModelVersion)});
-  }
-  ProgressChoice progress;
-  if (rc.progress_mode() == "exact") {
-    progress.mode = ProgressMode::kExact;
-  } else if (rc.progress_mode() == "exit-sync") {
-    progress.mode = ProgressMode::kExitSync;
-  } else {
-    return report_error({ErrorKind::kUnsupported, fmt::format("{} uses progress mode '{}', which this deja cannot replay",
-                                                              options.trace_path, rc.progress_mode())});
-  }
-
-  // The recorded model on the recorded backend where it can run, else on the software CPU.
-  auto choice = choose_backend(options.backend, rc.backend(), model);
-  if (!choice) {
-    return report_error({choice.error().kind, fmt::format("{} (CPU model {} of {})", choice.error().message,
-                                                          model->name(), options.trace_path)});
-  }
-  const std::string& backend = choice->backend;
-  if (!options.progress.empty()) {
-    auto choice = parse_progress(options.progress);
-    if (!choice) return report_error(choice.error());
-    if (choice->mode != ProgressMode::kExact || progress.mode != ProgressMode::kExact) {
-      return report_error({ErrorKind::kInvalidArgument,
-                           fmt::format("--progress {}: {} was recorded in {} mode; replay can only choose the counter "
-                                       "of an exact-mode trace (exact or emulated-pmu:SKID)",
-                                       options.progress, options.trace_path, rc.progress_mode())});
-    }
-    progress = *choice;
-  } else if (backend == "interp" && rc.progress_counter().starts_with("emulated-pmu:")) {
-    // Replay a trace recorded with an emulated PMU the same way, so that its skid handling is exercised.
-    auto choice = parse_progress(rc.progress_counter());
-    if (choice) progress = *choice;
-  }
-  if (backend == "kvm" && progress.mode == ProgressMode::kExact) {
-    PmuSelftest pmu = run_pmu_selftest();
-    if (!pmu.usable()) {
-      return report_error({ErrorKind::kUnsupported,
-                           fmt::format("{} places interrupts at exact instruction coordinates (recorded with the {} "
-                                       "counter); KVM on this host cannot reach them: {}; replay with --backend interp",
-                                       options.trace_path, rc.progress_counter().empty() ? rc.backend()
-                                                                                         : rc.progress_counter(),
-                                       pmu.first_failure())});
-    }
-  }
-
-  const trace::InputFile* image_entry = nullptr;
-  std::string image_path = find_input(header, "image", &image_entry);
-  LoadOptions load;
-  if (!image_entry) {
-    // A Linux kernel, loaded with the same boot protocol choice and initrd as recorded.
-    image_path = find_input(header, "kernel", &image_entry);
-    if (!image_entry) return report_error({ErrorKind::kBadTrace, fmt::format("{} names no guest image", options.trace_path)});
-    auto entry = parse_linux_entry(rc.boot_protocol());
-    if (!entry) return report_error({ErrorKind::kBadTrace, fmt::format("{}: {}", options.trace_path, entry.error().message)});
-    load.linux_kernel = true;
-    load.linux_entry = *entry;
-  }
-  const trace::InputFile* initrd_entry = nullptr;
-  load.initrd_path = find_input(header, "initrd", &initrd_entry);
-  if (!options.image_path.empty()) image_path = options.image_path;
-  if (!options.initrd_path.empty()) load.initrd_path = options.initrd_path;
-  load.cmdline = rc.cmdline();
-  int module_index = 0;
-  for (const auto& f : header.inputs()) {
-    if (f.role() != "module") continue;
-    load.modules.push_back({f.path(), module_index < rc.module_args_size() ? rc.module_args(module_index) : ""});
-    ++module_index;
-  }
-  // The inputs the trace names, one at a time: each file's size is checked against the recorded one before
-  // it is read and its SHA-256 right after, so a header naming thousands of files (or a huge one) costs
-  // nothing. A trace can name any file on this host: deja never prints a hash of what it read.
-  if (load.modules.size() > kMaxBootModules) {
-    return report_error({ErrorKind::kBadTrace, fmt::format("{} names {} boot modules; deja boots at most {}",
-                                                           options.trace_path, load.modules.size(), kMaxBootModules)});
-  }
-  uint64_t recorded_bytes = 0;
-  for (const auto& f : header.inputs()) {
-    if (f.role() != "serial-in") recorded_bytes += f.size();
-  }
-  if (recorded_bytes > rc.memory_bytes()) {
-    return report_error({ErrorKind::kBadTrace,
-                         fmt::format("{} names inputs of {} bytes in all, more than its guest's {} bytes of RAM",
-                                     options.trace_path, recorded_bytes, rc.memory_bytes())});
-  }
-  auto read_input = [&](const trace::InputFile& f, const std::string& path) -> Result<std::vector<uint8_t>> {
-    const bool image = f.role() == "image" || f.role() == "kernel";
-    const uint64_t limit = f.size() ? f.size() : rc.memory_bytes();
-    struct stat st {};
-    if (f.size() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && uint64_t(st.st_size) != f.size()) {
-      return fail(ErrorKind::kInvalidArgument,
-                  "{} differs from the {} recorded in {}: {} bytes here, {} recorded (the recording's SHA-256 is {})",
-                  path, f.role(), options.trace_path, st.st_size, f.size(), hex(f.sha256()));
-    }
-    auto bytes = f.role() == "image"    ? read_guest_image(path, limit)
-                 : f.role() == "kernel" ? read_boot_file(path, "Linux kernel", limit)
-                 : f.role() == "initrd" ? read_boot_file(path, "initrd", limit)
-                                        : read_boot_file(path, "boot module", limit);
-    if (!bytes) {
-      Error e = bytes.error();
-      if (image && options.image_path.empty() && !path.starts_with("/")) {
-        e.message += fmt::format(" (the trace names it relative to the directory it was recorded in; give its location "
-                                 "with --image)");
-      }
-      return std::unexpected(e);
-    }
-    auto sha = sha256_bytes(*bytes);
-    if ((f.size() && bytes->size() != f.size()) ||
-        std::string(reinterpret_cast<const char*>(sha.data()), sha.size()) != f.sha256()) {
-      return fail(ErrorKind::kInvalidArgument,
-                  "{} differs from the {} recorded in {}: its SHA-256 differs from the recording's {} ({} bytes here, "
-                  "{} recorded)",
-                  path, f.role(), options.trace_path, hex(f.sha256()), bytes->size(), f.size());
-    }
-    return bytes;
-  };
-  GuestInputs loaded;
-  GuestInputs* inputs = &loaded;
-  if (auto bytes = read_input(*image_entry, image_path); bytes) {
-    loaded.image = std::move(*bytes);
-  } else {
-    return report_error(bytes.error());
-  }
-  if (initrd_entry) {
-    auto bytes = read_input(*initrd_entry, load.initrd_path);
-    if (!bytes) return report_error(bytes.error());
-    loaded.initrd = std::move(*bytes);
-  }
-  module_index = 0;
-  for (const auto& f : header.inputs()) {
-    if (f.role() != "module") continue;
-    auto bytes = read_input(f, load.modules[module_index].path);
-    if (!bytes) return report_error(bytes.error());
-    loaded.modules.push_back(std::move(*bytes));
-    ++module_index;
-  }
-
-  MachineConfig config;
-  config.memory_bytes = rc.memory_bytes();
-  config.cmdline = rc.cmdline();
-  config.backend = backend;
-  config.machine = rc.machine().empty() ? std::string(kMachinePc) : rc.machine();  // traces before the field: pc
-  config.cpu_model = model;
-  config.device_model_version = header.device_model_version();
-  config.rtc_epoch_unix_seconds = header.start_unix_ns() / 1'000'000'000;
-  config.device_semantics = rc.device_semantics();
-  if (!options.test_device_semantics.empty()) config.device_semantics = options.test_device_semantics;
-  config.trap_rdtsc = rc.rdtsc_trapped();
-
-  Session session(Mode::kReplay, progress.mode);
-  if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules,
-                                 inputs->initrd);
-      !built) {
-    return report_error(built.error());
-  }
-  if (auto ok = check_rdtsc_replayable(header, session.machine().backend(), options.trace_path); !ok) {
-    return report_error(ok.error());
-  }
-  if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
-  session.engine().attach_reader(std::move(*reader));
+  auto setup = open_replay(ReplaySetupOptions{.trace_path = options.trace_path,
+                                              .backend = options.backend,
+                                              .image_path = options.image_path,
+                                              .initrd_path = options.initrd_path,
+                                              .serial_out = options.serial_out,
+                                              .progress = options.progress,
+                                              .test_device_semantics = options.test_device_semantics});
+  if (!setup) return report_error(setup.error());
+  Session& session = *setup->session;
   Engine& engine = session.engine();
 
   auto outcome = session.run();

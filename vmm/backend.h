@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "vmm/cpu_state.h"
 #include "vmm/error.h"
@@ -46,6 +48,10 @@ struct VcpuExit {
   bool fault = false;      // kMsrRead / kMsrWrite: the VMM answers #GP
   bool is_rdtscp = false;  // kRdtsc came from RDTSCP (the backend loads TSC_AUX into ECX itself)
   bool is_rdseed = false;  // kRdrand came from RDSEED
+  // kDebug: a watchpoint (DebugControl::watchpoints) was hit by the instruction that just completed;
+  // `address` is the first byte of the access inside the watched range, `rip` the accessing instruction.
+  bool watch_hit = false;
+  uint8_t watch_kind = 0;  // a WatchKind
   std::string detail;      // kShutdown / kFault: what happened, for the diagnostic
 };
 
@@ -59,6 +65,15 @@ struct Coordinate {
   bool operator==(const Coordinate&) const = default;
 };
 
+// A data watchpoint on guest-linear addresses (gdb's Z2 write, Z3 read, Z4 access).
+enum class WatchKind : uint8_t { kWrite = 2, kRead = 3, kAccess = 4 };
+struct Watchpoint {
+  uint64_t address = 0;
+  uint64_t length = 1;
+  WatchKind kind = WatchKind::kWrite;
+  bool operator==(const Watchpoint&) const = default;
+};
+
 // The VMM's own debug controls (not the guest's debug registers, which stay the guest's).
 struct DebugControl {
   // run() returns kDebug after one instruction, or one iteration of a REP string instruction.
@@ -66,6 +81,13 @@ struct DebugControl {
   // run() returns kDebug before executing the instruction at this linear address (a fault-like
   // instruction breakpoint; to continue past it, clear it and single-step once).
   std::optional<uint64_t> breakpoint;
+  // More instruction breakpoints (the debugger's), with the same meaning.
+  std::vector<uint64_t> breakpoints;
+  // run() returns kDebug (watch_hit) after an instruction that accessed one of these ranges. Backends
+  // without data watchpoints refuse a non-empty list in set_debug().
+  std::vector<Watchpoint> watchpoints;
+  // run() returns kDebug once step_count() reaches this (backends with a step count only).
+  std::optional<uint64_t> stop_at_step;
   bool operator==(const DebugControl&) const = default;
 };
 
@@ -109,6 +131,24 @@ class Backend {
   virtual std::optional<uint64_t> instruction_count() const = 0;
   // Single-step and instruction breakpoint, reported as kDebug exits.
   virtual Result<> set_debug(const DebugControl& control) = 0;
+
+  // ---- checkpoints and time travel (snapshot/, vmm/replay_timeline.h) ----------------------------
+  // Steps executed since reset: instructions retired or faulted and single REP iterations, each one
+  // kDebug stop under single_step. The debugger's time axis; nullopt where the backend cannot count.
+  virtual std::optional<uint64_t> step_count() const { return std::nullopt; }
+  // Backend state outside CpuState that a checkpoint must carry (pending events, counts), taken and
+  // put back between run() calls with no exit outstanding. Encoded with StateWriter; restore refuses
+  // a blob of another backend.
+  virtual std::vector<uint8_t> save_internal() { return {}; }
+  virtual Result<> restore_internal(std::span<const uint8_t> state) {
+    if (state.empty()) return {};
+    return fail(ErrorKind::kInvalidArgument, "{}: this backend keeps no internal state to restore", name());
+  }
+  // Dirty tracking for incremental checkpoints: after start_dirty_log(), every page the guest writes
+  // ends up marked in GuestMemory's dirty bitmap by the next sync_dirty_log() at the latest. The
+  // software CPU marks its stores directly (both are no-ops); KVM uses the dirty log.
+  virtual Result<> start_dirty_log() { return {}; }
+  virtual Result<> sync_dirty_log() { return {}; }
 };
 
 }  // namespace deja

@@ -7,7 +7,12 @@
 
 namespace deja {
 
-Result<> CoordinateSeeker::apply(const DebugControl& control) {
+Result<> CoordinateSeeker::apply(const DebugControl& own) {
+  DebugControl control = own;
+  control.single_step |= user_.single_step;
+  control.breakpoints = user_.breakpoints;
+  control.watchpoints = user_.watchpoints;
+  control.stop_at_step = user_.stop_at_step;
   if (control == debug_) return {};
   if (auto r = cpu_.set_debug(control); !r) return r;
   debug_ = control;
@@ -19,6 +24,19 @@ Result<> CoordinateSeeker::release() {
   if (armed_) counter_.disarm();
   armed_ = false;
   return apply(DebugControl{});
+}
+
+bool CoordinateSeeker::caused_by_user(const VcpuExit& exit) {
+  if (exit.watch_hit || user_.single_step) return true;
+  if (user_.stop_at_step && cpu_.step_count() && *cpu_.step_count() >= *user_.stop_at_step) return true;
+  if (user_.breakpoints.empty()) return false;
+  auto state = cpu_.get_state();
+  if (!state) return false;
+  const bool code64 = (state->efer & efer::kLma) && state->cs.l;
+  const uint64_t linear = code64 ? state->rip : (state->cs.base + state->rip) & 0xffffffffu;
+  for (uint64_t b : user_.breakpoints)
+    if (b == linear) return true;
+  return false;
 }
 
 VcpuExit* CoordinateSeeker::own_exit(ExitKind kind, std::string detail) {
@@ -88,6 +106,7 @@ Result<VcpuExit*> CoordinateSeeker::run() {
     if (!exit) return exit;
     switch ((*exit)->kind) {
       case ExitKind::kDebug:
+        if (caused_by_user(**exit)) return exit;
         ++(control.single_step ? stats_.single_steps : stats_.breakpoint_hits);
         continue;
       case ExitKind::kKicked:

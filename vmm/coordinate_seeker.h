@@ -38,6 +38,15 @@ class CoordinateSeeker {
   // The coordinate the following run() calls stop at, or none (run() then is the backend's).
   void set_target(std::optional<SeekTarget> target) { target_ = target; }
   const std::optional<SeekTarget>& target() const { return target_; }
+  // The caller's own debug controls (a debugger's breakpoints, watchpoints, step target), merged into
+  // every run; kDebug exits they cause are returned, not consumed.
+  void set_user_debug(const DebugControl& control) { user_ = control; }
+  // Forgets the armed counter and the applied controls (after a checkpoint restore changed the vCPU).
+  Result<> reset() {
+    armed_ = false;
+    debug_ = DebugControl{.single_step = true};  // differs from anything: the next run applies its controls
+    return release();
+  }
 
   // Like Backend::run(), but returns kCoordinateReached exactly at the target (which is then
   // cleared), and kCoordinateMissed (with `detail`) once the counter shows the target was passed.
@@ -58,11 +67,13 @@ class CoordinateSeeker {
   // Drops the target, the armed overflow and the debug controls.
   Result<> release();
   VcpuExit* own_exit(ExitKind kind, std::string detail = {});
+  bool caused_by_user(const VcpuExit& exit);
 
   Backend& cpu_;
   ProgressCounter& counter_;
   std::optional<SeekTarget> target_;
   DebugControl debug_;
+  DebugControl user_;
   bool armed_ = false;
   VcpuExit exit_;
   Stats stats_;

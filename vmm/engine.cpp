@@ -66,24 +66,35 @@ void Engine::append(trace::Event event) {
 }
 
 
+std::optional<trace::Event> Engine::next_raw() {
+  if (history_pos_ < history_.size()) return history_[history_pos_++];
+  auto next = reader_->next();
+  if (!next) {
+    trace_error_ = next.error().message;
+    exhausted_ = true;
+    return std::nullopt;
+  }
+  if (!*next) {
+    exhausted_ = true;
+    return std::nullopt;
+  }
+  if (rewind_) {
+    history_.push_back(**next);
+    history_pos_ = history_.size();
+  }
+  return std::move(*next);
+}
+
 const trace::Event* Engine::peek() {
   while (!lookahead_ && !exhausted_ && reader_) {
-    auto next = reader_->next();
-    if (!next) {
-      trace_error_ = next.error().message;
-      exhausted_ = true;
-      break;
-    }
-    if (!*next) {
-      exhausted_ = true;
-      break;
-    }
-    if ((*next)->kind_case() == trace::Event::kSerialOutput) {
-      output_.add(StreamMatch::kRecorded, (*next)->serial_output().data());
+    auto next = next_raw();
+    if (!next) break;
+    if (next->kind_case() == trace::Event::kSerialOutput) {
+      output_.add(StreamMatch::kRecorded, next->serial_output().data());
       match_output();
       continue;
     }
-    lookahead_ = std::move(**next);
+    lookahead_ = std::move(*next);
   }
   return lookahead_ ? &*lookahead_ : nullptr;
 }
@@ -432,6 +443,50 @@ Result<> Engine::finish_record(trace::End end, trace::Footer footer) {
   if (!write_error_.empty()) return fail(ErrorKind::kHost, "writing the trace failed: {}", write_error_);
   if (!writer_) return {};
   return writer_->finish(std::move(footer));
+}
+
+Result<Engine::Cursor> Engine::save_cursor() const {
+  DEJA_ASSERT(!frozen_now_ && !divergence_, "the replay cursor is saved only at a clean point");
+  auto output = output_.literal_state();
+  if (!output) {
+    return fail(ErrorKind::kUnsupported, "no checkpoint while the recorded and replayed serial output are {} bytes apart",
+                output_.pending(StreamMatch::kRecorded) + output_.pending(StreamMatch::kReplayed));
+  }
+  Cursor c;
+  c.raw_position = history_pos_;
+  c.has_lookahead = lookahead_.has_value();
+  c.output = std::move(*output);
+  c.events = events_;
+  c.last_now = last_now_;
+  c.recent = recent_;
+  return c;
+}
+
+Result<> Engine::restore_cursor(const Cursor& c) {
+  if (!rewind_ || !reader_) return fail(ErrorKind::kInvalidArgument, "the replay cursor cannot move: no rewindable trace");
+  if (c.raw_position == 0 && c.has_lookahead) return fail(ErrorKind::kInvalidArgument, "replay cursor: lookahead at 0");
+  // Read ahead when the cursor lies beyond what this replay has read (a checkpoint file).
+  history_pos_ = history_.size();
+  exhausted_ = false;
+  trace_error_.clear();
+  while (history_.size() < c.raw_position) {
+    if (!next_raw()) {
+      return fail(ErrorKind::kBadTrace, "the trace ends after {} events, before the checkpoint's position {}{}",
+                  history_.size(), c.raw_position, trace_error_.empty() ? "" : ": " + trace_error_);
+    }
+  }
+  exhausted_ = false;
+  trace_error_.clear();
+  history_pos_ = c.raw_position;
+  lookahead_.reset();
+  if (c.has_lookahead) lookahead_ = history_[c.raw_position - 1];
+  output_.restore(c.output);
+  events_ = c.events;
+  last_now_ = c.last_now;
+  frozen_now_.reset();
+  recent_ = c.recent;
+  divergence_.reset();
+  return {};
 }
 
 }  // namespace deja

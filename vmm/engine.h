@@ -132,6 +132,28 @@ class Engine : public Clock {
   // Replay: serial output the trace and the replay disagree on at the very end.
   void check_output_complete();
 
+  // ---- time travel: the replay cursor (checkpoints save and restore it) -----------------------
+  // Keeps every event read in memory from now on, so that the cursor can move back. Call before replay.
+  void enable_rewind() { rewind_ = true; }
+  struct Cursor {
+    uint64_t raw_position = 0;  // trace events (serial output included) taken from the reader
+    bool has_lookahead = false;  // the last of them is the peeked event
+    StreamMatch::Literal output;  // the serial-output comparison
+    uint64_t events = 0;
+    uint64_t last_now = 0;
+    std::deque<std::string> recent;
+  };
+  // The cursor can only be saved at a clean point: not inside an asynchronous event, not diverged.
+  // Fails while the serial-output comparison holds hashed bytes (megabytes apart): no checkpoint there.
+  Result<Cursor> save_cursor() const;
+  // Moves the replay to `cursor` (enable_rewind() first); reads ahead in the trace if the cursor
+  // lies beyond what was read, failing when the trace ends before it.
+  Result<> restore_cursor(const Cursor& cursor);
+  // Raw trace events held for rewinding (serial output included).
+  uint64_t history_size() const { return history_.size(); }
+  // The last events taken ("#N description"), oldest first.
+  const std::deque<std::string>& recent_events() const { return recent_; }
+
  private:
   void append(trace::Event event);
   void flush_output();
@@ -161,6 +183,12 @@ class Engine : public Clock {
   bool exhausted_ = false;
   std::optional<Divergence> divergence_;
   std::deque<std::string> recent_;  // the last events, for divergence reports
+
+  bool rewind_ = false;
+  std::vector<trace::Event> history_;  // with rewind_: every raw event read so far
+  uint64_t history_pos_ = 0;           // next raw event to take from history_ (== size: from the reader)
+  // Next raw event from the history or the reader; nullopt at the end (exhausted_, trace_error_ set).
+  std::optional<trace::Event> next_raw();
 };
 
 trace::Coordinate to_proto(const Position& p);

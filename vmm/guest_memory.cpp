@@ -38,7 +38,11 @@ Result<GuestMemory> GuestMemory::create(uint64_t size) {
 }
 
 GuestMemory::GuestMemory(GuestMemory&& other) noexcept
-    : fd_(other.fd_), base_(other.base_), size_(other.size_), vmm_dirty_(std::move(other.vmm_dirty_)) {
+    : fd_(other.fd_),
+      base_(other.base_),
+      size_(other.size_),
+      vmm_dirty_(std::move(other.vmm_dirty_)),
+      dirty_bits_(std::move(other.dirty_bits_)) {
   other.fd_ = -1;
   other.base_ = nullptr;
   other.size_ = 0;
@@ -51,6 +55,7 @@ GuestMemory& GuestMemory::operator=(GuestMemory&& other) noexcept {
     base_ = other.base_;
     size_ = other.size_;
     vmm_dirty_ = std::move(other.vmm_dirty_);
+    dirty_bits_ = std::move(other.dirty_bits_);
     other.fd_ = -1;
     other.base_ = nullptr;
     other.size_ = 0;
@@ -91,6 +96,7 @@ Result<> GuestMemory::write(Gpa gpa, std::span<const uint8_t> data) {
     for (uint64_t page = gpa.value / kPageSize; page <= (gpa.value + data.size() - 1) / kPageSize; ++page) {
       vmm_dirty_.push_back(page);
     }
+    mark_dirty(gpa.value, data.size());
   }
   return {};
 }
@@ -103,6 +109,20 @@ Result<> GuestMemory::read(Gpa gpa, std::span<uint8_t> out) const {
 }
 
 std::vector<uint64_t> GuestMemory::take_vmm_dirty_pages() { return std::exchange(vmm_dirty_, {}); }
+
+std::vector<uint64_t> GuestMemory::take_dirty_pages() {
+  std::vector<uint64_t> pages;
+  const uint64_t page_count = size_ / kPageSize;
+  for (size_t w = 0; w < dirty_bits_.size(); ++w) {
+    for (uint64_t bits = std::exchange(dirty_bits_[w], 0); bits; bits &= bits - 1) {
+      uint64_t page = w * 64 + uint64_t(__builtin_ctzll(bits));
+      if (page < page_count) pages.push_back(page);
+    }
+  }
+  return pages;
+}
+
+void GuestMemory::mark_all_dirty() { mark_dirty(0, size_); }
 
 Result<uint64_t> parse_size(const std::string& text) {
   uint64_t value = 0;

@@ -50,14 +50,35 @@ class GuestMemory {
   // decoded code for them, checkpoints store them.
   std::vector<uint64_t> take_vmm_dirty_pages();
 
+  // Checkpoint dirty tracking: one bit per page written since the last take_dirty_pages(), by the
+  // VMM (write()) or by a backend that writes RAM itself (the software CPU marks every store here;
+  // KVM ORs its dirty log in through Backend::sync_dirty_log()). Independent of the list above,
+  // which the decode cache consumes.
+  void mark_dirty(uint64_t gpa, uint64_t len) {
+    if (len == 0) return;
+    for (uint64_t page = gpa >> 12, last = (gpa + len - 1) >> 12; page <= last; ++page)
+      dirty_bits_[page >> 6] |= uint64_t{1} << (page & 63);
+  }
+  // The bitmap itself (size()/4096 bits, little-endian words), for backends that OR into it.
+  std::span<uint64_t> dirty_bitmap() { return dirty_bits_; }
+  // Page numbers marked since the last call, ascending; clears the bitmap.
+  std::vector<uint64_t> take_dirty_pages();
+  // Marks every page (checkpoint tracking starts from an unknown base).
+  void mark_all_dirty();
+  // A checkpoint restore rewrote these pages behind everyone's back: they go on the VMM-write list
+  // (decode caches drop them) but not into the dirty bitmap (they equal the restored image).
+  void note_restored_pages(std::span<const uint64_t> pages) { vmm_dirty_.insert(vmm_dirty_.end(), pages.begin(), pages.end()); }
+
  private:
-  GuestMemory(int fd, uint8_t* base, uint64_t size) : fd_(fd), base_(base), size_(size) {}
+  GuestMemory(int fd, uint8_t* base, uint64_t size)
+      : fd_(fd), base_(base), size_(size), dirty_bits_((size / kPageSize + 63) / 64, 0) {}
   void release();
 
   int fd_ = -1;
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   std::vector<uint64_t> vmm_dirty_;
+  std::vector<uint64_t> dirty_bits_;
 };
 
 // Parses a size such as "256M", "1G", "65536", "512K" (binary units).

@@ -161,6 +161,18 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
                   kMpFloatingPointerAddress, written.error().message);
     }
   }
+  // Checkpoints and digests cover exactly these, in this order (digests of old traces depend on it).
+  m->add_stateful("pic", *m->pic_);
+  m->add_stateful("pit", *m->pit_);
+  m->add_stateful("port61", *m->port61_);
+  m->add_stateful("uart", *m->uart_);
+  m->add_stateful("rtc", *m->rtc_);
+  m->add_stateful("debug-exit", *m->debug_exit_);
+  m->add_stateful("fw-cfg", *m->fw_cfg_);
+  if (apic) {
+    m->add_stateful("lapic", *m->lapic_);
+    m->add_stateful("ioapic", *m->ioapic_);
+  }
 
   auto backend = make_backend(config.backend, m->memory_, cpu_model, config.trap_rdtsc);
   if (!backend) return std::unexpected(backend.error());
@@ -192,11 +204,23 @@ void Machine::advance_devices(uint64_t now_ns) {
 }
 
 std::vector<std::vector<uint8_t>> Machine::device_states() const {
-  std::vector<std::vector<uint8_t>> states = {pic_->save(),  pit_->save(),        port61_->save(), uart_->save(),
-                                              rtc_->save(),  debug_exit_->save(), fw_cfg_->save()};
-  if (lapic_) states.push_back(lapic_->save());
-  if (ioapic_) states.push_back(ioapic_->save());
+  std::vector<std::vector<uint8_t>> states;
+  states.reserve(stateful_.size());
+  for (const StatefulPart& part : stateful_) states.push_back(part.save());
   return states;
+}
+
+Result<> Machine::restore_device_states(std::span<const std::vector<uint8_t>> states) {
+  if (states.size() != stateful_.size()) {
+    return fail(ErrorKind::kInvalidArgument, "the saved machine has {} devices, this machine {}", states.size(),
+                stateful_.size());
+  }
+  for (size_t i = 0; i < states.size(); ++i) {
+    if (auto r = stateful_[i].restore(states[i]); !r) {
+      return fail(ErrorKind::kInvalidArgument, "device {}: {}", stateful_[i].name, r.error().message);
+    }
+  }
+  return {};
 }
 
 }  // namespace deja

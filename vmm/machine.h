@@ -1,7 +1,9 @@
 // The PC machine: RAM, buses, devices wired to their ports and IRQ lines, and one vCPU backend.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <span>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -84,6 +86,15 @@ class Machine {
 
   // Saved state of every device, in a fixed order (for digests and checkpoints).
   std::vector<std::vector<uint8_t>> device_states() const;
+  // What device_states() holds, in that order: every device with state (each once), by name.
+  struct StatefulPart {
+    std::string name;
+    std::function<std::vector<uint8_t>()> save;
+    std::function<Result<>(std::span<const uint8_t>)> restore;
+  };
+  const std::vector<StatefulPart>& stateful_parts() const { return stateful_; }
+  // Puts back what device_states() returned; a count or a blob that does not fit is refused, naming the device.
+  Result<> restore_device_states(std::span<const std::vector<uint8_t>> states);
 
  private:
   explicit Machine(GuestMemory memory) : memory_(std::move(memory)) {}
@@ -107,6 +118,13 @@ class Machine {
   std::unique_ptr<FwCfg> fw_cfg_;
   std::unique_ptr<Device> perturbed_;  // test-only device-semantics wrapper
   std::vector<Device*> timed_;
+  // Every device with state, for checkpoints and digests: a new device adds one line in create().
+  std::vector<StatefulPart> stateful_;
+  template <typename T>
+  void add_stateful(std::string name, T& part) {
+    stateful_.push_back(StatefulPart{std::move(name), [&part] { return part.save(); },
+                                     [&part](std::span<const uint8_t> state) { return part.restore(state); }});
+  }
   std::unique_ptr<Backend> backend_;
 };
 

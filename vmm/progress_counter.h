@@ -26,6 +26,10 @@ class ProgressCounter {
   virtual void disarm() = 0;
   // Bound on how late an armed overflow stops the vCPU, in conditional branches.
   virtual uint64_t skid() const = 0;
+  // Makes read() return `count` from now on (a checkpoint restore puts the count back). Disarms.
+  virtual Result<> rebase(uint64_t count) {
+    return fail(ErrorKind::kInvalidArgument, "the progress counter '{}' cannot be set to {}", describe(), count);
+  }
 };
 
 }  // namespace deja

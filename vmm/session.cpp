@@ -16,6 +16,8 @@
 #include "vmm/cpu_model.h"
 #include "vmm/exit_status.h"
 #include "vmm/messages.h"
+#include "devices/state_codec.h"
+#include "snapshot/cpu_state_codec.h"
 
 namespace deja {
 namespace {
@@ -617,4 +619,266 @@ void Session::print_stats() {
     }
   }
 }
+
+// ---- the steppable replay ------------------------------------------------------------------------
+
+Result<> Session::apply_debug(const DebugControl& control) {
+  if (seeker_) {
+    seeker_->set_user_debug(control);
+    return {};
+  }
+  if (applied_debug_ && *applied_debug_ == control) return {};
+  if (auto r = machine_->backend().set_debug(control); !r) return r;
+  applied_debug_ = control;
+  return {};
+}
+
+bool Session::completes_on_next_run(ExitKind kind) {
+  switch (kind) {
+    case ExitKind::kIoIn:
+    case ExitKind::kIoOut:
+    case ExitKind::kMmioRead:
+    case ExitKind::kMmioWrite:
+    case ExitKind::kMsrRead:
+    case ExitKind::kMsrWrite:
+    case ExitKind::kRdtsc:
+    case ExitKind::kRdrand:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Result<StopReason> Session::run_until(const StopRequest& stop) {
+  DEJA_ASSERT(engine_.mode() == Mode::kReplay, "run_until drives replays only");
+  if (ended_) return StopReason{StopReason::Kind::kEnd, 0, WatchKind::kWrite, 0, *ended_};
+  Backend& cpu = machine_->backend();
+  auto* interp = dynamic_cast<InterpBackend*>(&cpu);
+  const uint64_t start_step = cpu.step_count().value_or(0);
+  std::optional<StopReason> watch_stop;
+  auto linear_rip = [&]() -> std::optional<uint64_t> {
+    auto st = cpu.get_state();
+    if (!st) return std::nullopt;
+    const bool code64 = (st->efer & efer::kLma) && st->cs.l;
+    return code64 ? st->rip : (st->cs.base + st->rip) & 0xffffffffu;
+  };
+  auto finish = [&](Outcome o) -> StopReason {
+    ended_ = o;
+    return StopReason{StopReason::Kind::kEnd, 0, WatchKind::kWrite, 0, o};
+  };
+  DebugControl user;
+  user.watchpoints = stop.watchpoints;
+  for (;;) {
+    // Every stop is decided here, at the same point of every iteration (so that stepping, seeking and a
+    // checkpoint restore reach the same state), and only between instructions: right after an I/O, MMIO, MSR, RDTSC or RDRAND exit the instruction is
+    // still to be completed by the next run(), so a stop due then takes one more step first.
+    const uint64_t step = cpu.step_count().value_or(0);
+    const bool between_instructions = !completes_on_next_run(last_exit_kind_);
+    std::optional<StopReason> due;
+    bool step_over = false;
+    if (watch_stop) {
+      due = watch_stop;
+    } else if (stop.at_step && step >= *stop.at_step) {
+      due = StopReason{StopReason::Kind::kStep};
+    } else if (stop.at_event && engine_.events_processed() >= *stop.at_event) {
+      due = StopReason{StopReason::Kind::kEvent};
+    } else if (!stop.breakpoints.empty() && between_instructions) {
+      auto rip = linear_rip();
+      if (rip && std::find(stop.breakpoints.begin(), stop.breakpoints.end(), *rip) != stop.breakpoints.end()) {
+        if (step != start_step || !cpu.step_count() || stop.stop_at_start_breakpoint) {
+          due = StopReason{StopReason::Kind::kBreakpoint};
+        } else {
+          step_over = true;  // started on a breakpoint: leave it with one step
+        }
+      }
+    }
+    if (!due && ((stop.interrupted && stop.interrupted()) || g_stop_requested.load())) {
+      due = StopReason{StopReason::Kind::kInterrupted};
+    }
+    if (due && between_instructions) return *due;
+    const bool finish_instruction = due.has_value();
+
+    replay_async();
+    if (auto end = replay_end_here()) return finish(*end);
+    maybe_digest();  // as run(): a digest due after the asynchronous events that land here
+    if (engine_.divergence()) return finish(Outcome{exit_status::kDivergence, "divergence", false});
+    if (engine_.replay_exhausted() && !engine_.peek()) {
+      return finish(Outcome{exit_status::kTraceEnded, "end of trace", false});
+    }
+    if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
+
+    user.breakpoints = step_over || finish_instruction ? std::vector<uint64_t>{} : stop.breakpoints;
+    user.stop_at_step = stop.at_step;
+    if (step_over) user.stop_at_step = std::min(stop.at_step.value_or(UINT64_MAX), step + 1);
+    user.single_step = finish_instruction;
+    if (auto r = apply_debug(user); !r) return std::unexpected(r.error());
+    if (seeker_) {
+      std::optional<SeekTarget> target;
+      if (const trace::Event* next = engine_.peek()) {
+        const trace::Coordinate* at = nullptr;
+        if (engine_.next_positional()) at = &engine_.positional_at(*next);
+        if (next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") at = &next->end().at();
+        if (at) target = SeekTarget{Coordinate{at->vcpu(), at->branches(), at->rip(), at->rcx()}, at->gpr_digest()};
+      }
+      seeker_->set_target(target);
+    }
+    // A slice of about a million instructions, so that an interrupt request is seen in a long run.
+    if (interp && stop.interrupted) interp->set_instruction_budget(1u << 20);
+
+    auto exit = seeker_ ? seeker_->run() : cpu.run();
+    if (!exit) return std::unexpected(exit.error());
+    auto done = handle_exit(**exit);
+    if (!done) return std::unexpected(done.error());
+    if (*done) return finish(**done);
+    if ((*exit)->kind == ExitKind::kDebug && (*exit)->watch_hit) {
+      watch_stop = StopReason{StopReason::Kind::kWatchpoint, (*exit)->address, WatchKind((*exit)->watch_kind),
+                              (*exit)->rip};
+    }
+    if (engine_.divergence()) continue;
+    if ((*exit)->kind == ExitKind::kHlt) {
+      replay_async();
+      if (auto end = replay_end_here()) return finish(*end);
+      if (!machine_->interrupts().interrupt_pending() && !engine_.divergence() && engine_.peek()) {
+        engine_.report_divergence("the guest halted, but the recording has no event to wake it here",
+                                  describe_event(*engine_.peek()), "HLT");
+      }
+    }
+    // As run(): what the recording let in after this exit precedes the digest of this iteration.
+    replay_async();
+    maybe_digest();
+  }
+}
+
+CheckpointPosition Session::checkpoint_position() {
+  Backend& cpu = machine_->backend();
+  CheckpointPosition at;
+  at.steps = cpu.step_count().value_or(0);
+  at.events = engine_.events_processed();
+  at.branches = cpu.branch_count().value_or(0);
+  at.guest_exits = guest_exits_;
+  at.instructions = cpu.instruction_count().value_or(0);
+  return at;
+}
+
+namespace {
+void put_string(StateWriter& w, const std::string& s) {
+  w.u32(uint32_t(s.size()));
+  w.bytes(std::span(reinterpret_cast<const uint8_t*>(s.data()), s.size()));
+}
+std::string get_string(StateReader& r) {
+  uint32_t n = r.u32();
+  if (n > (64u << 20)) {
+    r.invalid("string longer than 64 MiB");
+    return {};
+  }
+  std::string s(n, '\0');
+  r.bytes(std::span(reinterpret_cast<uint8_t*>(s.data()), n));
+  return s;
+}
+}  // namespace
+
+// The run loop's own state and the engine's trace cursor ("SESS" section of a checkpoint).
+Result<std::vector<uint8_t>> Session::encode_loop_state() const {
+  auto cursor = engine_.save_cursor();
+  if (!cursor) return std::unexpected(cursor.error());
+  const Engine::Cursor& c = *cursor;
+  StateWriter w("SESS", 2);
+  w.u64(guest_exits_);
+  w.u8(uint8_t(last_exit_kind_));
+  w.u64(last_exit_rip_);
+  w.u64(next_digest_at_);
+  w.u64(c.raw_position);
+  w.boolean(c.has_lookahead);
+  w.u8(uint8_t(c.output.ahead));
+  put_string(w, c.output.pending);
+  w.u64(c.output.matched);
+  w.u64(c.events);
+  w.u64(c.last_now);
+  w.u32(uint32_t(c.recent.size()));
+  for (const auto& line : c.recent) put_string(w, line);
+  return w.take();
+}
+
+Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
+  StateReader r(blob, "SESS", 2);
+  uint64_t guest_exits = r.u64();
+  uint8_t kind = r.u8();
+  uint64_t last_rip = r.u64();
+  uint64_t next_digest = r.u64();
+  Engine::Cursor c;
+  c.raw_position = r.u64();
+  c.has_lookahead = r.boolean();
+  uint8_t ahead = r.u8();
+  if (ahead > 1) r.invalid("serial-output side out of range");
+  c.output.ahead = StreamMatch::Side(ahead);
+  c.output.pending = get_string(r);
+  c.output.matched = r.u64();
+  c.events = r.u64();
+  c.last_now = r.u64();
+  uint32_t recent = r.u32();
+  if (recent > 64) r.invalid("too many recent events");
+  for (uint32_t i = 0; i < recent && r.ok(); ++i) c.recent.push_back(get_string(r));
+  if (kind > uint8_t(ExitKind::kFault)) r.invalid("exit kind out of range");
+  if (auto done = r.finish(); !done) return done;
+  if (auto moved = engine_.restore_cursor(c); !moved) return moved;
+  guest_exits_ = guest_exits;
+  last_exit_kind_ = ExitKind(kind);
+  last_exit_rip_ = last_rip;
+  next_digest_at_ = next_digest;
+  return {};
+}
+
+Result<MachineCheckpoint> Session::capture_checkpoint(CheckpointMemory& memory) {
+  if (engine_.divergence()) return fail(ErrorKind::kDivergence, "no checkpoint of a replay that diverged");
+  if (ended_) return fail(ErrorKind::kInvalidArgument, "no checkpoint at the end of the replay ({})", ended_->reason);
+  Backend& cpu = machine_->backend();
+  MachineCheckpoint cp;
+  cp.at = checkpoint_position();
+  auto st = cpu.get_state();
+  if (!st) return std::unexpected(st.error());
+  cp.cpu = encode_cpu_state(*st);
+  cp.backend = cpu.save_internal();
+  for (const auto& part : machine_->stateful_parts()) cp.devices.emplace_back(part.name, part.save());
+  auto loop = encode_loop_state();
+  if (!loop) return std::unexpected(loop.error());
+  cp.session = std::move(*loop);
+  auto image = memory.capture();
+  if (!image) return std::unexpected(image.error());
+  cp.memory = *image;
+  return cp;
+}
+
+Result<> Session::restore_checkpoint(const MachineCheckpoint& cp, CheckpointMemory& memory) {
+  Backend& cpu = machine_->backend();
+  auto st = decode_cpu_state(cp.cpu);
+  if (!st) return std::unexpected(st.error());
+  const auto& parts = machine_->stateful_parts();
+  if (cp.devices.size() != parts.size()) {
+    return fail(ErrorKind::kInvalidArgument, "the checkpoint holds {} devices, this machine has {}", cp.devices.size(),
+                parts.size());
+  }
+  std::vector<std::vector<uint8_t>> states;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (cp.devices[i].first != parts[i].name) {
+      return fail(ErrorKind::kInvalidArgument, "the checkpoint's device {} is '{}', this machine's is '{}'", i,
+                  cp.devices[i].first, parts[i].name);
+    }
+    states.push_back(cp.devices[i].second);
+  }
+  if (auto r = decode_loop_state(cp.session); !r) return r;
+  if (auto r = machine_->restore_device_states(states); !r) return r;
+  if (auto r = memory.restore(cp.memory); !r) return std::unexpected(r.error());
+  if (auto r = cpu.set_state(*st); !r) return r;
+  if (auto r = cpu.restore_internal(cp.backend); !r) return r;
+  if (ProgressCounter* counter = cpu.progress_counter()) {
+    if (auto r = counter->rebase(cp.at.branches); !r) return r;
+  }
+  if (seeker_) {
+    if (auto r = seeker_->reset(); !r) return r;
+  }
+  applied_debug_.reset();
+  ended_.reset();
+  return {};
+}
+
 }  // namespace deja

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "vmm/loader.h"
 #include "vmm/machine.h"
 #include "vmm/progress_choice.h"
+#include "snapshot/checkpoint.h"
 
 namespace deja {
 
@@ -26,6 +28,25 @@ struct Outcome {
   std::string reason;         // "guest exit", "triple fault", ...
   bool guest_exit = false;    // ended through isa-debug-exit
   bool recorded_end = false;  // replay reached the End of a recording that stopped here (e.g. interrupted)
+};
+
+// What a steppable replay (Session::run_until) stops at; every condition given applies.
+struct StopRequest {
+  std::optional<uint64_t> at_step;   // Backend::step_count() reaches this (single step: now + 1)
+  std::optional<uint64_t> at_event;  // the engine has processed this many trace events
+  std::vector<uint64_t> breakpoints;       // linear RIPs; one under the starting point is stepped over
+  std::vector<Watchpoint> watchpoints;     // guest-linear ranges
+  bool stop_at_start_breakpoint = false;   // a breakpoint under the starting point stops at once
+  std::function<bool()> interrupted;       // polled now and then: true stops with kInterrupted
+};
+
+struct StopReason {
+  enum class Kind { kStep, kEvent, kBreakpoint, kWatchpoint, kInterrupted, kEnd };
+  Kind kind = Kind::kEnd;
+  uint64_t watch_address = 0;  // kWatchpoint: the accessed address (the access happened in the last step)
+  WatchKind watch_kind = WatchKind::kWrite;
+  uint64_t watch_rip = 0;      // kWatchpoint: the instruction that accessed it
+  Outcome outcome;             // kEnd: how the replay ended (guest exit, end of trace, divergence)
 };
 
 // SIGINT/SIGTERM stop the session that is running (kicking its vCPU); a recording is still finished.
@@ -67,6 +88,20 @@ class Session {
   uint64_t wall_ns() const { return wall_ns_; }
   Position current_position() { return position(); }
 
+  // ---- the steppable replay (deja debug, deja query): rr's ReplaySession ---------------------------
+  // Replays until one of `stop`'s conditions holds or the replay ends. Stops are decided at one point of
+  // the loop, before the recorded events that land there are applied, so that reaching a point by
+  // stepping, by seeking or after a checkpoint restore gives the same state. Replay mode only.
+  Result<StopReason> run_until(const StopRequest& stop);
+  // Where the replay stands (between run_until() calls).
+  CheckpointPosition checkpoint_position();
+  // The complete machine state now (between run_until() calls); memory through `memory`'s images.
+  Result<MachineCheckpoint> capture_checkpoint(CheckpointMemory& memory);
+  // Puts the machine, the engine's trace cursor and the loop state back to `checkpoint`.
+  Result<> restore_checkpoint(const MachineCheckpoint& checkpoint, CheckpointMemory& memory);
+  // The replay has ended (run_until returned kEnd) and not been restored since.
+  const std::optional<Outcome>& replay_ended() const { return ended_; }
+
  private:
   class TeeSink;
 
@@ -82,6 +117,11 @@ class Session {
   void start_kicker();
   void stop_kicker();
   std::optional<Outcome> replay_end_here();
+  Result<std::vector<uint8_t>> encode_loop_state() const;
+  Result<> decode_loop_state(std::span<const uint8_t> blob);
+  Result<> apply_debug(const DebugControl& control);
+  // The exit's instruction is completed by the next run() (its response is still to be delivered).
+  static bool completes_on_next_run(ExitKind kind);
 
   Engine engine_;
   std::string image_format_;
@@ -102,6 +142,9 @@ class Session {
   static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
   static constexpr uint64_t kHeartbeatNs = 1'000'000'000;
   uint64_t next_heartbeat_ = 0;
+
+  std::optional<Outcome> ended_;     // run_until: the replay ended here
+  std::optional<DebugControl> applied_debug_;  // run_until without a seeker: what the backend has
 
   std::thread kicker_;
   std::atomic<bool> kicker_stop_{false};

@@ -78,6 +78,23 @@ void StreamMatch::consume(std::string_view bytes) {
   }
 }
 
+std::optional<StreamMatch::Literal> StreamMatch::literal_state() const {
+  if (tail_bytes_ > 0) return std::nullopt;
+  return Literal{ahead_, head_.substr(head_pos_), matched_};
+}
+
+void StreamMatch::restore(const Literal& state) {
+  ahead_ = state.ahead;
+  head_ = state.pending;
+  head_pos_ = 0;
+  matched_ = state.matched;
+  tail_bytes_ = 0;
+  behind_in_tail_ = 0;
+  tail_hash_.reset();
+  behind_hash_.reset();
+  mismatch_.reset();
+}
+
 void StreamMatch::add(Side side, std::string_view bytes) {
   if (mismatch_ || bytes.empty()) return;
   if (side == ahead_ || pending(ahead_) == 0) {

@@ -39,6 +39,16 @@ class StreamMatch {
   // Bytes held in memory (for tests: bounded by literal_cap).
   size_t held() const { return head_.capacity(); }
 
+  // The whole state while nothing is hashed (the usual case: the two sides are never megabytes apart), for
+  // checkpoints: which side is ahead, its unmatched bytes, how many matched. nullopt while a tail is hashed.
+  struct Literal {
+    Side ahead = kRecorded;
+    std::string pending;
+    uint64_t matched = 0;
+  };
+  std::optional<Literal> literal_state() const;
+  void restore(const Literal& state);  // and forgets any mismatch
+
  private:
   void append_ahead(std::string_view bytes);
   void consume(std::string_view bytes);

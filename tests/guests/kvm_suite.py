@@ -35,6 +35,8 @@ NO_KVM_RECORD = {"timer"}
 # replay exactly.
 TSC_DEPENDENT = {"nondet"}
 DIVERGED, REFUSED = 6, 2
+# Checkpoints on KVM replays (docs/debugging.md): through the dirty log, restored, with identical digests.
+CHECKPOINTED = {"serial-echo": "16", "paging": "32", "threads-race": "20"}
 
 results = []
 
@@ -230,6 +232,13 @@ def main():
                     else:
                         step(name, "replay kvm trace on kvm", [args.deja, "replay", "--backend", "kvm", kvm_trace],
                              stdout_expected=rec.stdout)
+                        if name in CHECKPOINTED:
+                            p = step(name, "kvm checkpoints: dirty log, restore, digests",
+                                     [args.deja, "debug", kvm_trace, "--backend", "kvm", "--verify-checkpoints",
+                                      "--checkpoint-interval", CHECKPOINTED[name]], expect_status=0,
+                                     stderr_expected=" 0 mismatches")
+                            if p is not None:
+                                print("     " + p.stderr.decode().strip().splitlines()[-1])
             if os.path.exists(interp_trace):
                 if name in TSC_DEPENDENT and not exact_tsc:
                     # Its RDTSC values are in the trace; stock KVM cannot hand them to the guest.

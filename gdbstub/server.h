@@ -1,0 +1,51 @@
+// The gdb remote-protocol server: packets in, replies out, over a Target; plus the TCP transport that serves one connection.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gdbstub/packet.h"
+#include "gdbstub/target.h"
+
+namespace deja::gdb {
+
+class Server {
+ public:
+  explicit Server(Target& target) : target_(target) {}
+
+  // The reply payload (unframed) to one packet; nullopt when the packet gets no reply ('k'). Never
+  // throws, whatever the packet: malformed ones get "E01"-style errors, unknown ones the empty reply.
+  std::optional<std::string> handle(std::string_view packet, const std::function<bool()>& interrupted);
+  bool finished() const { return finished_; }  // gdb detached or killed
+  bool no_ack() const { return no_ack_; }
+
+ private:
+  std::string stop_reply(const StopInfo& stop);
+  std::string read_registers();
+  std::optional<std::string> read_register(uint64_t number);
+  std::string resume(const ResumeRequest& base, const std::function<bool()>& interrupted);
+  std::string handle_query(std::string_view packet, const std::function<bool()>& interrupted);
+  std::string handle_v(std::string_view packet, const std::function<bool()>& interrupted);
+  std::string breakpoint(std::string_view packet, bool insert);
+
+  Target& target_;
+  std::vector<uint64_t> software_breakpoints_, hardware_breakpoints_;
+  std::vector<Watchpoint> watchpoints_;
+  StopInfo last_stop_;
+  bool finished_ = false;
+  bool no_ack_ = false;
+};
+
+// The x86-64 target description (qXfer:features:read:target.xml), and its register count.
+std::string_view target_xml();
+constexpr int kRegisterCount = 65;
+
+// Listens on host:port (IPv4 literal or "localhost"); port 0 picks one. Returns the socket and port.
+Result<std::pair<int, uint16_t>> listen_tcp(const std::string& host, uint16_t port);
+// Serves one connection until gdb detaches, kills, or disconnects.
+Result<> serve(int connection_fd, Server& server);
+
+}  // namespace deja::gdb

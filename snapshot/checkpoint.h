@@ -1,0 +1,61 @@
+// A checkpoint: the complete machine state as typed sections plus a copy-on-write memory image, and its file format.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "snapshot/cow_memory.h"
+#include "vmm/error.h"
+
+namespace deja {
+
+// Where on the replay a checkpoint was taken (the timeline orders and names checkpoints by these).
+struct CheckpointPosition {
+  uint64_t steps = 0;         // Backend::step_count(), the debugger's time axis (0 without one)
+  uint64_t events = 0;        // trace events replayed
+  uint64_t branches = 0;      // progress counter
+  uint64_t guest_exits = 0;   // guest-caused exits
+  uint64_t instructions = 0;  // Backend::instruction_count()
+  bool operator==(const CheckpointPosition&) const = default;
+};
+
+struct MachineCheckpoint {
+  CheckpointPosition at;
+  std::vector<uint8_t> cpu;      // encode_cpu_state()
+  std::vector<uint8_t> backend;  // Backend::save_internal()
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> devices;  // Machine::stateful_parts() order
+  std::vector<uint8_t> session;  // the replay session's loop state and the engine's trace cursor
+  std::shared_ptr<const MemoryImage> memory;
+
+  // Bytes of state outside memory (memory is shared between checkpoints and counted by CheckpointMemory).
+  uint64_t state_bytes() const;
+};
+
+// What a checkpoint file must match to be used: the trace it belongs to and the machine that replays it.
+struct CheckpointIdentity {
+  std::array<uint8_t, 32> trace_header_sha256{};
+  uint64_t ram_bytes = 0;
+  std::string backend;
+  bool operator==(const CheckpointIdentity&) const = default;
+};
+
+// File layout (all integers little-endian):
+//   "DEJACKPT" magic, u32 format version,
+//   u32 section count, then per section: 4-byte tag, u64 length, bytes
+//     META identity and position, CPU0 vCPU, BKND backend-internal, DEVS devices, SESS session, MEM0 pages,
+//   SHA-256 of every byte before it.
+// Written to a temporary file and renamed, so a crash never leaves a half-written checkpoint.
+constexpr uint32_t kCheckpointFileVersion = 1;
+
+Result<> write_checkpoint_file(const std::string& path, const CheckpointIdentity& identity,
+                               const MachineCheckpoint& checkpoint);
+// Refuses (kBadTrace, with the path and the problem) a file that is truncated, fails its checksum, has
+// another magic or version, malformed sections, or an identity other than `expected`. The memory image
+// is built in `memory`'s page store.
+Result<MachineCheckpoint> read_checkpoint_file(const std::string& path, const CheckpointIdentity& expected,
+                                               CheckpointMemory& memory);
+
+}  // namespace deja

@@ -1,0 +1,151 @@
+// Checkpoint memory: dirty pages collected from the backend and the VMM, shared page maps, minimal restores.
+#include "snapshot/cow_memory.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace deja {
+namespace {
+
+bool all_zero(const uint8_t* p) {
+  static const std::array<uint8_t, 4096> kZero{};
+  return std::memcmp(p, kZero.data(), kZero.size()) == 0;
+}
+
+}  // namespace
+
+std::vector<uint64_t> MemoryImage::differing_pages(const MemoryImage& a, const MemoryImage& b) {
+  DEJA_ASSERT(a.page_count_ == b.page_count_, "images of different RAM sizes ({} and {} pages)", a.page_count_,
+              b.page_count_);
+  std::vector<uint64_t> out;
+  for (size_t i = 0; i < a.leaves_.size(); ++i) {
+    const Leaf* la = a.leaves_[i].get();
+    const Leaf* lb = b.leaves_[i].get();
+    if (la == lb) continue;
+    const uint64_t first = i * kLeafPages;
+    const uint64_t count = std::min(kLeafPages, a.page_count_ - first);
+    for (uint64_t j = 0; j < count; ++j) {
+      const PageCopy* pa = la ? (*la)[j].get() : nullptr;
+      const PageCopy* pb = lb ? (*lb)[j].get() : nullptr;
+      if (pa != pb) out.push_back(first + j);
+    }
+  }
+  return out;
+}
+
+uint64_t MemoryImage::stored_pages() const {
+  uint64_t n = 0;
+  for (const auto& leaf : leaves_)
+    if (leaf)
+      for (const auto& p : *leaf) n += p != nullptr;
+  return n;
+}
+
+CheckpointMemory::CheckpointMemory(GuestMemory& ram, Backend& cpu)
+    : ram_(ram), cpu_(cpu), base_(std::make_shared<MemoryImage>(ram.size() / kPageSize)),
+      dirty_mark_(ram.size() / kPageSize, 0) {}
+
+Result<std::unique_ptr<CheckpointMemory>> CheckpointMemory::create(GuestMemory& ram, Backend& cpu) {
+  std::unique_ptr<CheckpointMemory> m(new CheckpointMemory(ram, cpu));
+  if (auto r = cpu.start_dirty_log(); !r) return std::unexpected(r.error());
+  // The base is an all-zero image; what RAM holds already is unknown, so every page counts as written.
+  ram.take_dirty_pages();
+  ram.mark_all_dirty();
+  return m;
+}
+
+Result<> CheckpointMemory::collect_dirty() {
+  if (auto r = cpu_.sync_dirty_log(); !r) return r;
+  bool added = false;
+  for (uint64_t page : ram_.take_dirty_pages()) {
+    if (dirty_mark_[page]) continue;
+    dirty_mark_[page] = 1;
+    dirty_.push_back(page);
+    added = true;
+  }
+  if (added) std::sort(dirty_.begin(), dirty_.end());
+  return {};
+}
+
+Result<uint64_t> CheckpointMemory::pending_dirty_pages() {
+  if (auto r = collect_dirty(); !r) return std::unexpected(r.error());
+  return dirty_.size();
+}
+
+std::shared_ptr<const PageCopy> CheckpointMemory::copy_page(const uint8_t* bytes) {
+  auto counter = live_pages_;
+  counter->fetch_add(1, std::memory_order_relaxed);
+  auto* page = new PageCopy;
+  std::memcpy(page->bytes.data(), bytes, page->bytes.size());
+  return std::shared_ptr<const PageCopy>(page, [counter](const PageCopy* p) {
+    counter->fetch_sub(1, std::memory_order_relaxed);
+    delete p;
+  });
+}
+
+Result<std::shared_ptr<const MemoryImage>> CheckpointMemory::capture() {
+  if (auto r = collect_dirty(); !r) return std::unexpected(r.error());
+  auto image = std::make_shared<MemoryImage>(*base_);  // shares every leaf
+  const uint8_t* ram = ram_.host_base();
+  size_t leaf_index = SIZE_MAX;
+  std::shared_ptr<MemoryImage::Leaf> leaf;
+  for (uint64_t page : dirty_) {
+    dirty_mark_[page] = 0;
+    const uint8_t* bytes = ram + page * kPageSize;
+    if (page / MemoryImage::kLeafPages != leaf_index) {
+      leaf_index = page / MemoryImage::kLeafPages;
+      const auto& old = image->leaves_[leaf_index];
+      leaf = old ? std::make_shared<MemoryImage::Leaf>(*old) : std::make_shared<MemoryImage::Leaf>();
+      image->leaves_[leaf_index] = leaf;
+    }
+    auto& slot = (*leaf)[page % MemoryImage::kLeafPages];
+    if (first_capture_ && all_zero(bytes)) {
+      slot.reset();
+    } else if (!slot || std::memcmp(slot->bytes.data(), bytes, kPageSize) != 0) {
+      slot = copy_page(bytes);  // unchanged contents keep sharing the earlier copy
+    }
+  }
+  dirty_.clear();
+  first_capture_ = false;
+  base_ = image;
+  return std::shared_ptr<const MemoryImage>(image);
+}
+
+Result<uint64_t> CheckpointMemory::restore(const std::shared_ptr<const MemoryImage>& image) {
+  DEJA_ASSERT(image && image->page_count() == base_->page_count(), "restoring an image of another RAM size");
+  if (auto r = collect_dirty(); !r) return std::unexpected(r.error());
+  std::vector<uint64_t> pages = MemoryImage::differing_pages(*base_, *image);
+  for (uint64_t page : dirty_) {
+    dirty_mark_[page] = 0;
+    pages.push_back(page);
+  }
+  dirty_.clear();
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  uint8_t* ram = ram_.host_base();
+  for (uint64_t page : pages) {
+    const PageCopy* copy = image->page(page);
+    uint8_t* dst = ram + page * kPageSize;
+    if (copy) std::memcpy(dst, copy->bytes.data(), kPageSize);
+    else std::memset(dst, 0, kPageSize);
+  }
+  ram_.note_restored_pages(pages);
+  base_ = image;
+  first_capture_ = false;
+  return pages.size();
+}
+
+std::shared_ptr<const MemoryImage> CheckpointMemory::image_from_pages(
+    std::span<const std::pair<uint64_t, const uint8_t*>> pages) {
+  auto image = std::make_shared<MemoryImage>(base_->page_count());
+  for (const auto& [pfn, bytes] : pages) {
+    DEJA_ASSERT(pfn < image->page_count(), "page {} outside RAM", pfn);
+    auto& leaf = image->leaves_[pfn / MemoryImage::kLeafPages];
+    if (!leaf) leaf = std::make_shared<MemoryImage::Leaf>();
+    auto mutable_leaf = std::const_pointer_cast<MemoryImage::Leaf>(leaf);
+    (*mutable_leaf)[pfn % MemoryImage::kLeafPages] = copy_page(bytes);
+  }
+  return image;
+}
+
+}  // namespace deja

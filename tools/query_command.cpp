@@ -1,0 +1,240 @@
+// `deja query`: registers or memory at a point of a trace, or every write to a range, for scripts (--json).
+#include <charconv>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "tools/command_support.h"
+#include "tools/replay_setup.h"
+#include "vmm/exit_status.h"
+#include "vmm/messages.h"
+#include "vmm/page_walker.h"
+#include "vmm/replay_timeline.h"
+
+namespace deja {
+namespace {
+
+struct QueryOptions {
+  ReplaySetupOptions replay{.rewind = true};
+  std::string at;
+  bool regs = false;
+  std::string mem;
+  std::string writes;
+  bool physical = false;
+  bool json = false;
+  uint64_t interval = 0;
+  std::string checkpoint_memory = "512M";
+};
+
+std::string value_hex(std::span<const uint8_t> bytes) {
+  std::string s = "0x";
+  for (size_t i = bytes.size(); i-- > 0;) s += fmt::format("{:02x}", bytes[i]);
+  return s;
+}
+
+std::string bytes_hex(std::span<const uint8_t> bytes) {
+  std::string s;
+  for (uint8_t b : bytes) s += fmt::format("{:02x}", b);
+  return s;
+}
+
+// WHEN: a step count ("1234"), an event index ("event:56"), or "end".
+struct When {
+  enum class Kind { kStep, kEvent, kEnd } kind;
+  uint64_t value = 0;
+};
+Result<When> parse_when(const std::string& text) {
+  auto number = [](std::string_view s) -> std::optional<uint64_t> {
+    uint64_t v = 0;
+    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+    return v;
+  };
+  if (text == "end") return When{When::Kind::kEnd};
+  if (text.starts_with("event:")) {
+    if (auto n = number(std::string_view(text).substr(6))) return When{When::Kind::kEvent, *n};
+  } else if (auto n = number(text)) {
+    return When{When::Kind::kStep, *n};
+  }
+  return fail(ErrorKind::kInvalidArgument, "--at '{}': expected a step count, event:N or end", text);
+}
+
+void print_registers(const CpuState& st, const CheckpointPosition& at, bool json) {
+  static const char* const kNames[] = {"rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi",
+                                       "r8",  "r9",  "r10", "r11", "r12", "r13", "r14", "r15"};
+  struct Named {
+    const char* name;
+    uint64_t value;
+  };
+  std::vector<Named> regs;
+  for (int i = 0; i < kGprCount; ++i) regs.push_back({kNames[i], st.gpr[i]});
+  for (Named n : {Named{"rip", st.rip}, {"rflags", st.rflags}, {"cs", st.cs.selector}, {"ss", st.ss.selector},
+                  {"ds", st.ds.selector}, {"es", st.es.selector}, {"fs", st.fs.selector}, {"gs", st.gs.selector},
+                  {"fs_base", st.fs.base}, {"gs_base", st.gs.base}, {"cr0", st.cr0}, {"cr2", st.cr2},
+                  {"cr3", st.cr3}, {"cr4", st.cr4}, {"efer", st.efer}})
+    regs.push_back(n);
+  if (json) {
+    std::string out = fmt::format("{{\"steps\": {}, \"instructions\": {}, \"events\": {}, \"registers\": {{", at.steps,
+                                  at.instructions, at.events);
+    for (size_t i = 0; i < regs.size(); ++i)
+      out += fmt::format("{}\"{}\": \"{:#x}\"", i ? ", " : "", regs[i].name, regs[i].value);
+    std::printf("%s}}\n", out.c_str());
+  } else {
+    std::printf("steps %llu instructions %llu events %llu\n", (unsigned long long)at.steps,
+                (unsigned long long)at.instructions, (unsigned long long)at.events);
+    for (const auto& r : regs) std::printf("%-8s %#018llx\n", r.name, (unsigned long long)r.value);
+  }
+}
+
+int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
+  auto when = parse_when(o.at);
+  if (!when) return report_error(when.error());
+  Session& session = timeline.session();
+  Result<StopReason> r;
+  switch (when->kind) {
+    case When::Kind::kStep:
+      if (!timeline.counts_steps()) {
+        return report_error({ErrorKind::kUnsupported, "--at COUNT needs a backend that counts steps (--backend interp); "
+                                                      "use --at event:N"});
+      }
+      r = timeline.seek(when->value);
+      break;
+    case When::Kind::kEvent: r = timeline.seek_event(when->value); break;
+    case When::Kind::kEnd: r = timeline.forward(StopRequest{}); break;
+  }
+  if (!r) return report_error(r.error());
+  if (r->kind == StopReason::Kind::kEnd && when->kind != When::Kind::kEnd) {
+    return report_error({ErrorKind::kInvalidArgument,
+                         fmt::format("--at {}: the trace ends before it ({})", o.at, r->outcome.reason)});
+  }
+  CheckpointPosition at = session.checkpoint_position();
+  auto st = session.machine().backend().get_state();
+  if (!st) return report_error(st.error());
+  if (o.regs) print_registers(*st, at, o.json);
+  if (!o.mem.empty()) {
+    auto range = parse_range(o.mem, 1 << 20);
+    if (!range) return report_error(range.error());
+    std::vector<uint8_t> buf(range->second);
+    size_t got = 0;
+    if (o.physical) {
+      auto span = session.machine().memory().span(Gpa{range->first}, range->second);
+      if (!span) return report_error(span.error());
+      std::copy(span->begin(), span->end(), buf.begin());
+      got = buf.size();
+    } else {
+      got = read_gva(*st, session.machine().memory(), range->first, buf);
+    }
+    if (got < buf.size()) {
+      return report_error({ErrorKind::kInvalidArgument,
+                           fmt::format("--mem {}: guest-virtual {:#x} is not mapped at this point", o.mem,
+                                       range->first + got)});
+    }
+    if (o.json) {
+      std::printf("{\"steps\": %llu, \"events\": %llu, \"address\": \"%#llx\", \"bytes\": \"%s\"}\n",
+                  (unsigned long long)at.steps, (unsigned long long)at.events, (unsigned long long)range->first,
+                  bytes_hex(buf).c_str());
+    } else {
+      for (size_t i = 0; i < buf.size(); i += 16) {
+        std::string line = fmt::format("{:#014x}:", range->first + i);
+        for (size_t j = i; j < std::min(buf.size(), i + 16); ++j) line += fmt::format(" {:02x}", buf[j]);
+        std::printf("%s\n", line.c_str());
+      }
+    }
+  }
+  return 0;
+}
+
+int query_writes(ReplayTimeline& timeline, const QueryOptions& o) {
+  auto range = parse_range(o.writes, 4096);
+  if (!range) return report_error(range.error());
+  Session& session = timeline.session();
+  if (!timeline.counts_steps()) {
+    return report_error({ErrorKind::kUnsupported, "--writes needs data watchpoints (--backend interp)"});
+  }
+  auto read_now = [&](std::vector<uint8_t>& out) {
+    auto st = session.machine().backend().get_state();
+    out.assign(range->second, 0);
+    if (!st) return false;
+    return read_gva(*st, session.machine().memory(), range->first, out) == out.size();
+  };
+  std::vector<uint8_t> before, after;
+  bool mapped_before = read_now(before);
+  uint64_t count = 0;
+  if (o.json) std::printf("[");
+  for (;;) {
+    StopRequest stop;
+    stop.watchpoints = {Watchpoint{range->first, range->second, WatchKind::kWrite}};
+    auto r = timeline.forward(stop);
+    if (!r) return report_error(r.error());
+    if (r->kind == StopReason::Kind::kEnd) {
+      if (r->outcome.status == exit_status::kDivergence) {
+        std::fputs(("deja: " + session.engine().divergence()->report).c_str(), stderr);
+        return exit_status::kDivergence;
+      }
+      break;
+    }
+    if (r->kind != StopReason::Kind::kWatchpoint) continue;
+    bool mapped_after = read_now(after);
+    CheckpointPosition at = session.checkpoint_position();
+    std::string old_text = mapped_before ? value_hex(before) : "unmapped";
+    std::string new_text = mapped_after ? value_hex(after) : "unmapped";
+    // The write happened in the step that just ended: its point is the one before it.
+    if (o.json) {
+      std::printf("%s\n  {\"step\": %llu, \"instructions\": %llu, \"events\": %llu, \"rip\": \"%#llx\", "
+                  "\"address\": \"%#llx\", \"old\": \"%s\", \"new\": \"%s\"}",
+                  count ? "," : "", (unsigned long long)(at.steps - 1), (unsigned long long)at.instructions,
+                  (unsigned long long)at.events, (unsigned long long)r->watch_rip,
+                  (unsigned long long)r->watch_address, old_text.c_str(), new_text.c_str());
+    } else {
+      std::printf("step %llu  rip %#llx  %#llx: %s -> %s\n", (unsigned long long)(at.steps - 1),
+                  (unsigned long long)r->watch_rip, (unsigned long long)r->watch_address, old_text.c_str(),
+                  new_text.c_str());
+    }
+    ++count;
+    before = after;
+    mapped_before = mapped_after;
+  }
+  if (o.json) std::printf("%s]\n", count ? "\n" : "");
+  else say("{} writes to {}", count, o.writes);
+  return 0;
+}
+
+int run_query(const QueryOptions& o) {
+  if (o.writes.empty() == o.at.empty()) {
+    return report_error({ErrorKind::kInvalidArgument, "give either --at WHEN (with --regs or --mem) or --writes"});
+  }
+  if (!o.at.empty() && !o.regs && o.mem.empty()) {
+    return report_error({ErrorKind::kInvalidArgument, "--at needs --regs or --mem ADDR:LEN"});
+  }
+  auto setup = open_replay(o.replay);
+  if (!setup) return report_error(setup.error());
+  TimelineOptions topt;
+  auto limit = parse_size(o.checkpoint_memory);
+  if (!limit) return report_error(limit.error());
+  topt.memory_limit = *limit;
+  if (o.interval) topt.interval_steps = topt.interval_events = o.interval;
+  auto timeline = ReplayTimeline::create(*setup->session, topt);
+  if (!timeline) return report_error(timeline.error());
+  return o.at.empty() ? query_writes(**timeline, o) : query_at(**timeline, o);
+}
+
+}  // namespace
+
+Subcommand add_query_command(CLI::App& app) {
+  auto o = std::make_shared<QueryOptions>();
+  auto* cmd = app.add_subcommand("query", "registers or memory at a point of a trace, or every write to a range");
+  cmd->add_option("TRACE", o->replay.trace_path, "trace file")->required();
+  cmd->add_option("--at", o->at, "where: a step count (interp), event:N, or end");
+  cmd->add_flag("--regs", o->regs, "print the registers there");
+  cmd->add_option("--mem", o->mem, "print guest-virtual memory ADDR:LEN there");
+  cmd->add_flag("--phys", o->physical, "--mem reads guest-physical memory");
+  cmd->add_option("--writes", o->writes, "every write to guest-virtual ADDR:LEN over the whole trace");
+  cmd->add_flag("--json", o->json, "machine-readable output");
+  cmd->add_option("--checkpoint-interval", o->interval, "steps or events between automatic checkpoints");
+  cmd->add_option("--checkpoint-memory", o->checkpoint_memory, "memory for checkpoints (0: none; default 512M)");
+  cmd->add_option("--backend", o->replay.backend, "interp or kvm")->check(CLI::IsMember({"kvm", "interp"}));
+  cmd->add_option("--image", o->replay.image_path, "guest image (default: the path in the trace)");
+  return {cmd, [o] { return run_query(*o); }};
+}
+
+}  // namespace deja
