@@ -11,12 +11,23 @@
 #include <string>
 #include <vector>
 
+#include "interp/block.h"
 #include "interp/decoded_insn.h"
 #include "vmm/backend.h"
 #include "vmm/cpu_model.h"
 #include "vmm/guest_memory.h"
 
 namespace deja {
+
+// How the software CPU executes (docs/interp.md): `reference` decodes and executes one instruction at a
+// time (the original executor, kept as the definition the fast path is tested against); `threaded`
+// runs translated blocks of pre-bound operations; `jit` compiles them to host code (the default).
+enum class InterpMode : uint8_t { kReference, kThreaded, kJit };
+std::string_view interp_mode_name(InterpMode mode);
+std::optional<InterpMode> parse_interp_mode(std::string_view name);
+// The mode a new InterpBackend starts in: kJit, or what the environment variable DEJA_INTERP_MODE names
+// (so that whole test suites can run on another mode without a flag on every command).
+InterpMode default_interp_mode();
 
 class InterpBackend : public Backend {
  public:
@@ -32,9 +43,9 @@ class InterpBackend : public Backend {
   void request_interrupt_window(bool enable) override { window_requested_ = enable; }
   void kick() override { kicked_.store(true, std::memory_order_relaxed); }
   ProgressCounter* progress_counter() override { return &counter_; }
-  std::optional<uint64_t> instruction_count() const override { return instructions_; }
+  std::optional<uint64_t> instruction_count() const override { return steps_ - rep_partial_; }
   Result<> set_debug(const DebugControl& control) override;
-  std::optional<uint64_t> step_count() const override { return executed_; }
+  std::optional<uint64_t> step_count() const override { return executed(); }
   std::vector<uint8_t> save_internal() override;
   Result<> restore_internal(std::span<const uint8_t> state) override;
 
@@ -47,9 +58,26 @@ class InterpBackend : public Backend {
     budget_ = n;
     budget_start_ = steps_;
   }
+  // Reference, threaded or JIT execution; may be changed between run() calls.
+  void set_mode(InterpMode mode);
+  InterpMode mode() const { return mode_; }
+  // Test control for the fast-vs-reference differential test: run() returns kKicked after every block
+  // (or step) the fast path runs, so the caller can compare the state with the reference at each block
+  // boundary.
+  void set_block_stepping(bool on) { block_stepping_ = on; }
+  // Instructions retired plus REP iterations that did not finish one: what set_instruction_budget counts.
+  uint64_t retired_steps() const { return steps_; }
+  // Fast-path statistics, for --stats and the benchmarks.
+  struct FastStats {
+    uint64_t blocks_translated = 0, block_invalidations = 0, block_cache_flushes = 0, block_cache_bytes = 0;
+    uint64_t blocks_entered = 0, chained = 0, fallback_steps = 0;
+  };
+  FastStats fast_stats() const;
+
   // Instructions that raised #UD because deja does not implement them, by mnemonic.
   std::map<std::string, uint64_t> unimplemented_counts() const { return unimplemented_; }
-  uint64_t decode_invalidations() const { return cache_.invalidations(); }
+  // Decoded code dropped because it was overwritten: decode-cache entries and translated blocks.
+  uint64_t decode_invalidations() const { return cache_.invalidations() + blocks_.invalidations(); }
 
   // Exceptions and exits unwind out of the executor as these (private to the implementation).
   struct GuestException {
@@ -70,6 +98,23 @@ class InterpBackend : public Backend {
 
   // Execution.
   void step();
+  // Resets what one step tracks (the instruction's RIP, its shadow, software interrupt, REP state).
+  void begin_step(uint64_t rip);
+  // Delivers the fault an instruction raised (it did not retire): the end of a faulting step.
+  void take_fault(const GuestException& fault);
+  uint64_t executed() const { return steps_ + faulted_; }
+
+  // The fast path (interp/fast_exec.cpp): translated blocks, run one after another while no stop
+  // condition of the run loop can become due, so every stop still lands on its exact instruction.
+  struct Ops;  // the operation handlers (nested, so they reach the state)
+  void run_fast();
+  uint32_t block_key() const;
+  interp::Block* lookup_block();
+  interp::Block* translate_block(uint64_t rip, uint64_t linear, uint64_t phys, uint32_t key);
+  bool breakpoint_in(uint64_t linear_begin, uint64_t linear_end) const;
+  // The step count at which the run loop must look again (budget, stop_at_step): blocks that would
+  // cross it are not entered.
+  uint64_t step_limit() const;
   void execute(const interp::DecodedInsn& insn);
   const interp::DecodedInsn& fetch_decoded();
   const interp::DecodedInsn& fetch_decoded_slow(uint64_t linear, uint64_t phys, uint8_t mode);
@@ -197,6 +242,7 @@ class InterpBackend : public Backend {
   void triple_fault(const std::string& why);
 
   void invalidate_vmm_writes();
+  bool is_code_page(uint64_t pfn) const { return cache_.has_code(pfn) || blocks_.has_code(pfn); }
   // Data watchpoints (DebugControl::watchpoints): notes the first access of this step that hits one.
   void check_watch(uint64_t linear, unsigned size, bool write);
   bool user_breakpoint_here() const;
@@ -234,8 +280,12 @@ class InterpBackend : public Backend {
   size_t response_cursor_ = 0;
   bool exit_outstanding_ = false;  // exit_ was returned and its response is still to be collected
 
-  uint64_t instructions_ = 0;
-  uint64_t steps_ = 0;  // instructions plus extra REP iterations: what the budget counts
+  // Counts. The hot one is steps_ (retired instructions plus REP iterations that did not finish the
+  // instruction: what the budget counts); instructions = steps_ - rep_partial_, the debugger's step
+  // count (executed()) = steps_ + faulted_.
+  uint64_t steps_ = 0;
+  uint64_t rep_partial_ = 0;  // REP iterations that left the instruction unfinished
+  uint64_t faulted_ = 0;      // steps that ended in a fault (the instruction did not retire)
   uint64_t branches_ = 0;
   uint64_t budget_ = 0;
   uint64_t budget_start_ = 0;
@@ -270,8 +320,7 @@ class InterpBackend : public Backend {
   };
   std::optional<WatchHit> watch_hit_;  // set during a step that touched a watched range
   uint64_t* dirty_bits_;               // GuestMemory's checkpoint dirty bitmap: every store marks its page
-  uint64_t executed_ = 0;     // step() calls that finished (retired, faulted, or one REP iteration)
-  uint64_t step_origin_ = 0;  // executed_ when single-stepping last stopped
+  uint64_t step_origin_ = 0;  // executed() when single-stepping last stopped
   std::atomic<bool> kicked_{false};
   bool window_requested_ = false;
   std::optional<uint8_t> pending_irq_;
@@ -288,6 +337,18 @@ class InterpBackend : public Backend {
   bool shutdown_ = false;
   std::string shutdown_detail_;
   std::map<std::string, uint64_t> unimplemented_;
+
+  // Fast path state.
+  InterpMode mode_ = default_interp_mode();
+  interp::BlockCache blocks_;
+  const interp::Block* running_block_ = nullptr;  // the block being executed, if any
+  const interp::Op* running_op_ = nullptr;        // the operation being executed (what a fault names)
+  // Set during an operation when the block must end right after it: a store rewrote code of the running
+  // block, or an access hit a watchpoint.
+  bool end_block_after_op_ = false;
+  bool block_stepping_ = false;
+  bool block_step_done_ = false;  // block stepping: a block ran, report it (after a HLT's own exit)
+  FastStats fast_stats_;
 };
 
 // The hardware features of vmm/cpu_model.h (by name) the software CPU implements. A model advertising any

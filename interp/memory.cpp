@@ -147,6 +147,12 @@ uint64_t InterpBackend::walk(uint64_t linear, Access access, bool user, TlbEntry
 void InterpBackend::note_code_write(uint64_t gpa, unsigned size) {
   // Callers pass ranges within one page, except page-table updates (4 or 8 aligned bytes).
   if (cache_.has_code(gpa >> 12)) cache_.invalidate_range(gpa, size);
+  if (blocks_.has_code(gpa >> 12) && blocks_.invalidate_range(gpa, size) && running_block_ && running_block_->dead) {
+    // The store rewrote code of the block being run: it ends after this instruction, and the next
+    // instruction is translated again from the new bytes (a store over the next instruction takes
+    // effect at once, as in the reference executor).
+    end_block_after_op_ = true;
+  }
 }
 
 void InterpBackend::probe_write(int seg_index, uint64_t offset, unsigned size) {
@@ -177,7 +183,7 @@ void InterpBackend::write_phys(uint64_t gpa, const void* data, unsigned size) {
     std::memcpy(ram_ + gpa, data, size);
     // Callers pass ranges within one page (write_linear splits at page boundaries).
     dirty_bits_[gpa >> 18] |= uint64_t{1} << ((gpa >> 12) & 63);
-    if (cache_.has_code(gpa >> 12)) [[unlikely]] cache_.invalidate_range(gpa, size);
+    if (is_code_page(gpa >> 12)) [[unlikely]] note_code_write(gpa, size);
     return;
   }
   uint64_t ignored = 0;
