@@ -34,7 +34,7 @@ struct Op {
   uint16_t index = 0;     // position in its block: instructions before it retire if it faults
   uint8_t width = 0;      // operand width in bytes (op[0]), for the handlers
   uint8_t cond = 0;       // Jcc/SETcc/CMOVcc condition (low nibble of the opcode)
-  uint8_t sub = 0;        // handler-specific: the ALU or shift operation, the string kind, ...
+  bool target_ok = false; // `target` is valid: a direct transfer whose target needs no canonical check at run time
   OpForm form = OpForm::kCall;
   DecodedInsn insn;       // the whole decode, for handlers that need more and for the reference executor
 };

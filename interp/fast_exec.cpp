@@ -147,35 +147,6 @@ Role role_of(const DecodedInsn& insn) {
 
 }  // namespace
 
-// ---- operation handlers ---------------------------------------------------------------------------
-
-struct InterpBackend::Ops {
-  // An instruction the fast path has no handler of its own for: the reference executor, in place.
-  static const Op* reference(InterpBackend& c, const Op* op) {
-    c.insn_rip_ = op->rip;
-    c.next_rip_ = op->next_rip;
-    c.execute(op->insn);
-    if (c.end_block_after_op_ || c.watch_hit_) [[unlikely]] {
-      c.s_.rip = op->next_rip;
-      return nullptr;
-    }
-    return op + 1;
-  }
-  // A near control transfer through the reference executor: ends the block.
-  static const Op* reference_transfer(InterpBackend& c, const Op* op) {
-    c.insn_rip_ = op->rip;
-    c.next_rip_ = op->next_rip;
-    c.execute(op->insn);
-    c.s_.rip = c.next_rip_;
-    return nullptr;
-  }
-  // The end of a block that does not end in a control transfer (not an instruction).
-  static const Op* fall_through(InterpBackend& c, const Op* op) {
-    c.s_.rip = op->rip;
-    return nullptr;
-  }
-};
-
 // ---- translation ----------------------------------------------------------------------------------
 
 uint32_t InterpBackend::block_key() const {
@@ -231,13 +202,21 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
     const uint64_t next = (at + insn.length) & rip_mask;
     if (next < at && mode != interp::kMode64) break;  // IP wraps: the next instruction is not the next byte
     Op op;
-    op.fn = role == Role::kTransfer ? &Ops::reference_transfer : &Ops::reference;
     op.rip = at;
     op.next_rip = next;
     op.index = uint16_t(block->count);
     op.width = insn.op[0].size;
     op.cond = insn.opcode & 0xf;
     op.insn = insn;
+    if (role == Role::kTransfer && insn.op[0].kind == OpKind::kImm) {
+      // A direct target, as the reference computes it (jump_target, then set_rip's checks).
+      uint64_t target = next + uint64_t(insn.op[0].disp);
+      if (insn.opsize == 16) target &= 0xffff;
+      else if (insn.opsize == 32) target &= 0xffffffffu;
+      op.target = target;
+      op.target_ok = mode != interp::kMode64 || uint64_t(int64_t(target << 16) >> 16) == target;
+    }
+    bind_op(op, role == Role::kTransfer);
     block->ops.push_back(op);
     ++block->count;
     offset += insn.length;
@@ -253,7 +232,7 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
     block->bytes = uint32_t(offset - (phys & 0xfff));
     if (!transfer) {
       Op end;
-      end.fn = &Ops::fall_through;
+      bind_block_end(end);
       end.rip = at;
       end.next_rip = at;
       end.index = uint16_t(block->count);
@@ -297,6 +276,11 @@ void InterpBackend::run_fast() {
   }
   const uint64_t branch_limit = overflow_at_.value_or(~0ull);
   watch_hit_.reset();
+  // Flags stay lazy from block to block; whatever leaves here (a return, a fault, an exit) sees RFLAGS.
+  struct FlagsOnExit {
+    InterpBackend& cpu;
+    ~FlagsOnExit() { cpu.materialize_flags(); }
+  } flags_on_exit{*this};
   for (;;) {
     ++fast_stats_.blocks_entered;
     running_block_ = block;
@@ -313,6 +297,7 @@ void InterpBackend::run_fast() {
       steps_ += running_op_->index;
       s_.rip = running_op_->rip;
       insn_rip_ = running_op_->rip;
+      materialize_flags();
       take_fault(fault);
       return;
     } catch (const ExitRequest&) {

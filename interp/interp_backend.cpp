@@ -71,7 +71,12 @@ const interp::DecodedInsn& InterpBackend::fetch_decoded_slow(uint64_t linear, ui
   const uint64_t in_page = 4096 - (phys & 0xfff);
   const uint64_t available = std::min<uint64_t>({15, in_page, ram_size_ - phys});
   interp::DecodedInsn decoded;
-  if (interp::decode_bytes(ram_ + phys, available, mode, decoded)) return *cache_.insert(phys, decoded);
+  if (interp::decode_bytes(ram_ + phys, available, mode, decoded)) {
+    const bool was_code = is_code_page(phys >> 12);
+    interp::DecodedInsn* entry = cache_.insert(phys, decoded);
+    if (!was_code) revoke_fast_writes(phys >> 12);  // stores into the page must now check for code
+    return *entry;
+  }
   // The instruction continues on the next page: fetch through the MMU, decode without caching.
   uint8_t bytes[15];
   std::memcpy(bytes, ram_ + phys, available);

@@ -13,6 +13,7 @@
 
 #include "interp/block.h"
 #include "interp/decoded_insn.h"
+#include "interp/lazy_flags.h"
 #include "vmm/backend.h"
 #include "vmm/cpu_model.h"
 #include "vmm/guest_memory.h"
@@ -92,6 +93,13 @@ class InterpBackend : public Backend {
   struct TlbEntry {
     uint64_t tag = ~0ull;  // linear page number; ~0 = empty
     uint64_t phys = 0;     // physical page base
+    // The fast path's view of the same translation (docs/interp.md, "Software TLB"): a read or write
+    // at privilege [0] supervisor / [1] user goes straight to host memory at linear + addend when its
+    // last byte's page number equals read_tag / write_tag (~0 = never: not RAM, not yet dirty, read-only,
+    // decoded code in the page, a watchpoint in the page). One compare also rejects page-crossing accesses.
+    uint64_t read_tag[2] = {~0ull, ~0ull};
+    uint64_t write_tag[2] = {~0ull, ~0ull};
+    uint64_t addend = 0;
     bool writable = false, user = false, nx = false, global = false, dirty = false;
   };
   static constexpr size_t kTlbSize = 256;
@@ -107,6 +115,17 @@ class InterpBackend : public Backend {
   // The fast path (interp/fast_exec.cpp): translated blocks, run one after another while no stop
   // condition of the run loop can become due, so every stop still lands on its exact instruction.
   struct Ops;  // the operation handlers (nested, so they reach the state)
+  // Binds the handler of a decoded instruction (interp/fast_ops.cpp); `transfer`: it ends its block.
+  static void bind_op(interp::Op& op, bool transfer);
+  static void bind_block_end(interp::Op& op);
+  // Writes the lazy flags (interp/lazy_flags.h) into RFLAGS; everything outside the fast path's handlers
+  // sees RFLAGS only.
+  void materialize_flags() {
+    if (lazy_.cc != interp::kCcNone) [[likely]] {
+      s_.rflags = (s_.rflags & ~interp::kArithFlags) | interp::cc_compute(lazy_);
+      lazy_.cc = interp::kCcNone;
+    }
+  }
   void run_fast();
   uint32_t block_key() const;
   interp::Block* lookup_block();
@@ -186,6 +205,13 @@ class InterpBackend : public Backend {
   uint64_t read_sys(uint64_t linear, unsigned size);
   void write_sys(uint64_t linear, unsigned size, uint64_t value);
   void flush_tlb(bool include_global);
+  // Recomputes the fast-path tags of `entry` (see TlbEntry) from its translation and what is known now.
+  void fill_fast_tags(TlbEntry& entry);
+  // Drops the fast write tags of every entry that maps guest page `pfn` (it now holds decoded code).
+  void revoke_fast_writes(uint64_t pfn);
+  // After a slow-path access to `linear` succeeded: gives its entry fast tags again (and, with paging
+  // off, an identity entry), so that the next access to the page is fast.
+  void refresh_fast_entry(uint64_t linear);
   bool is_user() const { return cpl() == 3; }
 
   // Stack.
@@ -340,6 +366,7 @@ class InterpBackend : public Backend {
 
   // Fast path state.
   InterpMode mode_ = default_interp_mode();
+  interp::LazyFlags lazy_;  // pending arithmetic flags, only while blocks run (cc == kCcNone otherwise)
   interp::BlockCache blocks_;
   const interp::Block* running_block_ = nullptr;  // the block being executed, if any
   const interp::Op* running_op_ = nullptr;        // the operation being executed (what a fault names)
