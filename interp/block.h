@@ -35,6 +35,7 @@ struct Op {
   uint8_t width = 0;      // operand width in bytes (op[0]), for the handlers
   uint8_t cond = 0;       // Jcc/SETcc/CMOVcc condition (low nibble of the opcode)
   bool target_ok = false; // `target` is valid: a direct transfer whose target needs no canonical check at run time
+  bool self_counting = false;  // counts its own steps (a REP string instruction: one per iteration)
   OpForm form = OpForm::kCall;
   DecodedInsn insn;       // the whole decode, for handlers that need more and for the reference executor
 };

@@ -62,6 +62,27 @@ bool has_operand(const DecodedInsn& insn, OpKind kind) {
   return false;
 }
 
+bool is_string(const DecodedInsn& insn) {
+  switch (ZydisMnemonic(insn.mnemonic)) {
+    case ZYDIS_MNEMONIC_MOVSB: case ZYDIS_MNEMONIC_MOVSW: case ZYDIS_MNEMONIC_MOVSQ:
+    case ZYDIS_MNEMONIC_STOSB: case ZYDIS_MNEMONIC_STOSW: case ZYDIS_MNEMONIC_STOSD: case ZYDIS_MNEMONIC_STOSQ:
+    case ZYDIS_MNEMONIC_LODSB: case ZYDIS_MNEMONIC_LODSW: case ZYDIS_MNEMONIC_LODSD: case ZYDIS_MNEMONIC_LODSQ:
+    case ZYDIS_MNEMONIC_CMPSB: case ZYDIS_MNEMONIC_CMPSW: case ZYDIS_MNEMONIC_CMPSQ:
+    case ZYDIS_MNEMONIC_SCASB: case ZYDIS_MNEMONIC_SCASW: case ZYDIS_MNEMONIC_SCASD: case ZYDIS_MNEMONIC_SCASQ:
+      return true;
+    case ZYDIS_MNEMONIC_MOVSD:
+    case ZYDIS_MNEMONIC_CMPSD:
+      return insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT;
+    default:
+      return false;
+  }
+}
+
+Role string_role(const DecodedInsn& insn, bool rep) {
+  if (!rep) return Role::kInBlock;
+  return insn.addrsize == 16 ? Role::kFallback : Role::kTransfer;
+}
+
 // Instructions whose whole effect is on general registers, arithmetic flags, DF, XMM/MXCSR and memory:
 // nothing the run loop looks at between instructions (IF, TF, shadows, mode, CPL, segments, exits other
 // than MMIO) can change, so they may run back to back. Everything else is left to step().
@@ -110,17 +131,17 @@ Role role_of(const DecodedInsn& insn) {
     case ZYDIS_MNEMONIC_PREFETCHT2: case ZYDIS_MNEMONIC_PREFETCHNTA: case ZYDIS_MNEMONIC_PREFETCHW:
     case ZYDIS_MNEMONIC_ENDBR32: case ZYDIS_MNEMONIC_ENDBR64: case ZYDIS_MNEMONIC_CLFLUSH:
       return Role::kInBlock;
-    // String instructions: one iteration of a REP form is a step of its own (the run loop may stop
-    // between iterations), so those stay with step().
+    // String instructions: a REP form ends its block (its handler runs the iterations, each a step of
+    // its own); with a 16-bit address size they stay with step().
     case ZYDIS_MNEMONIC_MOVSB: case ZYDIS_MNEMONIC_MOVSW: case ZYDIS_MNEMONIC_MOVSQ:
     case ZYDIS_MNEMONIC_STOSB: case ZYDIS_MNEMONIC_STOSW: case ZYDIS_MNEMONIC_STOSD: case ZYDIS_MNEMONIC_STOSQ:
     case ZYDIS_MNEMONIC_LODSB: case ZYDIS_MNEMONIC_LODSW: case ZYDIS_MNEMONIC_LODSD: case ZYDIS_MNEMONIC_LODSQ:
     case ZYDIS_MNEMONIC_CMPSB: case ZYDIS_MNEMONIC_CMPSW: case ZYDIS_MNEMONIC_CMPSQ:
     case ZYDIS_MNEMONIC_SCASB: case ZYDIS_MNEMONIC_SCASW: case ZYDIS_MNEMONIC_SCASD: case ZYDIS_MNEMONIC_SCASQ:
-      return rep ? Role::kFallback : Role::kInBlock;
+      return string_role(insn, rep);
     case ZYDIS_MNEMONIC_MOVSD:
     case ZYDIS_MNEMONIC_CMPSD:
-      if (insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT) return rep ? Role::kFallback : Role::kInBlock;
+      if (insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT) return string_role(insn, rep);
       return Role::kInBlock;  // the SSE2 forms
     case ZYDIS_MNEMONIC_JO: case ZYDIS_MNEMONIC_JNO: case ZYDIS_MNEMONIC_JB: case ZYDIS_MNEMONIC_JNB:
     case ZYDIS_MNEMONIC_JZ: case ZYDIS_MNEMONIC_JNZ: case ZYDIS_MNEMONIC_JBE: case ZYDIS_MNEMONIC_JNBE:
@@ -217,6 +238,10 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
       op.target_ok = mode != interp::kMode64 || uint64_t(int64_t(target << 16) >> 16) == target;
     }
     bind_op(op, role == Role::kTransfer);
+    // A REP string instruction must count its iterations; one without a handler for that is left to step().
+    if (role == Role::kTransfer && (insn.flags & (interp::insn_flags::kRep | interp::insn_flags::kRepne)) &&
+        !op.self_counting && is_string(insn))
+      break;
     block->ops.push_back(op);
     ++block->count;
     offset += insn.length;
@@ -275,6 +300,7 @@ void InterpBackend::run_fast() {
     return;
   }
   const uint64_t branch_limit = overflow_at_.value_or(~0ull);
+  fast_step_limit_ = limit;
   watch_hit_.reset();
   // Flags stay lazy from block to block; whatever leaves here (a return, a fault, an exit) sees RFLAGS.
   struct FlagsOnExit {
@@ -310,7 +336,7 @@ void InterpBackend::run_fast() {
     running_block_ = nullptr;
     // The handler that returned nullptr has set RIP; the block retired up to and including it (the
     // synthetic end is not an instruction).
-    steps_ += running_op_->index + (running_op_->index < block->count ? 1 : 0);
+    steps_ += running_op_->index + (running_op_->index < block->count && !running_op_->self_counting ? 1 : 0);
     // Whatever would stop the run loop before the next instruction stops here, before that
     // instruction's fetch (a translation can set accessed bits): the reference would not have fetched it.
     if (end_block_after_op_ || watch_hit_ || branches_ >= branch_limit || steps_ >= limit || block_stepping_ ||

@@ -7,6 +7,7 @@
 // to `reference`, which runs execute() itself. interp_fastdiff checks the two paths against each other.
 #include <Zydis/Zydis.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "interp/alu.h"
@@ -33,7 +34,7 @@ struct InterpBackend::Ops {
   // ---- plumbing ----------------------------------------------------------------------------------
   // The end of an operation: the next one, or the end of the block when a store rewrote this block's
   // code or an access hit a watchpoint.
-  static const Op* next(InterpBackend& c, const Op* op) {
+  [[gnu::always_inline]] static const Op* next(InterpBackend& c, const Op* op) {
     if (c.end_block_after_op_) [[unlikely]] {
       c.s_.rip = op->next_rip;
       return nullptr;
@@ -43,7 +44,7 @@ struct InterpBackend::Ops {
 
   // Gives the reference executor the per-instruction context it reads (RIP-relative addresses, the
   // RIP an exit or a watchpoint names).
-  static void enter_reference(InterpBackend& c, const Op* op) {
+  [[gnu::always_inline]] static void enter_reference(InterpBackend& c, const Op* op) {
     c.insn_rip_ = op->rip;
     c.next_rip_ = op->next_rip;
   }
@@ -73,13 +74,13 @@ struct InterpBackend::Ops {
 
   // ---- registers -----------------------------------------------------------------------------------
   template <unsigned N>
-  static uint64_t get(const InterpBackend& c, const Operand& o) {
+  [[gnu::always_inline]] static uint64_t get(const InterpBackend& c, const Operand& o) {
     if (N == 1 && o.kind == OpKind::kGprHigh8) return (c.s_.gpr[o.reg] >> 8) & 0xff;
     return c.s_.gpr[o.reg] & mask_of<N>();
   }
   // Register writes: 32-bit writes zero-extend, 8- and 16-bit writes merge.
   template <unsigned N>
-  static void put_reg(InterpBackend& c, int reg, uint64_t v) {
+  [[gnu::always_inline]] static void put_reg(InterpBackend& c, int reg, uint64_t v) {
     uint64_t& r = c.s_.gpr[reg];
     if (N == 8) r = v;
     else if (N == 4) r = v & 0xffffffffu;
@@ -87,7 +88,7 @@ struct InterpBackend::Ops {
     else r = (r & ~0xffull) | (v & 0xff);
   }
   template <unsigned N>
-  static void put(InterpBackend& c, const Operand& o, uint64_t v) {
+  [[gnu::always_inline]] static void put(InterpBackend& c, const Operand& o, uint64_t v) {
     if (N == 1 && o.kind == OpKind::kGprHigh8) {
       c.s_.gpr[o.reg] = (c.s_.gpr[o.reg] & ~0xff00ull) | ((v & 0xff) << 8);
       return;
@@ -101,7 +102,7 @@ struct InterpBackend::Ops {
     uint64_t linear;
     int seg;
   };
-  static Mem mem_of(const InterpBackend& c, const Op* op, const Operand& o) {
+  [[gnu::always_inline]] static Mem mem_of(const InterpBackend& c, const Op* op, const Operand& o) {
     uint64_t a = uint64_t(o.disp);
     if (o.base == interp::kRipBase) a += op->next_rip;
     else if (o.base != interp::kNoReg) a += c.s_.gpr[o.base];
@@ -110,7 +111,7 @@ struct InterpBackend::Ops {
     else if (op->insn.addrsize == 16) a &= 0xffff;
     return at(c, op, o.seg, a);
   }
-  static Mem at(const InterpBackend& c, const Op* op, int seg, uint64_t offset) {
+  [[gnu::always_inline]] static Mem at(const InterpBackend& c, const Op* op, int seg, uint64_t offset) {
     // 64-bit mode: only FS and GS have a base, and a non-canonical address misses the TLB (the slow
     // path raises #GP/#SS); otherwise the segment base, wrapped to 32 bits.
     if (op->insn.mode == interp::kMode64) return {offset, seg >= 4 ? offset + c.segment_base(seg) : offset, seg};
@@ -118,7 +119,7 @@ struct InterpBackend::Ops {
   }
 
   template <unsigned N>
-  static uint64_t load(InterpBackend& c, const Op* op, const Mem& m) {
+  [[gnu::always_inline]] static uint64_t load(InterpBackend& c, const Op* op, const Mem& m) {
     const TlbEntry& t = c.tlb_[(m.linear >> 12) % kTlbSize];
     if (t.read_tag[c.s_.cs.dpl == 3] == ((m.linear + N - 1) >> 12)) [[likely]] {
       uint64_t v = 0;
@@ -128,7 +129,7 @@ struct InterpBackend::Ops {
     return load_slow(c, op, m, N);
   }
   template <unsigned N>
-  static void store(InterpBackend& c, const Op* op, const Mem& m, uint64_t v) {
+  [[gnu::always_inline]] static void store(InterpBackend& c, const Op* op, const Mem& m, uint64_t v) {
     const TlbEntry& t = c.tlb_[(m.linear >> 12) % kTlbSize];
     if (t.write_tag[c.s_.cs.dpl == 3] == ((m.linear + N - 1) >> 12)) [[likely]] {
       std::memcpy(reinterpret_cast<void*>(m.linear + t.addend), &v, N);
@@ -155,7 +156,7 @@ struct InterpBackend::Ops {
 
   // Operand access by kind, as read_operand/write_operand do (immediates come sign-extended).
   template <unsigned N>
-  static uint64_t read(InterpBackend& c, const Op* op, int i) {
+  [[gnu::always_inline]] static uint64_t read(InterpBackend& c, const Op* op, int i) {
     const Operand& o = op->insn.op[i];
     switch (o.kind) {
       case OpKind::kGpr:
@@ -165,20 +166,20 @@ struct InterpBackend::Ops {
     }
   }
   template <unsigned N>
-  static void write(InterpBackend& c, const Op* op, int i, uint64_t v) {
+  [[gnu::always_inline]] static void write(InterpBackend& c, const Op* op, int i, uint64_t v) {
     const Operand& o = op->insn.op[i];
     if (o.kind == OpKind::kMem) store<N>(c, op, mem_of(c, op, o), v);
     else put<N>(c, o, v);
   }
 
-  static void set_flags(InterpBackend& c, interp::CcKind kind, unsigned n, uint64_t r, uint64_t a, uint64_t b) {
+  [[gnu::always_inline]] static void set_flags(InterpBackend& c, interp::CcKind kind, unsigned n, uint64_t r, uint64_t a, uint64_t b) {
     c.lazy_.cc = interp::cc_code(kind, n);
     c.lazy_.dst = r;
     c.lazy_.src1 = a;
     c.lazy_.src2 = b;
   }
-  static bool condition(const InterpBackend& c, unsigned cc) { return interp::cc_condition(c.lazy_, cc, c.s_.rflags); }
-  static bool carry(const InterpBackend& c) { return interp::cc_carry(c.lazy_, c.s_.rflags); }
+  [[gnu::always_inline]] static bool condition(const InterpBackend& c, unsigned cc) { return interp::cc_condition(c.lazy_, cc, c.s_.rflags); }
+  [[gnu::always_inline]] static bool carry(const InterpBackend& c) { return interp::cc_carry(c.lazy_, c.s_.rflags); }
 
   // ---- data movement ---------------------------------------------------------------------------------
   template <unsigned N>
@@ -400,7 +401,7 @@ struct InterpBackend::Ops {
 
   // ---- stack (64-bit mode: 8- or 2-byte pushes on the flat 64-bit stack) ------------------------------
   template <unsigned N>
-  static void push64(InterpBackend& c, const Op* op, uint64_t v) {
+  [[gnu::always_inline]] static void push64(InterpBackend& c, const Op* op, uint64_t v) {
     const uint64_t rsp = c.s_.gpr[kRsp] - N;
     store<N>(c, op, at(c, op, 2, rsp), v);
     c.s_.gpr[kRsp] = rsp;
@@ -429,6 +430,151 @@ struct InterpBackend::Ops {
     return next(c, op);
   }
 
+  // ---- string instructions --------------------------------------------------------------------------
+  // One iteration, as exec_string does it; REP forms run iteration after iteration here, each one a
+  // step of its own (the handler counts them: Op::self_counting), stopping between two iterations
+  // wherever the run loop could stop (step limit, kick, a watchpoint, a store into this block's code).
+  enum class Str { kMovs, kStos, kLods, kCmps, kScas };
+  template <Str Kind, unsigned N>
+  [[gnu::always_inline]] static void string_iteration(InterpBackend& c, const Op* op, uint64_t amask, int src_seg, uint64_t step) {
+    const uint64_t rsi = c.s_.gpr[kRsi] & amask, rdi = c.s_.gpr[kRdi] & amask;
+    bool advance_si = false, advance_di = false;
+    switch (Kind) {
+      case Str::kMovs: {
+        const uint64_t v = load<N>(c, op, at(c, op, src_seg, rsi));
+        store<N>(c, op, at(c, op, 0, rdi), v);
+        advance_si = advance_di = true;
+        break;
+      }
+      case Str::kStos: store<N>(c, op, at(c, op, 0, rdi), c.s_.gpr[kRax] & mask_of<N>()); advance_di = true; break;
+      case Str::kLods: put_reg<N>(c, kRax, load<N>(c, op, at(c, op, src_seg, rsi))); advance_si = true; break;
+      case Str::kCmps: {
+        const uint64_t a = load<N>(c, op, at(c, op, src_seg, rsi)), b = load<N>(c, op, at(c, op, 0, rdi));
+        set_flags(c, interp::kCcSub, N, (a - b) & mask_of<N>(), a, b);
+        advance_si = advance_di = true;
+        break;
+      }
+      case Str::kScas: {
+        const uint64_t a = c.s_.gpr[kRax] & mask_of<N>(), b = load<N>(c, op, at(c, op, 0, rdi));
+        set_flags(c, interp::kCcSub, N, (a - b) & mask_of<N>(), a, b);
+        advance_di = true;
+        break;
+      }
+    }
+    if (advance_si) put_addr(c, kRsi, amask, rsi + step);
+    if (advance_di) put_addr(c, kRdi, amask, rdi + step);
+  }
+  // A register written at the address size (reg_write with 2, 4 or 8 bytes).
+  [[gnu::always_inline]] static void put_addr(InterpBackend& c, int reg, uint64_t amask, uint64_t v) {
+    if (amask == ~0ull) c.s_.gpr[reg] = v;
+    else if (amask == 0xffffffffu) c.s_.gpr[reg] = v & amask;
+    else c.s_.gpr[reg] = (c.s_.gpr[reg] & ~0xffffull) | (v & 0xffff);
+  }
+  [[gnu::always_inline]] static uint64_t address_mask(const Op* op) {
+    return op->insn.addrsize == 64 ? ~0ull : op->insn.addrsize == 32 ? 0xffffffffull : 0xffffull;
+  }
+  [[gnu::always_inline]] static int source_segment(const Op* op) { return op->insn.seg_override != 0xff ? op->insn.seg_override : 3; }
+
+  template <Str Kind, unsigned N>
+  static const Op* string(InterpBackend& c, const Op* op) {
+    const uint64_t step = (c.s_.rflags & rflags::kDf) ? uint64_t(-int64_t(N)) : N;
+    string_iteration<Kind, N>(c, op, address_mask(op), source_segment(op), step);
+    return next(c, op);
+  }
+
+  // STOS/MOVS forward, both pages fast: as many iterations as stay within them at once.
+  template <Str Kind, unsigned N>
+  static uint64_t bulk(InterpBackend& c, uint64_t rcx, uint64_t amask, int src_seg, const Op* op) {
+    const bool user = c.s_.cs.dpl == 3;
+    const Mem dst = at(c, op, 0, c.s_.gpr[kRdi] & amask);
+    const TlbEntry& td = c.tlb_[(dst.linear >> 12) % kTlbSize];
+    if (td.write_tag[user] != (dst.linear >> 12)) return 0;
+    uint64_t k = std::min<uint64_t>(rcx, (4096 - (dst.linear & 0xfff)) / N);
+    k = std::min<uint64_t>(k, c.fast_step_limit_ - c.steps_);
+    uint8_t* to = reinterpret_cast<uint8_t*>(dst.linear + td.addend);
+    const uint8_t* from = nullptr;
+    if (Kind == Str::kMovs) {
+      const Mem src = at(c, op, src_seg, c.s_.gpr[kRsi] & amask);
+      const TlbEntry& ts = c.tlb_[(src.linear >> 12) % kTlbSize];
+      if (ts.read_tag[user] != (src.linear >> 12)) return 0;
+      k = std::min<uint64_t>(k, (4096 - (src.linear & 0xfff)) / N);
+      from = reinterpret_cast<const uint8_t*>(src.linear + ts.addend);
+    }
+    if (k < 2) return 0;
+    if (Kind == Str::kStos) {
+      const uint64_t v = c.s_.gpr[kRax];
+      if (N == 1) {
+        std::memset(to, int(v & 0xff), k);
+      } else {
+        for (uint64_t i = 0; i < k; ++i) std::memcpy(to + i * N, &v, N);
+      }
+    } else {
+      // Element by element, as the hardware's string semantics define overlapping copies.
+      for (uint64_t i = 0; i < k; ++i) {
+        uint64_t v;
+        std::memcpy(&v, from + i * N, N);
+        std::memcpy(to + i * N, &v, N);
+      }
+      put_addr(c, kRsi, amask, c.s_.gpr[kRsi] + k * N);
+    }
+    put_addr(c, kRdi, amask, c.s_.gpr[kRdi] + k * N);
+    c.dirty_bits_[td.phys >> 18] |= uint64_t{1} << ((td.phys >> 12) & 63);
+    return k;
+  }
+
+  template <Str Kind, unsigned N>
+  static const Op* rep_string(InterpBackend& c, const Op* op) {
+    const uint64_t amask = address_mask(op);
+    const int src_seg = source_segment(op);
+    const bool df = c.s_.rflags & rflags::kDf;
+    const uint64_t step = df ? uint64_t(-int64_t(N)) : N;
+    const bool repne = op->insn.flags & interp::insn_flags::kRepne;
+    for (;;) {
+      uint64_t rcx = c.s_.gpr[kRcx] & amask;
+      if (rcx == 0) {  // nothing to do: retires at once
+        ++c.steps_;
+        c.s_.rip = op->next_rip;
+        return nullptr;
+      }
+      if ((Kind == Str::kStos || Kind == Str::kMovs) && !df) {
+        if (const uint64_t k = bulk<Kind, N>(c, rcx, amask, src_seg, op)) {
+          rcx -= k;
+          put_addr(c, kRcx, amask, rcx);
+          c.steps_ += k;
+          if (rcx == 0) {
+            c.rep_partial_ += k - 1;
+            c.s_.rip = op->next_rip;
+            return nullptr;
+          }
+          c.rep_partial_ += k;
+          if (c.steps_ >= c.fast_step_limit_ || c.kicked_.load(std::memory_order_relaxed)) {
+            c.s_.rip = op->rip;
+            return nullptr;
+          }
+          continue;
+        }
+      }
+      string_iteration<Kind, N>(c, op, amask, src_seg, step);
+      rcx = (rcx - 1) & amask;
+      put_addr(c, kRcx, amask, rcx);
+      bool done = rcx == 0;
+      if (Kind == Str::kCmps || Kind == Str::kScas) {
+        const bool zf = c.lazy_.dst == 0;
+        if (repne ? zf : !zf) done = true;
+      }
+      ++c.steps_;
+      if (done) {
+        c.s_.rip = op->next_rip;
+        return nullptr;
+      }
+      ++c.rep_partial_;
+      if (c.steps_ >= c.fast_step_limit_ || c.end_block_after_op_ || c.kicked_.load(std::memory_order_relaxed)) {
+        c.s_.rip = op->rip;
+        return nullptr;
+      }
+    }
+  }
+
   // ---- control transfers (the end of a block) --------------------------------------------------------
   static const Op* jcc(InterpBackend& c, const Op* op) {
     c.s_.rip = condition(c, op->cond) ? op->target : op->next_rip;
@@ -441,7 +587,7 @@ struct InterpBackend::Ops {
   }
   // A target read from a register or memory: #GP(0) when it is not canonical (64-bit mode), masked
   // to the operand size otherwise (set_rip in the reference).
-  static uint64_t checked_target(InterpBackend& c, const Op* op, uint64_t target) {
+  [[gnu::always_inline]] static uint64_t checked_target(InterpBackend& c, const Op* op, uint64_t target) {
     if (op->insn.mode == interp::kMode64) {
       if (uint64_t(int64_t(target << 16) >> 16) != target) c.raise(kGp, 0, true);
       return target;
@@ -626,6 +772,35 @@ void InterpBackend::bind_op(Op& op, bool transfer) {
       if (mode64 && is_simple(o0) && o0.kind != OpKind::kImm && (insn.opsize == 64 || insn.opsize == 16))
         fn = insn.opsize == 64 ? &O::pop<8> : &O::pop<2>;
       break;
+    case ZYDIS_MNEMONIC_MOVSB: case ZYDIS_MNEMONIC_MOVSW: case ZYDIS_MNEMONIC_MOVSD: case ZYDIS_MNEMONIC_MOVSQ:
+    case ZYDIS_MNEMONIC_STOSB: case ZYDIS_MNEMONIC_STOSW: case ZYDIS_MNEMONIC_STOSD: case ZYDIS_MNEMONIC_STOSQ:
+    case ZYDIS_MNEMONIC_LODSB: case ZYDIS_MNEMONIC_LODSW: case ZYDIS_MNEMONIC_LODSD: case ZYDIS_MNEMONIC_LODSQ:
+    case ZYDIS_MNEMONIC_CMPSB: case ZYDIS_MNEMONIC_CMPSW: case ZYDIS_MNEMONIC_CMPSD: case ZYDIS_MNEMONIC_CMPSQ:
+    case ZYDIS_MNEMONIC_SCASB: case ZYDIS_MNEMONIC_SCASW: case ZYDIS_MNEMONIC_SCASD: case ZYDIS_MNEMONIC_SCASQ: {
+      if (insn.opcode_map != ZYDIS_OPCODE_MAP_DEFAULT || insn.addrsize == 16) break;  // (MOVSD/CMPSD: SSE2 forms)
+      const bool rep = insn.flags & (interp::insn_flags::kRep | interp::insn_flags::kRepne);
+      const char* name = interp::mnemonic_name(insn.mnemonic);
+      const char last = name[std::strlen(name) - 1];
+      const unsigned n = last == 'b' ? 1 : last == 'w' ? 2 : last == 'd' ? 4 : 8;
+      O::Str kind = O::Str::kMovs;
+      switch (name[0]) {
+        case 's': kind = name[1] == 't' ? O::Str::kStos : O::Str::kScas; break;
+        case 'l': kind = O::Str::kLods; break;
+        case 'c': kind = O::Str::kCmps; break;
+        default: break;
+      }
+#define DEJA_STRING(KIND)                                                                         \
+  if (kind == O::Str::KIND)                                                                       \
+    fn = rep ? DEJA_BY_WIDTH(n, &O::rep_string<O::Str::KIND, N>) : DEJA_BY_WIDTH(n, &O::string<O::Str::KIND, N>);
+      DEJA_STRING(kMovs)
+      DEJA_STRING(kStos)
+      DEJA_STRING(kLods)
+      DEJA_STRING(kCmps)
+      DEJA_STRING(kScas)
+#undef DEJA_STRING
+      op.self_counting = rep;
+      break;
+    }
     case ZYDIS_MNEMONIC_JO: case ZYDIS_MNEMONIC_JNO: case ZYDIS_MNEMONIC_JB: case ZYDIS_MNEMONIC_JNB:
     case ZYDIS_MNEMONIC_JZ: case ZYDIS_MNEMONIC_JNZ: case ZYDIS_MNEMONIC_JBE: case ZYDIS_MNEMONIC_JNBE:
     case ZYDIS_MNEMONIC_JS: case ZYDIS_MNEMONIC_JNS: case ZYDIS_MNEMONIC_JP: case ZYDIS_MNEMONIC_JNP:

@@ -373,6 +373,7 @@ class InterpBackend : public Backend {
   // Set during an operation when the block must end right after it: a store rewrote code of the running
   // block, or an access hit a watchpoint.
   bool end_block_after_op_ = false;
+  uint64_t fast_step_limit_ = ~0ull;  // step_limit() while blocks run (REP strings stop there between iterations)
   bool block_stepping_ = false;
   bool block_step_done_ = false;  // block stepping: a block ran, report it (after a HLT's own exit)
   FastStats fast_stats_;

@@ -71,7 +71,7 @@ inline uint64_t cc_compute(const LazyFlags& f) {
 }
 
 // CF alone (INC/DEC keep it, ADC/SBB/RCL/RCR read it).
-inline bool cc_carry(const LazyFlags& f, uint64_t rflags) {
+[[gnu::always_inline]] inline bool cc_carry(const LazyFlags& f, uint64_t rflags) {
   switch (f.cc >> 2) {
     case kCcNone: return rflags & kCf;
     case kCcSub: return f.src1 < f.src2;
@@ -84,7 +84,7 @@ inline bool cc_carry(const LazyFlags& f, uint64_t rflags) {
 }
 
 // Condition `cc` (the low nibble of Jcc/SETcc/CMOVcc), from the lazy state where that is cheap.
-inline bool cc_condition(const LazyFlags& f, unsigned cc, uint64_t rflags) {
+[[gnu::always_inline]] inline bool cc_condition(const LazyFlags& f, unsigned cc, uint64_t rflags) {
   const unsigned kind = f.cc >> 2;
   if (kind == kCcNone) return condition_holds(cc, rflags);
   const unsigned w = cc_width_bits(f.cc);

@@ -120,15 +120,24 @@ struct LockstepResult {
 };
 
 // Runs both to the end (a terminal exit or `max_steps`), comparing as described at the top.
-LockstepResult lockstep(Side ref, Side fast, Answerer& answerer, uint64_t max_steps, bool stepping,
-                        const std::function<bool(const VcpuExit&, const CpuState&)>& terminal) {
+// How the fast side is stopped: after every block, only at exits, or by small random instruction budgets
+// (which cut blocks and REP strings anywhere, as timeslices and the debugger's step targets do).
+enum class Pass { kStepping, kChained, kBudgets };
+const char* pass_name(Pass p) { return p == Pass::kStepping ? "block stepping" : p == Pass::kChained ? "chained" : "random budgets"; }
+
+LockstepResult lockstep(Side ref, Side fast, Answerer& answerer, uint64_t max_steps, Pass pass,
+                        const std::function<bool(const VcpuExit&, const CpuState&)>& terminal, uint64_t seed = 0) {
   LockstepResult result;
+  std::mt19937_64 budgets(seed);
+  const bool stepping = pass == Pass::kStepping;
   fast.cpu->set_block_stepping(stepping);
   (void)ref.memory->take_dirty_pages();
   (void)fast.memory->take_dirty_pages();
   for (;;) {
     const uint64_t room = max_steps > fast.cpu->retired_steps() ? max_steps - fast.cpu->retired_steps() : 0;
-    fast.cpu->set_instruction_budget(room == 0 ? 1 : room);
+    uint64_t budget = room == 0 ? 1 : room;
+    if (pass == Pass::kBudgets) budget = std::min<uint64_t>(budget, 1 + budgets() % 40);
+    fast.cpu->set_instruction_budget(budget);
     VcpuExit* ef = *fast.cpu->run();
     const uint64_t target = fast.cpu->retired_steps();
     VcpuExit* er = nullptr;
@@ -174,7 +183,7 @@ LockstepResult lockstep(Side ref, Side fast, Answerer& answerer, uint64_t max_st
     if (diff.empty() && (result.boundaries % 64 == 0 || ef->kind != ExitKind::kKicked)) diff = memory_diff(ref, fast);
     if (!diff.empty()) {
       result.mismatch = fmt::format("state differs at step {} after {} ({}):\n{}", target, exit_kind_name(ef->kind),
-                                    stepping ? "block stepping" : "chained", diff);
+                                    pass_name(pass), diff);
       return result;
     }
     if (ef->kind == ExitKind::kKicked && fast.cpu->retired_steps() >= max_steps) return result;
@@ -239,16 +248,18 @@ int run_programs(InterpMode mode, uint64_t seed, int sequences, int fuzz_runs, i
       std::fprintf(stderr, "interp_fastdiff: cannot load program %d\n", i);
       return 2;
     }
-    // Both passes on the same program: block stepping, then chained.
-    for (bool stepping : {true, false}) {
-      if (!stepping && (!pair->ref->prepare(code, regs, data) || !pair->fast->prepare(code, regs, data))) return 2;
+    // Every pass on the same program.
+    for (Pass pass : {Pass::kStepping, Pass::kChained, Pass::kBudgets}) {
+      if (pass != Pass::kStepping && (!pair->ref->prepare(code, regs, data) || !pair->fast->prepare(code, regs, data)))
+        return 2;
       Answerer answerer;
-      LockstepResult r = lockstep(pair->ref_side(), pair->fast_side(), answerer, 20000, stepping, program_terminal);
+      LockstepResult r =
+          lockstep(pair->ref_side(), pair->fast_side(), answerer, 20000, pass, program_terminal, seed + uint64_t(i));
       boundaries += r.boundaries;
       if (r.mismatch.empty()) continue;
       ++failures;
       if (failures <= show) {
-        std::printf("MISMATCH in %s %d (%s):\n%s", fuzz ? "random code" : "sequence", i, stepping ? "stepping" : "chained",
+        std::printf("MISMATCH in %s %d (%s):\n%s", fuzz ? "random code" : "sequence", i, pass_name(pass),
                     r.mismatch.c_str());
         if (!fuzz)
           for (const auto& line : listing) std::printf("    %s\n", line.c_str());
@@ -267,7 +278,7 @@ int run_programs(InterpMode mode, uint64_t seed, int sequences, int fuzz_runs, i
 
 // ---- guest images -------------------------------------------------------------------------------
 
-int run_guest(InterpMode mode, const std::string& path, const std::string& cmdline, uint64_t max_steps) {
+int run_guest(InterpMode mode, const std::string& path, const std::string& cmdline, uint64_t max_steps, Pass pass) {
   auto ref_memory = GuestMemory::create(256 << 20);
   auto fast_memory = GuestMemory::create(256 << 20);
   if (!ref_memory || !fast_memory) return 2;
@@ -290,9 +301,10 @@ int run_guest(InterpMode mode, const std::string& path, const std::string& cmdli
     return e.kind == ExitKind::kIoOut && e.port == 0xf4;
   };
   const auto start = std::chrono::steady_clock::now();
-  LockstepResult r = lockstep({&*ref_memory, &ref}, {&*fast_memory, &fast}, answerer, max_steps, true, terminal);
+  LockstepResult r = lockstep({&*ref_memory, &ref}, {&*fast_memory, &fast}, answerer, max_steps, pass, terminal, 7);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("interp_fastdiff: %s: %llu block boundaries, %llu exits, %llu instructions, %.1f s%s\n", path.c_str(),
+  std::printf("interp_fastdiff: %s (%s): %llu stops compared, %llu exits, %llu instructions, %.1f s%s\n", path.c_str(),
+              pass_name(pass),
               static_cast<unsigned long long>(r.boundaries), static_cast<unsigned long long>(r.exits),
               static_cast<unsigned long long>(*fast.instruction_count()), seconds,
               r.ended ? "" : " (stopped at the step limit)");
@@ -333,6 +345,9 @@ int main(int argc, char** argv) {
   std::printf("interp_fastdiff: mode %s, seed %llu (reproduce with --seed %llu)\n", mode_name.c_str(),
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
   int failures = run_programs(*mode, seed, sequences, fuzz_runs, max_length, show);
-  for (const std::string& guest : guests) failures += run_guest(*mode, guest, cmdline, max_steps);
+  for (const std::string& guest : guests) {
+    failures += run_guest(*mode, guest, cmdline, max_steps, Pass::kStepping);
+    failures += run_guest(*mode, guest, cmdline, max_steps / 10, Pass::kBudgets);
+  }
   return failures == 0 ? 0 : 1;
 }
