@@ -308,6 +308,9 @@ void InterpBackend::run_fast() {
     ~FlagsOnExit() { cpu.materialize_flags(); }
   } flags_on_exit{*this};
   for (;;) {
+    // Between blocks nothing dropped is referenced any more (`block` itself is live: just looked up, or
+    // linked in this epoch), so the graveyard goes here too: a long chain must not pile it up.
+    blocks_.release_retired();
     ++fast_stats_.blocks_entered;
     running_block_ = block;
     end_block_after_op_ = false;

@@ -282,7 +282,11 @@ Result<> InterpBackend::inject_interrupt(uint8_t vector) {
 }
 
 Result<> InterpBackend::set_debug(const DebugControl& control) {
+  const bool watch_changed = control.watchpoints != debug_.watchpoints;
   debug_ = control;
+  // Pages with a watchpoint lose their fast tags (every access must be checked); pages without one get them back.
+  if (watch_changed)
+    for (auto& entry : tlb_) fill_fast_tags(entry);
   step_origin_ = executed();
   return {};
 }

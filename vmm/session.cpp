@@ -287,6 +287,13 @@ std::optional<Outcome> Session::replay_end_here() {
   // state, output) is check_replay_end()'s question.
   const Position here = position();
   if (!same_coordinate(end.at(), here, engine_.progress())) return std::nullopt;
+  if (engine_.progress() == ProgressMode::kExact && end.instructions() != 0 && here.instructions &&
+      *here.instructions < end.instructions()) {
+    // An earlier visit of the End's coordinate (a loop that neither branches nor changes a register:
+    // `1: incq mem; jmp 1b`): the seeker, whose target is the End, stops at the visit with the recorded
+    // instruction count.
+    return std::nullopt;
+  }
   if (engine_.progress() == ProgressMode::kExitSync && end.instructions() != 0 && here.instructions &&
       *here.instructions < end.instructions()) {
     // Exit-sync on the software CPU: the recording stopped between guest exits (interrupted, or a
