@@ -28,6 +28,7 @@ enum class OpForm : uint8_t {
 // One guest instruction, decoded once, with its handler bound.
 struct Op {
   OpHandler fn = nullptr;
+  OpHandler jit_fn = nullptr;  // the same handler as JIT code calls it (faults and exits kept, not thrown)
   uint64_t rip = 0;       // this instruction's RIP (CS-relative, as the guest sees it)
   uint64_t next_rip = 0;  // RIP of the instruction after it, masked to the code size
   uint64_t target = 0;    // direct control transfers: the target RIP, masked like next_rip
@@ -62,8 +63,14 @@ struct Block {
 
   Block* next_in_bucket = nullptr;  // hash chain by physical address
 
+  // The block compiled to host code (interp/jit.cpp), or nullptr: runs the operations, returns the one
+  // that ended the block (a fault or exit is left in the backend's jit_trap_).
+  using Code = const Op* (*)(InterpBackend* cpu);
+  Code code = nullptr;
+  uint32_t code_bytes = 0;
+
   uint64_t end_linear() const { return linear + bytes; }
-  uint64_t memory_bytes() const { return sizeof(Block) + ops.capacity() * sizeof(Op); }
+  uint64_t memory_bytes() const { return sizeof(Block) + ops.capacity() * sizeof(Op) + code_bytes; }
 };
 
 // All translated blocks, by guest-physical address, with the same bound as the decode cache: past
@@ -72,7 +79,7 @@ struct Block {
 // because the block being executed may be the one a store invalidates.
 class BlockCache {
  public:
-  static constexpr uint64_t kDefaultCapacityBytes = uint64_t{96} << 20;
+  static constexpr uint64_t kDefaultCapacityBytes = uint64_t{64} << 20;
 
   explicit BlockCache(uint64_t ram_bytes, uint64_t capacity_bytes = kDefaultCapacityBytes);
   ~BlockCache();

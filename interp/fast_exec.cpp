@@ -33,10 +33,14 @@ InterpMode default_interp_mode() {
   if (const char* env = std::getenv("DEJA_INTERP_MODE")) {
     if (auto mode = parse_interp_mode(env)) return *mode;
   }
-  return InterpMode::kThreaded;
+  return InterpMode::kJit;
 }
 
-void InterpBackend::set_mode(InterpMode mode) { mode_ = mode; }
+void InterpBackend::set_mode(InterpMode mode) {
+  // Blocks are translated for one mode (with host code or without): a switch starts afresh.
+  if (mode != mode_) blocks_.clear();
+  mode_ = mode;
+}
 
 InterpBackend::FastStats InterpBackend::fast_stats() const {
   FastStats stats = fast_stats_;
@@ -265,6 +269,7 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
     }
   }
   block->ops.shrink_to_fit();
+  if (mode_ == InterpMode::kJit && block->count > 0) compile_block(*block);  // (without code: handlers)
   return blocks_.insert(std::move(block));
 }
 
@@ -314,12 +319,8 @@ void InterpBackend::run_fast() {
     ++fast_stats_.blocks_entered;
     running_block_ = block;
     end_block_after_op_ = false;
-    const Op* op = block->ops.data();
     try {
-      do {
-        running_op_ = op;
-        op = op->fn(*this, op);
-      } while (op);
+      running_op_ = run_block(*block);
     } catch (const GuestException& fault) {
       // The faulting instruction did not retire; those before it did.
       running_block_ = nullptr;

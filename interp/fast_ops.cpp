@@ -32,6 +32,35 @@ constexpr uint64_t mask_of() {
 
 struct InterpBackend::Ops {
   // ---- plumbing ----------------------------------------------------------------------------------
+  // A handler as JIT code calls it: nothing may unwind through JIT frames, so a fault or an exit is
+  // kept (jit_trap_) and rethrown by the runner once the block's code has returned; the operation that
+  // ended the block is left in running_op_.
+  template <interp::OpHandler H>
+  static const Op* guarded(InterpBackend& c, const Op* op) noexcept {
+    try {
+      const Op* next = H(c, op);
+      if (!next) c.running_op_ = op;
+      return next;
+    } catch (const GuestException& fault) {
+      c.running_op_ = op;
+      c.jit_fault_ = fault;
+      c.jit_trap_ = kJitFault;
+      return nullptr;
+    } catch (const ExitRequest&) {
+      c.running_op_ = op;
+      c.jit_trap_ = kJitExit;
+      return nullptr;
+    }
+  }
+  struct Pair {
+    interp::OpHandler fn = nullptr, jit = nullptr;
+    explicit operator bool() const { return fn != nullptr; }
+  };
+  template <interp::OpHandler H>
+  static constexpr Pair pair() {
+    return {H, &guarded<H>};
+  }
+
   // The end of an operation: the next one, or the end of the block when a store rewrote this block's
   // code or an access hit a watchpoint.
   [[gnu::always_inline]] static const Op* next(InterpBackend& c, const Op* op) {
@@ -637,13 +666,13 @@ namespace {
 // The instantiation of a handler for an operand width of 1, 2, 4 or 8 bytes (nullptr otherwise): the
 // expression after the width names the handler with N as its width.
 #define DEJA_BY_WIDTH(width, ...)                       \
-  [&]() -> interp::OpHandler {                          \
+  [&]() -> InterpBackend::Ops::Pair {                   \
     switch (width) {                                    \
-      case 1: { constexpr unsigned N = 1; return __VA_ARGS__; } \
-      case 2: { constexpr unsigned N = 2; return __VA_ARGS__; } \
-      case 4: { constexpr unsigned N = 4; return __VA_ARGS__; } \
-      case 8: { constexpr unsigned N = 8; return __VA_ARGS__; } \
-      default: return nullptr;                          \
+      case 1: { constexpr unsigned N = 1; return InterpBackend::Ops::pair<__VA_ARGS__>(); } \
+      case 2: { constexpr unsigned N = 2; return InterpBackend::Ops::pair<__VA_ARGS__>(); } \
+      case 4: { constexpr unsigned N = 4; return InterpBackend::Ops::pair<__VA_ARGS__>(); } \
+      case 8: { constexpr unsigned N = 8; return InterpBackend::Ops::pair<__VA_ARGS__>(); } \
+      default: return {};                               \
     }                                                   \
   }()
 
@@ -652,7 +681,10 @@ bool is_simple(const Operand& o) { return is_reg(o) || o.kind == OpKind::kImm ||
 
 }  // namespace
 
-void InterpBackend::bind_block_end(Op& op) { op.fn = &Ops::fall_through; }
+void InterpBackend::bind_block_end(Op& op) {
+  op.fn = &Ops::fall_through;
+  op.jit_fn = &Ops::guarded<&Ops::fall_through>;
+}
 
 void InterpBackend::bind_op(Op& op, bool transfer) {
   using O = Ops;
@@ -661,7 +693,7 @@ void InterpBackend::bind_op(Op& op, bool transfer) {
   const Operand& o1 = insn.op[1];
   const unsigned w = o0.size;
   const bool mode64 = insn.mode == interp::kMode64;
-  interp::OpHandler fn = nullptr;
+  O::Pair fn;
   switch (ZydisMnemonic(insn.mnemonic)) {
     case ZYDIS_MNEMONIC_MOV:
       if (!is_simple(o0) || !is_simple(o1) || o0.kind == OpKind::kImm) break;
@@ -676,11 +708,11 @@ void InterpBackend::bind_op(Op& op, bool transfer) {
       if (!is_reg(o0) || o0.kind != OpKind::kGpr || !is_simple(o1) || o1.kind == OpKind::kImm) break;
       const bool s = insn.mnemonic != ZYDIS_MNEMONIC_MOVZX;
       const unsigned src = o1.size;
-#define DEJA_EXTEND(N)                                                            \
-  if (w == N) {                                                                   \
-    if (src == 1) fn = s ? &O::extend<N, 1, true> : &O::extend<N, 1, false>;      \
-    if (src == 2) fn = s ? &O::extend<N, 2, true> : &O::extend<N, 2, false>;      \
-    if (src == 4) fn = s ? &O::extend<N, 4, true> : &O::extend<N, 4, false>;      \
+#define DEJA_EXTEND(N)                                                                                \
+  if (w == N) {                                                                                       \
+    if (src == 1) fn = s ? O::pair<&O::extend<N, 1, true>>() : O::pair<&O::extend<N, 1, false>>();    \
+    if (src == 2) fn = s ? O::pair<&O::extend<N, 2, true>>() : O::pair<&O::extend<N, 2, false>>();    \
+    if (src == 4) fn = s ? O::pair<&O::extend<N, 4, true>>() : O::pair<&O::extend<N, 4, false>>();    \
   }
       DEJA_EXTEND(2)
       DEJA_EXTEND(4)
@@ -705,7 +737,7 @@ void InterpBackend::bind_op(Op& op, bool transfer) {
     case ZYDIS_MNEMONIC_SETNB: case ZYDIS_MNEMONIC_SETNBE: case ZYDIS_MNEMONIC_SETNL: case ZYDIS_MNEMONIC_SETNLE:
     case ZYDIS_MNEMONIC_SETNO: case ZYDIS_MNEMONIC_SETNP: case ZYDIS_MNEMONIC_SETNS: case ZYDIS_MNEMONIC_SETNZ:
     case ZYDIS_MNEMONIC_SETO: case ZYDIS_MNEMONIC_SETP: case ZYDIS_MNEMONIC_SETS: case ZYDIS_MNEMONIC_SETZ:
-      if (is_simple(o0) && o0.kind != OpKind::kImm && w == 1) fn = &O::setcc;
+      if (is_simple(o0) && o0.kind != OpKind::kImm && w == 1) fn = O::pair<&O::setcc>();
       break;
 #define DEJA_ALU(MN, KIND)                                                                          \
   case ZYDIS_MNEMONIC_##MN:                                                                        \
@@ -761,16 +793,16 @@ void InterpBackend::bind_op(Op& op, bool transfer) {
     case ZYDIS_MNEMONIC_SFENCE: case ZYDIS_MNEMONIC_PREFETCHT0: case ZYDIS_MNEMONIC_PREFETCHT1:
     case ZYDIS_MNEMONIC_PREFETCHT2: case ZYDIS_MNEMONIC_PREFETCHNTA: case ZYDIS_MNEMONIC_PREFETCHW:
     case ZYDIS_MNEMONIC_ENDBR32: case ZYDIS_MNEMONIC_ENDBR64:
-      fn = &O::nop;
+      fn = O::pair<&O::nop>();
       break;
     case ZYDIS_MNEMONIC_PUSH:
       // 64-bit mode only (the flat stack); a segment register and the other modes go to the reference.
       if (mode64 && is_simple(o0) && (insn.opsize == 64 || insn.opsize == 16))
-        fn = insn.opsize == 64 ? &O::push<8> : &O::push<2>;
+        fn = insn.opsize == 64 ? O::pair<&O::push<8>>() : O::pair<&O::push<2>>();
       break;
     case ZYDIS_MNEMONIC_POP:
       if (mode64 && is_simple(o0) && o0.kind != OpKind::kImm && (insn.opsize == 64 || insn.opsize == 16))
-        fn = insn.opsize == 64 ? &O::pop<8> : &O::pop<2>;
+        fn = insn.opsize == 64 ? O::pair<&O::pop<8>>() : O::pair<&O::pop<2>>();
       break;
     case ZYDIS_MNEMONIC_MOVSB: case ZYDIS_MNEMONIC_MOVSW: case ZYDIS_MNEMONIC_MOVSD: case ZYDIS_MNEMONIC_MOVSQ:
     case ZYDIS_MNEMONIC_STOSB: case ZYDIS_MNEMONIC_STOSW: case ZYDIS_MNEMONIC_STOSD: case ZYDIS_MNEMONIC_STOSQ:
@@ -805,26 +837,27 @@ void InterpBackend::bind_op(Op& op, bool transfer) {
     case ZYDIS_MNEMONIC_JZ: case ZYDIS_MNEMONIC_JNZ: case ZYDIS_MNEMONIC_JBE: case ZYDIS_MNEMONIC_JNBE:
     case ZYDIS_MNEMONIC_JS: case ZYDIS_MNEMONIC_JNS: case ZYDIS_MNEMONIC_JP: case ZYDIS_MNEMONIC_JNP:
     case ZYDIS_MNEMONIC_JL: case ZYDIS_MNEMONIC_JNL: case ZYDIS_MNEMONIC_JLE: case ZYDIS_MNEMONIC_JNLE:
-      if (op.target_ok) fn = &O::jcc;
+      if (op.target_ok) fn = O::pair<&O::jcc>();
       break;
     case ZYDIS_MNEMONIC_JMP:
-      if (o0.kind == OpKind::kImm && op.target_ok) fn = &O::jmp;
+      if (o0.kind == OpKind::kImm && op.target_ok) fn = O::pair<&O::jmp>();
       else if ((is_reg(o0) || o0.kind == OpKind::kMem) && o0.size == insn.opsize / 8)
         fn = DEJA_BY_WIDTH(o0.size, &O::jmp_indirect<N>);
       break;
     case ZYDIS_MNEMONIC_CALL:
       if (!mode64 || insn.opsize != 64) break;
-      if (o0.kind == OpKind::kImm && op.target_ok) fn = &O::call<8>;
-      else if ((is_reg(o0) || o0.kind == OpKind::kMem) && o0.size == 8) fn = &O::call_indirect<8>;
+      if (o0.kind == OpKind::kImm && op.target_ok) fn = O::pair<&O::call<8>>();
+      else if ((is_reg(o0) || o0.kind == OpKind::kMem) && o0.size == 8) fn = O::pair<&O::call_indirect<8>>();
       break;
     case ZYDIS_MNEMONIC_RET:
-      if (mode64 && insn.opsize == 64 && (insn.opcode == 0xc3 || insn.opcode == 0xc2)) fn = &O::ret<8>;
+      if (mode64 && insn.opsize == 64 && (insn.opcode == 0xc3 || insn.opcode == 0xc2)) fn = O::pair<&O::ret<8>>();
       break;
     default:
       break;
   }
-  if (!fn) fn = transfer ? &O::reference_transfer : &O::reference;
-  op.fn = fn;
+  if (!fn) fn = transfer ? O::pair<&O::reference_transfer>() : O::pair<&O::reference>();
+  op.fn = fn.fn;
+  op.jit_fn = fn.jit;
 }
 
 }  // namespace deja

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "devices/state_codec.h"
+#include "interp/jit.h"
 
 namespace deja {
 

@@ -20,6 +20,10 @@
 
 namespace deja {
 
+namespace interp {
+class JitBuffer;
+}
+
 // How the software CPU executes (docs/interp.md): `reference` decodes and executes one instruction at a
 // time (the original executor, kept as the definition the fast path is tested against); `threaded`
 // runs translated blocks of pre-bound operations; `jit` compiles them to host code (the default).
@@ -87,6 +91,8 @@ class InterpBackend : public Backend {
     bool has_error_code;
   };
   struct ExitRequest {};
+  // JIT code cannot unwind: a handler it calls keeps the fault or exit here for the runner to rethrow.
+  static constexpr uint8_t kJitFault = 1, kJitExit = 2;
 
  private:
   enum class Access : uint8_t { kRead, kWrite, kExec };
@@ -127,6 +133,11 @@ class InterpBackend : public Backend {
     }
   }
   void run_fast();
+  // Runs one block's operations (its host code, or the handlers one after the other); returns the
+  // operation that ended it; faults and exits are thrown as from the reference executor.
+  const interp::Op* run_block(const interp::Block& block);
+  // Compiles `block` to host code (interp/jit.cpp); false when the code buffer is full.
+  bool compile_block(interp::Block& block);
   uint32_t block_key() const;
   interp::Block* lookup_block();
   interp::Block* translate_block(uint64_t rip, uint64_t linear, uint64_t phys, uint32_t key);
@@ -375,6 +386,9 @@ class InterpBackend : public Backend {
   bool end_block_after_op_ = false;
   uint64_t fast_step_limit_ = ~0ull;  // step_limit() while blocks run (REP strings stop there between iterations)
   bool block_stepping_ = false;
+  uint8_t jit_trap_ = 0;
+  GuestException jit_fault_{};
+  std::unique_ptr<interp::JitBuffer> jit_;  // host code of the JIT mode, created on first use
   bool block_step_done_ = false;  // block stepping: a block ran, report it (after a HLT's own exit)
   FastStats fast_stats_;
 };
