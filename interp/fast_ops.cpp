@@ -162,7 +162,6 @@ struct InterpBackend::Ops {
     const TlbEntry& t = c.tlb_[(m.linear >> 12) % kTlbSize];
     if (t.write_tag[c.s_.cs.dpl == 3] == ((m.linear + N - 1) >> 12)) [[likely]] {
       std::memcpy(reinterpret_cast<void*>(m.linear + t.addend), &v, N);
-      c.dirty_bits_[t.phys >> 18] |= uint64_t{1} << ((t.phys >> 12) & 63);
       return;
     }
     store_slow(c, op, m, N, v);
@@ -547,7 +546,6 @@ struct InterpBackend::Ops {
       put_addr(c, kRsi, amask, c.s_.gpr[kRsi] + k * N);
     }
     put_addr(c, kRdi, amask, c.s_.gpr[kRdi] + k * N);
-    c.dirty_bits_[td.phys >> 18] |= uint64_t{1} << ((td.phys >> 12) & 63);
     return k;
   }
 

@@ -153,6 +153,12 @@ void InterpBackend::invalidate_vmm_writes() {
 
 Result<VcpuExit*> InterpBackend::run() {
   invalidate_vmm_writes();
+  if (memory_.dirty_generation() != dirty_generation_) {
+    // The checkpoint dirty bitmap was cleared: fast stores (which do not mark) must find their pages
+    // marked again, so they take the slow path once per page.
+    dirty_generation_ = memory_.dirty_generation();
+    for (auto& entry : tlb_) fill_fast_tags(entry);
+  }
   if (exit_outstanding_) {
     exit_outstanding_ = false;
     uint64_t key = 0;

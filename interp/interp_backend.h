@@ -121,6 +121,7 @@ class InterpBackend : public Backend {
   // The fast path (interp/fast_exec.cpp): translated blocks, run one after another while no stop
   // condition of the run loop can become due, so every stop still lands on its exact instruction.
   struct Ops;  // the operation handlers (nested, so they reach the state)
+  struct Jit;  // the block compiler (interp/jit.cpp)
   // Binds the handler of a decoded instruction (interp/fast_ops.cpp); `transfer`: it ends its block.
   static void bind_op(interp::Op& op, bool transfer);
   static void bind_block_end(interp::Op& op);
@@ -386,6 +387,7 @@ class InterpBackend : public Backend {
   bool end_block_after_op_ = false;
   uint64_t fast_step_limit_ = ~0ull;  // step_limit() while blocks run (REP strings stop there between iterations)
   bool block_stepping_ = false;
+  uint64_t dirty_generation_ = 0;  // GuestMemory::dirty_generation() the fast write tags were made for
   uint8_t jit_trap_ = 0;
   GuestException jit_fault_{};
   std::unique_ptr<interp::JitBuffer> jit_;  // host code of the JIT mode, created on first use

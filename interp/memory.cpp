@@ -44,8 +44,11 @@ void InterpBackend::fill_fast_tags(TlbEntry& entry) {
   entry.addend = uint64_t(ram_ + entry.phys) - (entry.tag << 12);
   entry.read_tag[0] = entry.tag;
   if (entry.user) entry.read_tag[1] = entry.tag;
-  // Writes: the dirty bit already set (else the walk must set it), allowed, and no decoded code to drop.
-  if (entry.dirty && !is_code_page(entry.phys >> 12)) {
+  // Writes: the dirty bit already set (else the walk must set it), allowed, no decoded code to drop, and
+  // the page already marked in the checkpoint dirty bitmap (so the fast store needs not mark it; the
+  // first store after GuestMemory::take_dirty_pages() takes the slow path, which marks it).
+  const uint64_t pfn = entry.phys >> 12;
+  if (entry.dirty && !is_code_page(pfn) && (dirty_bits_[pfn >> 6] >> (pfn & 63)) & 1) {
     if (entry.writable || !(s_.cr0 & cr0::kWp)) entry.write_tag[0] = entry.tag;
     if (entry.writable && entry.user) entry.write_tag[1] = entry.tag;
   }
