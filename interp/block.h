@@ -67,6 +67,7 @@ struct Block {
   // that ended the block (a fault or exit is left in the backend's jit_trap_).
   using Code = const Op* (*)(InterpBackend* cpu);
   Code code = nullptr;
+  const void* body = nullptr;  // the code after its prologue: where a chained block jumps to
   uint32_t code_bytes = 0;
 
   uint64_t end_linear() const { return linear + bytes; }
@@ -104,6 +105,7 @@ class BlockCache {
   }
 
   uint64_t epoch() const { return epoch_; }  // bumps whenever a block is dropped: links made before are stale
+  const uint64_t* epoch_address() const { return &epoch_; }  // for JIT code checking links
   uint64_t bytes() const { return bytes_; }
   uint64_t flushes() const { return flushes_; }
   uint64_t invalidations() const { return invalidations_; }

@@ -306,6 +306,8 @@ void InterpBackend::run_fast() {
   }
   const uint64_t branch_limit = overflow_at_.value_or(~0ull);
   fast_step_limit_ = limit;
+  branch_limit_ = branch_limit;
+  chain_ok_ = !breakpoints && !block_stepping_;
   watch_hit_.reset();
   // Flags stay lazy from block to block; whatever leaves here (a return, a fault, an exit) sees RFLAGS.
   struct FlagsOnExit {
@@ -321,6 +323,7 @@ void InterpBackend::run_fast() {
     end_block_after_op_ = false;
     try {
       running_op_ = run_block(*block);
+      block = running_block_;  // JIT code may have gone on to linked blocks
     } catch (const GuestException& fault) {
       // The faulting instruction did not retire; those before it did.
       running_block_ = nullptr;
@@ -355,7 +358,9 @@ void InterpBackend::run_fast() {
       next = lookup_block();
       // Links stay within one linear page: the translation of the page this block came from is the
       // one its successor was found through (the guest changes mappings only through fallback steps).
-      if (next && (next->linear >> 12) == (block->linear >> 12)) {
+      // Only blocks that run as blocks are linked (JIT code jumps into a linked block's code).
+      if (next && (next->linear >> 12) == (block->linear >> 12) && next->count > 0 &&
+          (next->code != nullptr || block->code == nullptr)) {
         if (block->link_epoch != blocks_.epoch()) {
           block->link[0] = block->link[1] = nullptr;
           block->link_epoch = blocks_.epoch();

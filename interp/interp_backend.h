@@ -380,12 +380,14 @@ class InterpBackend : public Backend {
   InterpMode mode_ = default_interp_mode();
   interp::LazyFlags lazy_;  // pending arithmetic flags, only while blocks run (cc == kCcNone otherwise)
   interp::BlockCache blocks_;
-  const interp::Block* running_block_ = nullptr;  // the block being executed, if any
+  interp::Block* running_block_ = nullptr;  // the block being executed, if any (JIT code moves it along a chain)
   const interp::Op* running_op_ = nullptr;        // the operation being executed (what a fault names)
   // Set during an operation when the block must end right after it: a store rewrote code of the running
   // block, or an access hit a watchpoint.
   bool end_block_after_op_ = false;
   uint64_t fast_step_limit_ = ~0ull;  // step_limit() while blocks run (REP strings stop there between iterations)
+  uint64_t branch_limit_ = ~0ull;     // the armed counter overflow while blocks run
+  bool chain_ok_ = false;             // JIT code may jump from block to block (no breakpoints, no block stepping)
   bool block_stepping_ = false;
   uint64_t dirty_generation_ = 0;  // GuestMemory::dirty_generation() the fast write tags were made for
   uint8_t jit_trap_ = 0;

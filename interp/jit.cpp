@@ -273,6 +273,53 @@ struct InterpBackend::Jit {
     a.pop(rbx);
     a.ret();
   }
+  // After a transfer done inline (RIP set, its branch counted): jump straight to the block linked in
+  // `slot` when the runner would enter it now (the same checks run_fast makes between blocks: it fits
+  // in the step limit, no counter overflow, no kick, chaining allowed), else return `op` to the runner,
+  // which links blocks. `dynamic`: the target varies (RET, JMP r64): the linked block must start at RIP.
+  void chain_exit(const Op& op, int slot, bool dynamic) {
+    static const Block probe;
+    const auto boff = [](const auto* member) {
+      return int32_t(reinterpret_cast<const char*>(member) - reinterpret_cast<const char*>(&probe));
+    };
+    x64::Label out;
+    a.mov_imm64(rax, reinterpret_cast<uint64_t>(&block.link[slot]));
+    a.load(8, rax, x64::at(rax));
+    a.test(8, rax, rax);
+    a.jcc(x64::kE, out);
+    a.mov_imm64(rcx, reinterpret_cast<uint64_t>(&block.link_epoch));
+    a.load(8, rcx, x64::at(rcx));
+    a.mov_imm64(rdx, reinterpret_cast<uint64_t>(c.blocks_.epoch_address()));
+    a.alu(8, x64::kCmp, rcx, x64::at(rdx));
+    a.jcc(x64::kNe, out);
+    if (dynamic) {
+      a.load(8, rcx, x64::at(rax, boff(&probe.rip)));
+      a.alu(8, x64::kCmp, rcx, field(&c.s_.rip));
+      a.jcc(x64::kNe, out);
+    }
+    a.load(8, rcx, field(&c.steps_));
+    a.alu_imm(8, x64::kAdd, rcx, int32_t(block.count));  // the steps once this block has retired
+    a.load(4, rdx, x64::at(rax, boff(&probe.count)));
+    a.alu(8, x64::kAdd, rdx, rcx);
+    a.alu(8, x64::kCmp, rdx, field(&c.fast_step_limit_));
+    a.jcc(x64::kA, out);
+    a.load(8, rdx, field(&c.branches_));
+    a.alu(8, x64::kCmp, rdx, field(&c.branch_limit_));
+    a.jcc(x64::kAe, out);
+    a.movzx(rdx, 1, x64::at(rbx, off(&c.chain_ok_)));
+    a.test(4, rdx, rdx);
+    a.jcc(x64::kE, out);
+    a.movzx(rdx, 1, x64::at(rbx, off(&c.kicked_)));
+    a.test(4, rdx, rdx);
+    a.jcc(x64::kNe, out);
+    a.store(8, field(&c.steps_), rcx);
+    a.store(8, x64::at(rbx, off(&c.running_block_)), rax);
+    a.inc_mem64(field(&c.fast_stats_.chained));
+    a.jmp_mem(x64::at(rax, boff(&probe.body)));
+    a.bind(out);
+    end_block(op);
+  }
+  int slot_for(const Op& op, uint64_t target) const { return target == op.next_rip ? 1 : 0; }
   void set_rip(uint64_t rip) {
     a.mov_imm64(rax, rip);
     a.store(8, field(&c.s_.rip), rax);
@@ -657,11 +704,11 @@ struct InterpBackend::Jit {
     condition_jump(op.cond, taken);
     set_rip(op.next_rip);
     count_branch();
-    end_block(op);
+    chain_exit(op, 1, false);
     a.bind(taken);
     set_rip(op.target);
     count_branch();
-    end_block(op);
+    chain_exit(op, slot_for(op, op.target), false);
   }
   // 64-bit targets from registers or the stack: #GP when not canonical, which the handler raises.
   void canonical_or(Reg r, x64::Label& bad) {
@@ -676,7 +723,7 @@ struct InterpBackend::Jit {
     a.load(8, rax, gpr(op.insn.op[0].reg));
     canonical_or(rax, s.entry);
     a.store(8, field(&c.s_.rip), rax);
-    end_block(op);
+    chain_exit(op, 0, true);
     a.bind(s.resume);  // (the handler ended the block: its slow path goes to `ended`)
   }
   void emit_call(const Op& op) {
@@ -689,7 +736,7 @@ struct InterpBackend::Jit {
     a.store(8, x64::at(rsi), rax);
     a.store(8, gpr(kRsp), r8);
     set_rip(op.target);
-    end_block(op);
+    chain_exit(op, slot_for(op, op.target), false);
     a.bind(s.resume);
   }
   void emit_ret(const Op& op) {
@@ -703,14 +750,16 @@ struct InterpBackend::Jit {
     a.alu_imm(8, x64::kAdd, r8, 8 + extra);
     a.store(8, gpr(kRsp), r8);
     a.store(8, field(&c.s_.rip), rax);
-    end_block(op);
+    chain_exit(op, 0, true);
     a.bind(s.resume);
   }
 
   // ---- the block -------------------------------------------------------------------------------------------
+  size_t body_offset = 0;
   void compile() {
     a.push(rbx);  // also aligns the stack for calls
     a.mov(8, rbx, rdi);
+    body_offset = a.size();  // chained blocks come in here, with RBX set and RBX's push on the stack
     const size_t n = block.ops.size();
     std::vector<Form> forms(n);
     std::vector<bool> keep_flags(n, true);
@@ -737,12 +786,12 @@ struct InterpBackend::Jit {
         case Form::kPush: emit_push(op); break;
         case Form::kPop: emit_pop(op); break;
         case Form::kJcc: emit_jcc(op); break;
-        case Form::kJmp: set_rip(op.target); end_block(op); break;
+        case Form::kJmp: set_rip(op.target); chain_exit(op, slot_for(op, op.target), false); break;
         case Form::kJmpReg: emit_jmp_reg(op); break;
         case Form::kCallRel: emit_call(op); break;
         case Form::kRet: emit_ret(op); break;
         case Form::kNop: break;
-        case Form::kFallThrough: set_rip(op.rip); end_block(op); break;
+        case Form::kFallThrough: set_rip(op.rip); chain_exit(op, 1, false); break;
         default:
           call_handler(op);
           // What the handler left in the flags is not known here (unless it cannot touch them).
@@ -781,6 +830,7 @@ bool InterpBackend::compile_block(Block& block) {
   void* code = jit_->add(jit.a.code);
   if (!code) return false;
   block.code = reinterpret_cast<Block::Code>(code);
+  block.body = static_cast<const uint8_t*>(code) + jit.body_offset;
   block.code_bytes = uint32_t(jit.a.size());
   jit_->note_for_perf(code, jit.a.size(), block.rip);
   return true;

@@ -232,6 +232,11 @@ class Assembler {
     u8(0xff);
     u8(0xd0);
   }
+  void jmp_mem(const Mem& m) {
+    rex(4, 4, m.index, m.base);
+    u8(0xff);
+    modrm_mem(4, m);
+  }
   void jmp_reg(Reg r) {
     if (r & 8) u8(0x41);
     u8(0xff);
