@@ -85,9 +85,17 @@ class BlockCache {
   explicit BlockCache(uint64_t ram_bytes, uint64_t capacity_bytes = kDefaultCapacityBytes);
   ~BlockCache();
 
-  Block* find(uint64_t phys, uint64_t rip, uint32_t key) const {
-    for (Block* b = buckets_[bucket(phys)]; b; b = b->next_in_bucket)
-      if (b->phys == phys && b->rip == rip && b->key == key) return b;
+  Block* find(uint64_t phys, uint64_t rip, uint32_t key) {
+    // A direct-mapped cache by RIP in front of the hash table: most lookups are a return or a call to
+    // code that ran before.
+    Block*& hot = recent_[recent_slot(phys, rip)];
+    if (hot && hot->phys == phys && hot->rip == rip && hot->key == key) return hot;
+    for (Block* b = buckets_[bucket(phys)]; b; b = b->next_in_bucket) {
+      if (b->phys == phys && b->rip == rip && b->key == key) {
+        hot = b;
+        return b;
+      }
+    }
     return nullptr;
   }
   // Takes ownership; returns the block. May flush everything first when the cache is full.
@@ -113,10 +121,17 @@ class BlockCache {
 
  private:
   static constexpr unsigned kBucketBits = 16;
+  static constexpr size_t kRecent = 4096;  // (recent_slot() takes the top 12 bits of a hash)
   static size_t bucket(uint64_t phys) { return (phys * 0x9e3779b97f4a7c15ull) >> (64 - kBucketBits); }
+  static size_t recent_slot(uint64_t phys, uint64_t rip) {
+    // (Mixing the physical address in would cancel the page offset, which RIP and it share.)
+    (void)phys;
+    return (rip * 0x9e3779b97f4a7c15ull) >> (64 - 12);
+  }
   void drop(Block* block);
 
   std::vector<Block*> buckets_;
+  std::vector<Block*> recent_ = std::vector<Block*>(kRecent, nullptr);  // never holds a dropped block
   std::vector<uint8_t> has_code_;  // per guest page: it holds blocks (checked on every slow-path store)
   std::unordered_map<uint64_t, std::vector<std::unique_ptr<Block>>> page_blocks_;  // the owners, by page
   std::vector<std::unique_ptr<Block>> graveyard_;

@@ -34,6 +34,7 @@ void BlockCache::drop(Block* block) {
   if (*link) *link = block->next_in_bucket;
   block->dead = true;
   block->next_in_bucket = nullptr;
+  if (Block*& hot = recent_[recent_slot(block->phys, block->rip)]; hot == block) hot = nullptr;
   bytes_ -= std::min(bytes_, block->memory_bytes());
   ++epoch_;
   ++invalidations_;
@@ -86,6 +87,7 @@ void BlockCache::clear() {
   }
   page_blocks_.clear();
   std::fill(buckets_.begin(), buckets_.end(), nullptr);
+  std::fill(recent_.begin(), recent_.end(), nullptr);
   bytes_ = 0;
   ++epoch_;
 }

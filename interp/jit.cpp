@@ -317,7 +317,55 @@ struct InterpBackend::Jit {
     a.inc_mem64(field(&c.fast_stats_.chained));
     a.jmp_mem(x64::at(rax, boff(&probe.body)));
     a.bind(out);
+    // Not linked (another page, another target): the cache may have the block all the same.
+    x64::Label back;
+    a.mov(8, rdi, rbx);
+    a.mov_imm64(rsi, block.count);
+    a.mov_imm64(rdx, uint64_t(slot));
+    a.call_abs(reinterpret_cast<uint64_t>(&next_body));
+    a.test(8, rax, rax);
+    a.jcc(x64::kE, back);
+    a.jmp_reg(rax);
+    a.bind(back);
     end_block(op);
+  }
+  // The block at RIP, when the runner would go on into it now and it is translated already: its body,
+  // with this block's steps counted and it the running block; else nullptr (the runner takes over).
+  // Looks things up only: no translation, no page walk (a walk can fault or set accessed bits, which
+  // only the fetch the reference would make may do), nothing freed.
+  // Links the block found into `slot` of the running one when both are in one linear page (the link is
+  // then taken inline next time; another page needs this lookup's translation every time).
+  static const void* next_body(InterpBackend* cpu, uint64_t retired, uint64_t slot) noexcept {
+    InterpBackend& c = *cpu;
+    const uint64_t steps = c.steps_ + retired;
+    if (!c.chain_ok_ || steps >= c.fast_step_limit_ || c.branches_ >= c.branch_limit_ ||
+        c.kicked_.load(std::memory_order_relaxed))
+      return nullptr;
+    const uint32_t key = c.running_block_->key;
+    const uint64_t linear = (key & 3) == interp::kMode64 ? c.s_.rip : ((c.s_.cs.base + c.s_.rip) & 0xffffffffu);
+    uint64_t phys;
+    if (c.s_.cr0 & cr0::kPg) {
+      // The reference's fetch translation on a TLB hit (which has no side effects).
+      const TlbEntry& e = c.tlb_[(linear >> 12) % kTlbSize];
+      if (e.tag != (linear >> 12) || (((key >> 2) & 3) == 3 && !e.user) || e.nx) return nullptr;
+      phys = e.phys | (linear & 0xfff);
+    } else {
+      phys = c.long_mode() ? linear : (linear & 0xffffffffu);
+    }
+    Block* next = c.blocks_.find(phys, c.s_.rip, key);
+    if (!next || !next->body || steps + next->count > c.fast_step_limit_) return nullptr;
+    Block* from = c.running_block_;
+    if ((next->linear >> 12) == (from->linear >> 12)) {
+      if (from->link_epoch != c.blocks_.epoch()) {
+        from->link[0] = from->link[1] = nullptr;
+        from->link_epoch = c.blocks_.epoch();
+      }
+      from->link[slot] = next;
+    }
+    c.steps_ = steps;
+    c.running_block_ = next;
+    ++c.fast_stats_.chained;
+    return next->body;
   }
   int slot_for(const Op& op, uint64_t target) const { return target == op.next_rip ? 1 : 0; }
   void set_rip(uint64_t rip) {
@@ -833,6 +881,15 @@ bool InterpBackend::compile_block(Block& block) {
   block.body = static_cast<const uint8_t*>(code) + jit.body_offset;
   block.code_bytes = uint32_t(jit.a.size());
   jit_->note_for_perf(code, jit.a.size(), block.rip);
+  if (const char* dir = std::getenv("DEJA_JIT_DUMP")) {
+    // For reading the generated code: objdump -D -b binary -mi386:x86-64 DIR/block-RIP.bin
+    const std::string path = fmt::format("{}/block-{:x}.bin", dir, block.rip);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      (void)!write(fd, jit.a.code.data(), jit.a.size());
+      close(fd);
+    }
+  }
   return true;
 }
 
