@@ -244,6 +244,12 @@ Result<> InterpBackend::set_state(const CpuState& state) {
 bool InterpBackend::can_inject_interrupt() {
   // With an exit outstanding (an I/O instruction waiting for its value), an injected interrupt is
   // delivered right after that instruction completes: what KVM does with KVM_INTERRUPT at an I/O exit.
+  // An MSR access answered with a fault raises #GP first; the interrupt comes after it. KVM cannot take an
+  // interrupt at such an exit at all (kvm_backend.cpp), so neither does this backend: both then inject at
+  // the same later point, and traces stay interchangeable.
+  if (exit_outstanding_ && exit_.fault && (exit_.kind == ExitKind::kMsrRead || exit_.kind == ExitKind::kMsrWrite)) {
+    return false;
+  }
   return (s_.rflags & rflags::kIf) && !s_.interrupt_shadow && !pending_irq_;
 }
 
@@ -348,6 +354,21 @@ Result<std::unique_ptr<Backend>> make_interp_backend(GuestMemory& memory, const 
                 missing->label(), model.name());
   }
   return std::unique_ptr<Backend>(new InterpBackend(memory, model));
+}
+
+std::vector<std::string> InterpBackend::cpu_quirks() const {
+  if (accessed_only_by_segment_loads_) return {std::string(kCpuQuirkAccessedBitOnlyBySegmentLoads)};
+  return {};
+}
+
+Result<> InterpBackend::adopt_cpu_quirks(std::span<const std::string> quirks) {
+  for (const std::string& quirk : quirks) {
+    if (quirk != kCpuQuirkAccessedBitOnlyBySegmentLoads) {
+      return fail(ErrorKind::kUnsupported, "the software CPU cannot reproduce CPU quirk '{}'", quirk);
+    }
+  }
+  accessed_only_by_segment_loads_ = !quirks.empty();
+  return {};
 }
 
 }  // namespace deja

@@ -37,6 +37,8 @@ class InterpBackend : public Backend {
   std::optional<uint64_t> step_count() const override { return executed_; }
   std::vector<uint8_t> save_internal() override;
   Result<> restore_internal(std::span<const uint8_t> state) override;
+  std::vector<std::string> cpu_quirks() const override;
+  Result<> adopt_cpu_quirks(std::span<const std::string> quirks) override;
 
   // Makes the progress counter behave like a hardware PMU (for testing CoordinateSeeker without one):
   // an armed overflow stops the vCPU a random 0..skid branches late, drawn from a generator seeded with `seed`.
@@ -153,8 +155,9 @@ class InterpBackend : public Backend {
   bool long_mode() const { return s_.efer & efer::kLma; }
   bool mode64() const { return long_mode() && s_.cs.l; }
   SegmentReg& seg(int index);
-  void load_segment(int index, uint16_t selector);
-  void mark_accessed(uint16_t selector, SegmentReg& desc);
+  // `by_transfer`: SS (or CS) loaded by a far transfer, IRET or event delivery rather than MOV/POP Sreg.
+  void load_segment(int index, uint16_t selector, bool by_transfer = false);
+  void mark_accessed(uint16_t selector, SegmentReg& desc, bool by_transfer);
   SegmentReg read_descriptor(uint16_t selector, uint8_t vector_on_fault);
   uint64_t descriptor_address(uint16_t selector, uint8_t vector_on_fault);
   void load_code_segment_far(uint16_t selector, uint64_t target, bool is_call, unsigned opsize);
@@ -287,6 +290,7 @@ class InterpBackend : public Backend {
   int delivering_ = -1;       // vector being delivered, for double-fault classification
   bool shutdown_ = false;
   std::string shutdown_detail_;
+  bool accessed_only_by_segment_loads_ = false;  // kCpuQuirkAccessedBitOnlyBySegmentLoads
   std::map<std::string, uint64_t> unimplemented_;
 };
 

@@ -13,7 +13,7 @@
 
 #include "kvm/kvm_backend.h"
 
-extern "C" const uint8_t deja_usability_guest_begin[], deja_usability_guest_end[];
+extern "C" const uint8_t deja_usability_guest_begin[], deja_usability_guest_end[], deja_probe_accessed[];
 extern "C" const uint8_t deja_probe_loop[], deja_probe_sse[], deja_probe_sse2[], deja_probe_fpu[], deja_probe_cmov[],
     deja_probe_cx8[], deja_probe_cx16[], deja_probe_popcnt[], deja_probe_lzcnt[], deja_probe_movbe[],
     deja_probe_fxsr[], deja_probe_lahf[], deja_probe_clflush[], deja_probe_tsc[], deja_probe_sse3[],
@@ -37,7 +37,8 @@ namespace {
 constexpr uint64_t kRam = 2 << 20;
 constexpr uint64_t kGdt = 0x500, kPml4 = 0x1000, kPdpt = 0x2000, kPd = 0x3000, kIdt = 0x4000, kTss = 0x5000,
                    kCode = 0x10000, kStackTop = 0x80000, kKernelStackTop = 0x7f000;
-constexpr uint16_t kCode64 = 0x08, kData = 0x10, kCode32 = 0x18, kUserData = 0x20, kUserCode64 = 0x28, kTr = 0x30;
+constexpr uint16_t kCode64 = 0x08, kData = 0x10, kCode32 = 0x18, kUserData = 0x20, kUserCode64 = 0x28, kTr = 0x30,
+                   kCode64Unaccessed = 0x40;
 constexpr uint64_t kGdtEntries[] = {0,
                                     0x00af9b000000ffffull,   // 0x08 code, 64-bit
                                     0x00cf93000000ffffull,   // 0x10 data
@@ -46,7 +47,8 @@ constexpr uint64_t kGdtEntries[] = {0,
                                     0x00affb000000ffffull,   // 0x28 user code, 64-bit (DPL 3)
                                     // 0x30 the 64-bit TSS (base kTss, limit 0x67, busy), so that an exception
                                     // at CPL3 reaches its stub on RSP0 instead of triple-faulting
-                                    0x0000890000000067ull | (kTss & 0xffffff) << 16 | (kTss >> 24) << 56, 0};
+                                    0x0000890000000067ull | (kTss & 0xffffff) << 16 | (kTss >> 24) << 56, 0,
+                                    0x00af9a000000ffffull};  // 0x40 code, 64-bit, accessed bit clear
 constexpr uint16_t kVectorPort = 0xe0;  // the exception stubs report their vector here
 constexpr uint32_t kLoopIterations = 20'000;  // the messages say 20,000
 constexpr int kLoopRepeats = 3;
@@ -61,6 +63,7 @@ constexpr const char* kFeatures = "CPU model features execute";
 constexpr const char* kCpuid = "CPUID answers from the model";
 constexpr const char* kSingleStep = "single-step";
 constexpr const char* kWindow = "interrupt window";
+constexpr const char* kQuirks = "architectural details";
 
 uint64_t offset_of(const uint8_t* snippet) { return uint64_t(snippet - deja_usability_guest_begin); }
 
@@ -373,6 +376,24 @@ std::string check_single_step(Backend& cpu) {
   return {};
 }
 
+// Architectural details that do not stop deja but show in guest memory, so that traces carry them
+// (Backend::cpu_quirks): for now whether IRET sets a code descriptor's accessed bit.
+std::string check_quirks(Backend& cpu, std::vector<std::string>& quirks, std::string& detail) {
+  CpuState s = long_mode(kCode + offset_of(deja_probe_accessed));
+  s.gpr[kRdi] = kGdt + kCode64Unaccessed + 5;
+  s.gpr[kRsi] = kCode64Unaccessed;
+  SnippetRun run = run_snippet(cpu, s);
+  if (!run.at_hlt) return "IRETQ to a fresh code descriptor " + run.problem;
+  if (run.at_hlt->gpr[kRax] & 1) {
+    detail = "IRET sets a code descriptor's accessed bit, as the SDM says";
+  } else {
+    quirks.emplace_back(kCpuQuirkAccessedBitOnlyBySegmentLoads);
+    detail = fmt::format("IRET leaves a code descriptor's accessed bit clear (QEMU's TCG does): traces say {}",
+                         kCpuQuirkAccessedBitOnlyBySegmentLoads);
+  }
+  return {};
+}
+
 std::string check_interrupt_window(Backend& cpu, std::string& detail) {
   uint64_t entry = kCode + offset_of(deja_probe_window);
   CpuState s = long_mode(entry);
@@ -491,6 +512,9 @@ KvmUsability check_kvm_usability_with(const UsabilityProbeHost& host) {
   std::string late = check_interrupt_window(cpu, window);
   checks.add(kWindow, late, window);
   checks.add(kStateLoads, check_state_loads(cpu, host), "long mode and 32-bit paging read back as set");
+  std::string quirks;
+  std::string quirk_problem = check_quirks(cpu, result.cpu_quirks, quirks);
+  checks.add(kQuirks, quirk_problem, quirks);
   result.elapsed_ns = now_ns() - start;
   return result;
 }

@@ -214,6 +214,21 @@ deja_probe_window:
         .fill 4096, 1, 0x90
         hlt
 
+// Descriptor accessed bit: IRETQ to the code selector in RSI, whose descriptor's accessed bit is clear, then
+// read its access byte (RDI points at it) into EAX: bit 0 set as the SDM says, or left clear (QEMU's TCG).
+        .globl deja_probe_accessed
+deja_probe_accessed:
+        mov %rsp, %rax
+        push $0x10
+        push %rax
+        pushfq
+        push %rsi
+        lea 1f(%rip), %rax
+        push %rax
+        iretq
+1:      movzbl (%rdi), %eax
+        hlt
+
         .globl deja_usability_guest_end
 deja_usability_guest_end:
         .section .note.GNU-stack, "", @progbits

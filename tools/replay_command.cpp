@@ -86,7 +86,10 @@ int replay_trace(const ReplayOptions& options) {
   }
   if (!options.quiet) {
     auto instructions = session.machine().backend().instruction_count();
-    say("replay OK: {} events, {} instructions, {}, exit status {}", engine.events_processed(),
+    // Every event of the trace, serial output included (the engine's own count leaves that out): the
+    // number record, verify and inspect give.
+    say("replay OK: {} events, {} instructions, {}, exit status {}",
+        engine.reader() ? engine.reader()->events_read() : engine.events_processed(),
         instructions ? fmt::format("{}", *instructions) : std::string("(not counted on kvm)"),
         outcome->recorded_end ? "stopped where the recording stopped, state digest matches (" + final_digest->hex() + ")"
                               : "final state digest matches (" + final_digest->hex() + ")",

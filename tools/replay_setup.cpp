@@ -235,6 +235,13 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
   if (auto ok = check_rdtsc_replayable(header, session.machine().backend(), options.trace_path); !ok) {
     return std::unexpected(ok.error());
   }
+  session.count_rdtsc_as_guest_exits(rc.rdtsc_exits_are_guest_exits());
+  const std::vector<std::string> quirks(rc.cpu_quirks().begin(), rc.cpu_quirks().end());
+  if (auto ok = session.machine().backend().adopt_cpu_quirks(quirks); !ok) {
+    // Not a refusal: many guests never see the difference, and one that does diverges, which replay reports.
+    say("warning: {}: the replay diverges where the guest sees the difference ({})", ok.error().message,
+        quirks.empty() ? "record it on interp or on this host" : "--backend interp reproduces the recorded CPU");
+  }
   if (auto r = session.setup_progress(progress); !r) return std::unexpected(r.error());
   if (options.rewind) session.engine().enable_rewind();
   session.engine().attach_reader(std::move(*reader));

@@ -251,8 +251,17 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   }
   if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
   session.set_digest_interval(options.digest_interval);
+  session.count_rdtsc_as_guest_exits(session.machine().backend().traps_rdtsc());
 
   if (mode == Mode::kRecord) {
+    if (const Backend& cpu = session.machine().backend(); !cpu.traps_rdtsc()) {
+      // Said before the guest runs: its replay will stop at the first RDTSC whose value mattered.
+      say("warning: RDTSC is not trapped here ({}): {}; load the kvm-deja module (docs/kvm-deja.md) or record with "
+          "--backend interp",
+          cpu.rdtsc_untrapped_reason(),
+          options.load.linux_kernel ? "Linux reads the TSC constantly, so this recording cannot replay exactly"
+                                    : "a guest that reads the TSC will not replay exactly");
+    }
     trace::Header header;
     header.set_format_version(kTraceFormatVersion);
     header.set_cpu_model(std::string(config.cpu_model->name()));
@@ -292,6 +301,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     c->set_serial_input(!options.serial_in.empty());
     for (const auto& m : options.load.modules) c->add_module_args(m.args);
     c->set_rdtsc_trapped(session.machine().backend().traps_rdtsc());
+    c->set_rdtsc_exits_are_guest_exits(session.rdtsc_exits_are_guest_exits());
+    for (const std::string& quirk : session.machine().backend().cpu_quirks()) c->add_cpu_quirks(quirk);
     c->set_tsc_hz(CpuModel::kTscHz);
     c->set_device_semantics(config.device_semantics);
     if (options.load.linux_kernel) {

@@ -92,7 +92,6 @@ const trace::Event* Engine::peek() {
     if (next->kind_case() == trace::Event::kSerialOutput) {
       output_.add(StreamMatch::kRecorded, next->serial_output().data());
       match_output();
-      ++events_;  // counted like every other event, so indices in reports are inspect's indices
       continue;
     }
     lookahead_ = std::move(*next);

@@ -112,6 +112,9 @@ bool Session::guest_caused(ExitKind kind) const {
     case ExitKind::kMsrRead:
     case ExitKind::kMsrWrite:
       return true;
+    case ExitKind::kRdtsc:
+    case ExitKind::kRdrand:
+      return rdtsc_exits_are_guest_exits_;
     default:
       return false;
   }

@@ -73,6 +73,11 @@ class Session {
   std::string counter_description();
 
   void attach_input(std::unique_ptr<FdInput> input) { input_ = std::move(input); }
+  // RDTSC/RDRAND exits count as guest-caused exits (trace header rdtsc_exits_are_guest_exits): they are
+  // instruction-synchronous wherever the backend traps them, so exit-synchronous recording can deliver
+  // interrupts there too. Recording turns it on where the backend traps RDTSC; replay as the trace says.
+  void count_rdtsc_as_guest_exits(bool on) { rdtsc_exits_are_guest_exits_ = on; }
+  bool rdtsc_exits_are_guest_exits() const { return rdtsc_exits_are_guest_exits_; }
   Machine& machine() { return *machine_; }
   uint64_t serial_bytes() const;
   void set_digest_interval(uint64_t n) { digest_interval_ = n; }
@@ -138,6 +143,7 @@ class Session {
   std::unique_ptr<CoordinateSeeker> seeker_;  // replay in exact mode
   uint64_t wall_ns_ = 0;
   bool warned_spin_ = false;
+  bool rdtsc_exits_are_guest_exits_ = false;
   uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
   static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
   static constexpr uint64_t kHeartbeatNs = 1'000'000'000;

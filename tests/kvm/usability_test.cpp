@@ -40,13 +40,31 @@ UsabilityProbeHost interp_host() {
 TEST(KvmUsability, PassesOnAFaithfulVcpu) {
   KvmUsability r = check_kvm_usability_with(interp_host());
   EXPECT_TRUE(r.usable()) << r.failures();
-  EXPECT_EQ(r.checks.size(), 8u);
+  EXPECT_EQ(r.checks.size(), 9u);
   ASSERT_FALSE(r.models.empty());
   EXPECT_EQ(r.default_model(), CpuModel::all().front());
   EXPECT_TRUE(r.supports(CpuModel::x86_64_v1()));
   EXPECT_EQ(r.summary(), "");
   EXPECT_TRUE(contains(check(r, "guest code runs natively").detail, "20,000-iteration loop took"));
   EXPECT_EQ(check(r, "interrupt window").detail, "exit right after STI's shadow");
+  EXPECT_EQ(check(r, "architectural details").detail, "IRET sets a code descriptor's accessed bit, as the SDM says");
+  EXPECT_TRUE(r.cpu_quirks.empty());
+}
+
+// QEMU's TCG (the nested harness) leaves a descriptor's accessed bit clear on IRET: the check finds it, and the
+// software CPU told to behave so (as replay of such a trace tells it) is found out the same way.
+TEST(KvmUsability, FindsADescriptorAccessedBitLeftClearByIret) {
+  UsabilityProbeHost host{.make_vcpu = [](GuestMemory& memory, const CpuModel& model) -> Result<std::unique_ptr<Backend>> {
+                            auto cpu = std::make_unique<InterpBackend>(memory, model);
+                            const std::string quirk(kCpuQuirkAccessedBitOnlyBySegmentLoads);
+                            if (auto ok = cpu->adopt_cpu_quirks(std::span(&quirk, 1)); !ok) return std::unexpected(ok.error());
+                            return cpu;
+                          },
+                          .max_ns_per_iteration = 1'000'000};
+  KvmUsability r = check_kvm_usability_with(host);
+  EXPECT_TRUE(r.usable()) << r.failures();
+  EXPECT_EQ(r.cpu_quirks, std::vector<std::string>{std::string(kCpuQuirkAccessedBitOnlyBySegmentLoads)});
+  EXPECT_TRUE(contains(check(r, "architectural details").detail, "IRET leaves a code descriptor's accessed bit clear"));
 }
 
 // A vCPU that is the software CPU except where a test makes it misbehave like an imperfect KVM.
