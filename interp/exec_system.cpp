@@ -262,37 +262,16 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       next_rip_ = target;
       return;
     }
-    // x87 control: enough for runtimes that initialise the FPU; arithmetic is not implemented.
-    case ZYDIS_MNEMONIC_FNINIT: case ZYDIS_MNEMONIC_FNCLEX: case ZYDIS_MNEMONIC_FNSTCW: case ZYDIS_MNEMONIC_FLDCW:
-    case ZYDIS_MNEMONIC_FNSTSW: case ZYDIS_MNEMONIC_FWAIT: {
-      if (s_.cr0 & (cr0::kEm | cr0::kTs)) {
-        if (insn.mnemonic != ZYDIS_MNEMONIC_FWAIT || (s_.cr0 & cr0::kMp)) raise(7);
-        if (insn.mnemonic == ZYDIS_MNEMONIC_FWAIT) return;
-      }
-      auto put16 = [&](size_t offset, uint16_t value) { std::memcpy(s_.fxsave.data() + offset, &value, 2); };
-      auto get16 = [&](size_t offset) {
-        uint16_t value = 0;
-        std::memcpy(&value, s_.fxsave.data() + offset, 2);
-        return value;
-      };
-      switch (insn.mnemonic) {
-        case ZYDIS_MNEMONIC_FNINIT:
-          // FCW, FSW, abridged FTW (all empty), FOP, FIP/FCS, FDP/FDS (FXSAVE bytes 0-23).
-          std::memset(s_.fxsave.data(), 0, 24);
-          put16(0, 0x37f);
-          return;
-        case ZYDIS_MNEMONIC_FNCLEX: put16(2, get16(2) & 0x7f00); return;
-        case ZYDIS_MNEMONIC_FNSTCW: write_operand(insn, 0, get16(0)); return;
-        case ZYDIS_MNEMONIC_FLDCW: put16(0, uint16_t(read_operand(insn, 0)) | 0x40); return;
-        case ZYDIS_MNEMONIC_FNSTSW: write_operand(insn, 0, get16(2)); return;
-        default: return;
-      }
-    }
     case ZYDIS_MNEMONIC_FXSAVE: case ZYDIS_MNEMONIC_FXSAVE64: case ZYDIS_MNEMONIC_FXRSTOR:
     case ZYDIS_MNEMONIC_FXRSTOR64: case ZYDIS_MNEMONIC_LDMXCSR: case ZYDIS_MNEMONIC_STMXCSR:
       exec_sse(insn);
       return;
     default:
+      // The x87 escape opcodes D8-DF and FWAIT (interp/x87.cpp).
+      if (insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT && ((insn.opcode & 0xf8) == 0xd8 || insn.opcode == 0x9b)) {
+        exec_x87(insn);
+        return;
+      }
       exec_sse(insn);
       return;
   }
