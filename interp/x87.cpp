@@ -200,6 +200,7 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
   auto accept = [&](uint8_t flags, bool rounded_up) {
     if (flags & ~masks & kPreComputation) {
       signal(flags & kPreComputation);
+      set_c1(false);
       return false;
     }
     signal(flags);
@@ -284,38 +285,32 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
       }
       set_conditions(bits, fsw::kConditions);
     };
+    // The result is reported even when an unmasked exception stops the pops (the SDM says an unmasked #IA
+    // leaves the codes; processors, AMD's measured here, set them as for the masked case).
+    set_c1(false);
     if (regs.empty(0) || other_empty) {
+      report(fp::Relation::kUnordered);
       if (stack_fault(false)) {
-        report(fp::Relation::kUnordered);
         for (int i = 0; i < pops; ++i) regs.pop();
       }
       return;
     }
     const fp::Float80 st0 = regs.st(0);
     const fp::Comparison c = fp::compare(st0, other, quiet);
-    const uint8_t flags = with_load_flags(c.flags, load_flags, st0);
-    // An unmasked #IA leaves the condition codes alone (the SDM's rule; AMD sets them to unordered).
-    if (flags & ~masks & fp::flag::kInvalid) {
-      signal(flags & kPreComputation);
-      return;
-    }
     report(c.relation);
-    if (!accept(flags, false)) return;
+    if (!accept(with_load_flags(c.flags, load_flags, st0), false)) return;
     for (int i = 0; i < pops; ++i) regs.pop();
   };
   // Pushes a loaded value, with the stack-overflow check; `source_empty` is FLD ST(i) of an empty register.
   auto load = [&](fp::Float80 v, uint8_t flags, bool source_empty) {
-    if (!regs.empty(7)) {
-      if (stack_fault(true)) regs.push(fp::kIndefinite);
-      return;
-    }
-    if (source_empty) {
-      if (stack_fault(false)) regs.push(fp::kIndefinite);
+    if (source_empty || !regs.empty(7)) {  // an empty source is reported first (C1 = 0)
+      if (stack_fault(!source_empty)) regs.push(fp::kIndefinite);
       return;
     }
     // FLD m32/m64 of a denormal pushes even when #D is unmasked; only an unmasked #IA (an SNaN) stops it.
     if (flags & ~masks & fp::flag::kInvalid) {
       signal(fp::flag::kInvalid);
+      set_c1(false);
       return;
     }
     signal(flags);
@@ -334,10 +329,12 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
   auto store_result = [&](uint8_t flags, bool rounded_up, bool stored, bool pop, auto&& write) {
     if (flags & ~masks & fp::flag::kInvalid) {
       signal(fp::flag::kInvalid);
+      set_c1(false);
       return;
     }
     if (!stored) {  // unmasked overflow or underflow: no store, no pop
       signal(flags);
+      set_c1(false);
       return;
     }
     write();
@@ -496,6 +493,7 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
     regs.set_status(status);
   };
   auto initialize = [&]() {
+    regs.rotate(-int(regs.top()));  // TOP = 0; the registers keep their contents
     regs.set_word(kFcwOffset, 0x37f);
     regs.set_status(0);
     regs.set_abridged_tags(0);
@@ -652,7 +650,8 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
               regs.push(e.significand);
             });
           case 0xf5:  // FPREM1
-          case 0xf8: {  // FPREM
+          case 0xf8: {  // FPREM: C1 and C2 clear whatever happens; a quotient sets C0, C3 and C1
+            set_conditions(0, fsw::kC1 | fsw::kC2);
             if (regs.empty(0) || regs.empty(1)) {
               if (stack_fault(false)) regs.set_st(0, fp::kIndefinite);
               return;
@@ -660,6 +659,7 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
             const fp::PartialRemainder p = fp::partial_remainder(regs.st(0), regs.st(1), modrm == 0xf5, control);
             if (!accept(p.result.flags, false)) return;
             regs.set_st(0, p.result.value);
+            if (p.special) return;
             set_conditions(uint16_t((p.incomplete ? fsw::kC2 : 0) | ((p.quotient_low & 4) ? fsw::kC0 : 0) |
                                     ((p.quotient_low & 2) ? fsw::kC3 : 0) | ((p.quotient_low & 1) ? fsw::kC1 : 0)),
                            fsw::kConditions);
@@ -806,6 +806,7 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
         switch (reg) {
           case 0:  // FFREE
             regs.free(rm);
+            set_c1(false);
             return;
           case 1: break;  // FXCH alias, below
           case 2:         // FST ST(i)
@@ -876,6 +877,7 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
           case 0:  // FFREEP (undocumented): free ST(i), then pop
             regs.free(rm);
             regs.pop();
+            set_c1(false);
             return;
           case 1: {  // FXCH alias
             fp::Float80 a = regs.st(0), b = regs.st(rm);

@@ -580,11 +580,14 @@ Extracted extract(Float80 a) {
 PartialRemainder partial_remainder(Float80 a, Float80 b, bool round_to_nearest, Control control) {
   const Class ca = classify(a), cb = classify(b);
   PartialRemainder out;
+  out.special = true;
   if (nan_or_unsupported(a, ca, b, cb, out.result)) return out;
   if (ca == Class::kInfinity || cb == Class::kZero) {
     out.result = {kIndefinite, flag::kInvalid};
     return out;
   }
+  // From here on the quotient is defined (zero for a zero dividend or an infinite divisor).
+  out.special = false;
   const uint8_t flags = denormal_flag(ca) | denormal_flag(cb);
   out.result = {a, flags};
   if (ca == Class::kZero) return out;

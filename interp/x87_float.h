@@ -72,6 +72,7 @@ struct PartialRemainder {                                     // FPREM / FPREM1
   Result result;
   unsigned quotient_low = 0;  // Q2 Q1 Q0, the low three bits of the quotient's magnitude
   bool incomplete = false;    // C2: the exponent difference was 64 or more; run the instruction again
+  bool special = false;       // a NaN or an invalid operand decided the result: no quotient, C0 and C3 stay
 };
 PartialRemainder partial_remainder(Float80 a, Float80 b, bool round_to_nearest, Control control);
 
