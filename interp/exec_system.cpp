@@ -193,6 +193,28 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       invalidate_fetch();
       return;
     }
+    case ZYDIS_MNEMONIC_VERR:
+    case ZYDIS_MNEMONIC_VERW: {
+      // ZF says whether the selector names a segment readable (writable) at this CPL and RPL; nothing faults
+      // on the descriptor. Linux's MDS mitigation runs VERW on a data selector at every return to user space.
+      if (!(s_.cr0 & cr0::kPe) || (s_.rflags & rflags::kVm)) raise_ud(insn, false);
+      const uint16_t selector = uint16_t(read_operand(insn, 0));
+      const bool write = insn.mnemonic == ZYDIS_MNEMONIC_VERW;
+      bool ok = false;
+      const bool local = selector & 4;
+      const uint32_t limit = local ? s_.ldt.limit : s_.gdt.limit;
+      if ((selector & 0xfffc) != 0 && !(local && s_.ldt.unusable) && (selector & 0xfff8) + 7u <= limit) {
+        const uint64_t lo = read_sys((local ? s_.ldt.base : s_.gdt.base) + (selector & 0xfff8), 8);
+        const bool code_or_data = (lo >> 44) & 1;
+        const unsigned type = (lo >> 40) & 0xf, dpl = (lo >> 45) & 3;
+        const bool code = type & 8, conforming = code && (type & 4);
+        const bool privileged_enough = conforming || (cpl() <= dpl && (selector & 3u) <= dpl);
+        const bool allowed = write ? !code && (type & 2) : !code || (type & 2);
+        ok = code_or_data && privileged_enough && allowed;
+      }
+      s_.rflags = ok ? s_.rflags | rflags::kZf : s_.rflags & ~rflags::kZf;
+      return;
+    }
     case ZYDIS_MNEMONIC_WBINVD:
     case ZYDIS_MNEMONIC_INVD:
       require_cpl0();
