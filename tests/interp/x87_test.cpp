@@ -486,6 +486,40 @@ TEST(InterpX87, SaveAndRestoreLayouts) {
   EXPECT_EQ(quad(s, 8), s.gpr[kR12] & 0xffff);  // the 16-bit image kept only 16 bits of FIP
 }
 
+TEST(InterpX87, RealModeEnvironmentLayouts) {
+  // Real mode stores the pointers as 20-bit values split across two fields (FCS is not kept, so they are the
+  // offsets); a 16-bit operand size gives 14 bytes, 0x66 gives 28.
+  TestVm vm = TestVm::protected_mode();
+  CpuState s = vm.state();
+  s.cr0 = cr0::kEt;
+  s.cs = SegmentReg{0x10000, 0xffff, 0x1000, 0xb, 0, true, true, false, false, false, false, false};
+  s.ds = SegmentReg{0, 0xffff, 0, 0x3, 0, true, true, false, false, false, false, false};
+  s.rip = 0;
+  vm.set_state(s);
+  vm.load(0x10000, assemble(R"(
+    .code16
+    fninit
+    fld1
+  stored:
+    fstp dword ptr [0x8000]
+    fnstenv [0x8100]
+    .byte 0x66
+    fnstenv [0x8200]
+    hlt
+  after:
+  )", 0, 32));
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  const uint64_t fip = 4;  // `stored`: after FNINIT (2 bytes) and FLD1 (2 bytes)
+  EXPECT_EQ(vm.read64(0x8000) & 0xffffffff, 0x3f800000u);
+  EXPECT_EQ(vm.read64(0x8100), 0x0000ffff0000037full | (fip << 48));
+  // FIP[19:16] << 12 | FOP (D9 /3 with a disp16: ModRM 1e), FDP[15:0], FDP[19:16] << 12.
+  EXPECT_EQ(vm.read64(0x8108) & 0xffffffffffffull, 0x000080000000ull | 0x11eu);
+  EXPECT_EQ(vm.read64(0x8200), 0xffff0000ffff037full);
+  EXPECT_EQ(vm.read64(0x8208), 0xffff0000ffffffffull | (fip << 32));
+  EXPECT_EQ(vm.read64(0x8210), 0xffff80000000011eull);
+  EXPECT_EQ(vm.read64(0x8218) & 0xffffffff, 0u);
+}
+
 TEST(InterpX87, LoadEnvironmentWithAnotherTopKeepsPhysicalRegisters) {
   const CpuState s = run(R"(
     fninit
