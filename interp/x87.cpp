@@ -149,19 +149,18 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
     if ((regs.status() & fsw::kSummary) && (s_.cr0 & cr0::kNe)) raise(kMf);
     return;
   }
-  if (s_.cr0 & (cr0::kEm | cr0::kTs)) raise(kNm);
   const bool mem = (modrm >> 6) != 3;
   const unsigned reg = (modrm >> 3) & 7, rm = modrm & 7;
+  // FISTTP is SSE3's: a model without SSE3 makes it an invalid opcode (#UD before #NM), as such CPUs do.
+  if (mem && reg == 1 && (op == 0xdb || op == 0xdd || op == 0xdf) && !cpuid_bit(model_, 1, 2, 0)) raise_ud(insn, false);
+  if (s_.cr0 & (cr0::kEm | cr0::kTs)) raise(kNm);
 
   // The no-wait control instructions (FNINIT, FNCLEX, FNSTCW, FNSTSW, FNSTENV, FNSAVE and the 8087/287 no-ops)
   // do not report a pending exception; every other x87 instruction does, as #MF when CR0.NE is set. With
   // NE clear a PC would signal FERR# to IRQ 13, which deja's machines do not wire: the exception stays pending.
-  const bool no_wait = (op == 0xdb && (modrm == 0xe0 || modrm == 0xe1 || modrm == 0xe2 || modrm == 0xe3 || modrm == 0xe4)) ||
+  const bool no_wait = (op == 0xdb && modrm >= 0xe0 && modrm <= 0xe4) ||
                        (mem && (op == 0xd9 || op == 0xdd) && reg >= 6) || (op == 0xdf && modrm == 0xe0);
   if (!no_wait && (regs.status() & fsw::kSummary) && (s_.cr0 & cr0::kNe)) raise(kMf);
-
-  // FISTTP is SSE3's; a model without SSE3 makes it #UD, as such CPUs do.
-  if (mem && reg == 1 && (op == 0xdb || op == 0xdd || op == 0xdf) && !cpuid_bit(model_, 1, 2, 0)) raise_ud(insn, false);
 
   const Operand* m = nullptr;
   for (int i = 0; i < insn.operand_count; ++i) {
@@ -670,7 +669,8 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
             regs.rotate(modrm == 0xf7 ? 1 : -1);
             set_c1(false);
             return;
-          case 0xf9: return binary_pop([&](fp::Float80 y, fp::Float80 x) { return fp::y_log2_x_plus_1(y, x, control); });
+          case 0xf9:  // FYL2XP1
+            return binary_pop([&](fp::Float80 y, fp::Float80 x) { return fp::y_log2_x_plus_1(y, x, control); });
           case 0xfa: return unary([&](fp::Float80 x) { return fp::square_root(x, control); });     // FSQRT
           case 0xfc: return unary([&](fp::Float80 x) { return fp::round_to_integer(x, control); });  // FRNDINT
           case 0xfd: {  // FSCALE
@@ -765,13 +765,18 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
               return load(r.value, r.flags, false);
             }
             case 1: {  // FISTTP m64int
-              if (regs.empty(0)) return store_underflow(true, [&] { write_mem(seg_index, at(0), 8, 0x8000000000000000ull); });
+              if (regs.empty(0)) {
+                return store_underflow(true, [&] { write_mem(seg_index, at(0), 8, 0x8000000000000000ull); });
+              }
               const fp::Stored s = fp::to_integer(regs.st(0), 64, true, control);
-              return store_result(s.flags, s.rounded_up, s.stored, true, [&] { write_mem(seg_index, at(0), 8, s.bits); });
+              return store_result(s.flags, s.rounded_up, s.stored, true,
+                                  [&] { write_mem(seg_index, at(0), 8, s.bits); });
             }
             case 2:
             case 3: {  // FST/FSTP m64fp
-              if (regs.empty(0)) return store_underflow(reg == 3, [&] { write_mem(seg_index, at(0), 8, 0xfff8000000000000ull); });
+              if (regs.empty(0)) {
+                return store_underflow(reg == 3, [&] { write_mem(seg_index, at(0), 8, 0xfff8000000000000ull); });
+              }
               const fp::Stored s = fp::to_float64(regs.st(0), control);
               return store_result(s.flags, s.rounded_up, s.stored, reg == 3,
                                   [&] { write_mem(seg_index, at(0), 8, s.bits); });
@@ -867,9 +872,12 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
               return store_result(s.flags, s.rounded_up, s.stored, true, [&] { write_bytes(s.bcd.data(), 10); });
             }
             default: {  // FISTP m64int
-              if (regs.empty(0)) return store_underflow(true, [&] { write_mem(seg_index, at(0), 8, 0x8000000000000000ull); });
+              if (regs.empty(0)) {
+                return store_underflow(true, [&] { write_mem(seg_index, at(0), 8, 0x8000000000000000ull); });
+              }
               const fp::Stored s = fp::to_integer(regs.st(0), 64, false, control);
-              return store_result(s.flags, s.rounded_up, s.stored, true, [&] { write_mem(seg_index, at(0), 8, s.bits); });
+              return store_result(s.flags, s.rounded_up, s.stored, true,
+                                  [&] { write_mem(seg_index, at(0), 8, s.bits); });
             }
           }
         }
