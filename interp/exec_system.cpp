@@ -12,7 +12,7 @@ using interp::DecodedInsn;
 using interp::OpKind;
 
 namespace {
-constexpr uint8_t kUd = 6, kGp = 13;
+constexpr uint8_t kGp = 13;
 
 bool cpuid_has(const CpuModel& model, uint32_t leaf, int reg, int bit) {
   CpuidResult r = model.cpuid(leaf, 0);
