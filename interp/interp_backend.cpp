@@ -338,8 +338,7 @@ Result<> InterpBackend::Counter::arm(uint64_t at) {
 }
 
 std::span<const std::string_view> interp_features() {
-  // CX16: deja-v1 has advertised it from the start; CMPXCHG16B itself is being implemented (until then it
-  // raises #UD, counted by --stats).
+  // FPU: the whole x87 (interp/x87.cpp). No XSAVE, SMAP or SSE3 here: their instructions stay #UD.
   static constexpr std::string_view kFeatures[] = {
       "FPU",  "PSE",   "TSC",   "MSR", "PAE",    "CX8",     "PGE",       "CMOV",    "PAT", "CLFSH", "FXSR",
       "SSE",  "SSE2",  "CX16",  "POPCNT", "MOVBE", "LAHF_LM", "ABM/LZCNT", "SYSCALL", "NX",  "LM"};

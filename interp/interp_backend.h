@@ -86,6 +86,7 @@ class InterpBackend : public Backend {
   void exec_string(const interp::DecodedInsn& insn);
   void exec_system(const interp::DecodedInsn& insn);
   void exec_sse(const interp::DecodedInsn& insn);
+  void exec_x87(const interp::DecodedInsn& insn);  // interp/x87.cpp: ESC opcodes D8-DF and FWAIT
 
   // Register and operand access.
   uint64_t reg_read(int index, unsigned bytes) const {

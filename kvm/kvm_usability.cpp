@@ -242,13 +242,16 @@ SnippetRun run_snippet(Backend& cpu, const CpuState& state, bool stop_at_window 
   return out;
 }
 
+// A value as printf's %#x writes it: "0" for zero (fmt's {:#x} would write "0x0").
+std::string hex_value(uint64_t value) { return value == 0 ? "0" : fmt::format("{:#x}", value); }
+
 // Runs a snippet that leaves its answer in RAX; "" when it equals `expected`.
 std::string answer_problem(Backend& cpu, const uint8_t* snippet, uint64_t expected, const char* hint = "") {
   SnippetRun run = run_snippet(cpu, long_mode(kCode + offset_of(snippet)));
   if (!run.at_hlt) return run.problem;
   uint64_t got = run.at_hlt->gpr[kRax];
   if (got == expected) return {};
-  return fmt::format("returned {:#x} where {:#x} is right{}", got, expected, hint);
+  return fmt::format("returned {} where {} is right{}", hex_value(got), hex_value(expected), hint);
 }
 
 uint64_t now_ns() {
