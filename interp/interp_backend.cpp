@@ -356,17 +356,27 @@ Result<std::unique_ptr<Backend>> make_interp_backend(GuestMemory& memory, const 
 }
 
 std::vector<std::string> InterpBackend::cpu_quirks() const {
-  if (accessed_only_by_segment_loads_) return {std::string(kCpuQuirkAccessedBitOnlyBySegmentLoads)};
-  return {};
+  std::vector<std::string> out;
+  if (quirks_.accessed_only_by_segment_loads) out.emplace_back(kCpuQuirkAccessedBitOnlyBySegmentLoads);
+  if (quirks_.fxsave_no_x87_pointers) out.emplace_back(kCpuQuirkFxsaveNoX87Pointers);
+  if (quirks_.fxsave_skips_reserved_bytes) out.emplace_back(kCpuQuirkFxsaveSkipsReservedBytes);
+  return out;
 }
 
 Result<> InterpBackend::adopt_cpu_quirks(std::span<const std::string> quirks) {
+  Quirks adopted;
   for (const std::string& quirk : quirks) {
-    if (quirk != kCpuQuirkAccessedBitOnlyBySegmentLoads) {
+    if (quirk == kCpuQuirkAccessedBitOnlyBySegmentLoads) {
+      adopted.accessed_only_by_segment_loads = true;
+    } else if (quirk == kCpuQuirkFxsaveNoX87Pointers) {
+      adopted.fxsave_no_x87_pointers = true;
+    } else if (quirk == kCpuQuirkFxsaveSkipsReservedBytes) {
+      adopted.fxsave_skips_reserved_bytes = true;
+    } else {
       return fail(ErrorKind::kUnsupported, "the software CPU cannot reproduce CPU quirk '{}'", quirk);
     }
   }
-  accessed_only_by_segment_loads_ = !quirks.empty();
+  quirks_ = adopted;
   return {};
 }
 

@@ -291,7 +291,12 @@ class InterpBackend : public Backend {
   int delivering_ = -1;       // vector being delivered, for double-fault classification
   bool shutdown_ = false;
   std::string shutdown_detail_;
-  bool accessed_only_by_segment_loads_ = false;  // kCpuQuirkAccessedBitOnlyBySegmentLoads
+  // The recording CPU's departures from the architecture that a replay reproduces (vmm/backend.h kCpuQuirk*).
+  struct Quirks {
+    bool accessed_only_by_segment_loads = false;
+    bool fxsave_no_x87_pointers = false;
+    bool fxsave_skips_reserved_bytes = false;
+  } quirks_;
   std::map<std::string, uint64_t> unimplemented_;
 };
 

@@ -100,7 +100,7 @@ void InterpBackend::load_segment(int index, uint16_t selector, bool by_transfer)
 // recorded there names kCpuQuirkAccessedBitOnlyBySegmentLoads, and its replay here does the same.
 void InterpBackend::mark_accessed(uint16_t selector, SegmentReg& desc, bool by_transfer) {
   if (!desc.s || (desc.type & 1)) return;
-  if (by_transfer && accessed_only_by_segment_loads_) return;
+  if (by_transfer && quirks_.accessed_only_by_segment_loads) return;
   desc.type |= 1;
   uint64_t address = descriptor_address(selector, kGp);
   write_sys(address + 5, 1, uint64_t(desc.type) | (uint64_t(desc.s) << 4) | (uint64_t(desc.dpl) << 5) |

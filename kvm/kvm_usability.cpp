@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -13,7 +14,8 @@
 
 #include "kvm/kvm_backend.h"
 
-extern "C" const uint8_t deja_usability_guest_begin[], deja_usability_guest_end[], deja_probe_accessed[];
+extern "C" const uint8_t deja_usability_guest_begin[], deja_usability_guest_end[], deja_probe_accessed[],
+    deja_probe_fxsave[];
 extern "C" const uint8_t deja_probe_loop[], deja_probe_sse[], deja_probe_sse2[], deja_probe_fpu[], deja_probe_cmov[],
     deja_probe_cx8[], deja_probe_cx16[], deja_probe_popcnt[], deja_probe_lzcnt[], deja_probe_movbe[],
     deja_probe_fxsr[], deja_probe_lahf[], deja_probe_clflush[], deja_probe_tsc[], deja_probe_sse3[],
@@ -36,7 +38,7 @@ namespace {
 // page, an IDT for the exception stubs, a scratch page the snippets use, the snippets, and a stack.
 constexpr uint64_t kRam = 2 << 20;
 constexpr uint64_t kGdt = 0x500, kPml4 = 0x1000, kPdpt = 0x2000, kPd = 0x3000, kIdt = 0x4000, kTss = 0x5000,
-                   kCode = 0x10000, kStackTop = 0x80000, kKernelStackTop = 0x7f000;
+                   kFxsaveArea = 0x7000, kCode = 0x10000, kStackTop = 0x80000, kKernelStackTop = 0x7f000;
 constexpr uint16_t kCode64 = 0x08, kData = 0x10, kCode32 = 0x18, kUserData = 0x20, kUserCode64 = 0x28, kTr = 0x30,
                    kCode64Unaccessed = 0x40;
 constexpr uint64_t kGdtEntries[] = {0,
@@ -380,20 +382,38 @@ std::string check_single_step(Backend& cpu) {
 }
 
 // Architectural details that do not stop deja but show in guest memory, so that traces carry them
-// (Backend::cpu_quirks): for now whether IRET sets a code descriptor's accessed bit.
-std::string check_quirks(Backend& cpu, std::vector<std::string>& quirks, std::string& detail) {
+// (Backend::cpu_quirks) and a replay on the software CPU can do the same: whether IRET sets a code
+// descriptor's accessed bit, and what FXSAVE writes besides the registers.
+std::string check_quirks(Backend& cpu, GuestMemory& memory, std::vector<std::string>& quirks, std::string& detail) {
   CpuState s = long_mode(kCode + offset_of(deja_probe_accessed));
   s.gpr[kRdi] = kGdt + kCode64Unaccessed + 5;
   s.gpr[kRsi] = kCode64Unaccessed;
   SnippetRun run = run_snippet(cpu, s);
   if (!run.at_hlt) return "IRETQ to a fresh code descriptor " + run.problem;
-  if (run.at_hlt->gpr[kRax] & 1) {
-    detail = "IRET sets a code descriptor's accessed bit, as the SDM says";
-  } else {
-    quirks.emplace_back(kCpuQuirkAccessedBitOnlyBySegmentLoads);
-    detail = fmt::format("IRET leaves a code descriptor's accessed bit clear (QEMU's TCG does): traces say {}",
-                         kCpuQuirkAccessedBitOnlyBySegmentLoads);
-  }
+  const bool accessed_set = run.at_hlt->gpr[kRax] & 1;
+  if (!accessed_set) quirks.emplace_back(kCpuQuirkAccessedBitOnlyBySegmentLoads);
+
+  std::array<uint8_t, 512> image;
+  image.fill(0xaa);
+  if (auto ok = memory.write(Gpa{kFxsaveArea}, image); !ok) return ok.error().message;
+  s = long_mode(kCode + offset_of(deja_probe_fxsave));
+  s.gpr[kRdi] = kFxsaveArea;
+  run = run_snippet(cpu, s);
+  if (!run.at_hlt) return "FXSAVE64 " + run.problem;
+  if (auto ok = memory.read(Gpa{kFxsaveArea}, image); !ok) return ok.error().message;
+  uint16_t fop = 0;
+  uint64_t fip = 0;
+  std::memcpy(&fop, image.data() + 6, 2);
+  std::memcpy(&fip, image.data() + 8, 8);
+  const bool pointers_kept = fop == 0x1e8 && fip == kCode + offset_of(deja_probe_fxsave) + 2;
+  const bool reserved_kept = image[32 + 10] == 0xaa;  // ST0's slot: bytes 10-15 are reserved
+  if (!pointers_kept) quirks.emplace_back(kCpuQuirkFxsaveNoX87Pointers);
+  if (reserved_kept) quirks.emplace_back(kCpuQuirkFxsaveSkipsReservedBytes);
+  detail = fmt::format("IRET {} a code descriptor's accessed bit; FXSAVE {} FOP/FIP (FOP {:#x}, FIP {:#x}) and {} "
+                       "the reserved bytes of the register slots{}",
+                       accessed_set ? "sets" : "leaves clear", pointers_kept ? "stores" : "does not store", fop, fip,
+                       reserved_kept ? "leaves" : "writes",
+                       quirks.empty() ? ", as the SDM says" : " (QEMU's TCG does): traces name the quirks");
   return {};
 }
 
@@ -516,7 +536,7 @@ KvmUsability check_kvm_usability_with(const UsabilityProbeHost& host) {
   checks.add(kWindow, late, window);
   checks.add(kStateLoads, check_state_loads(cpu, host), "long mode and 32-bit paging read back as set");
   std::string quirks;
-  std::string quirk_problem = check_quirks(cpu, result.cpu_quirks, quirks);
+  std::string quirk_problem = check_quirks(cpu, *vm->memory, result.cpu_quirks, quirks);
   checks.add(kQuirks, quirk_problem, quirks);
   result.elapsed_ns = now_ns() - start;
   return result;

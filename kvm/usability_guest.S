@@ -229,6 +229,15 @@ deja_probe_accessed:
 1:      movzbl (%rdi), %eax
         hlt
 
+// FXSAVE's image: RDI points at 512 bytes the VMM filled with 0xaa; FLD1 (FOP 0x1e8) is the last x87
+// instruction before FXSAVE64. The VMM reads FOP, FIP, FDP and the reserved bytes of ST0's slot back.
+        .globl deja_probe_fxsave
+deja_probe_fxsave:
+        fninit
+        fld1
+        fxsave64 (%rdi)
+        hlt
+
         .globl deja_usability_guest_end
 deja_usability_guest_end:
         .section .note.GNU-stack, "", @progbits

@@ -95,6 +95,10 @@ struct DebugControl {
 // sets a descriptor's accessed bit only for MOV/POP Sreg and LxS; far JMP/CALL/RET, IRET and event delivery
 // leave it clear where the SDM (vol. 3A 3.4.5.1) and real processors set it. Linux's per-CPU GDT shows it.
 inline constexpr std::string_view kCpuQuirkAccessedBitOnlyBySegmentLoads = "accessed-bit-only-by-segment-loads";
+// QEMU's TCG (7.2) keeps no x87 last-instruction pointers: FXSAVE writes FIP and FDP as zero and leaves FOP as it was.
+inline constexpr std::string_view kCpuQuirkFxsaveNoX87Pointers = "fxsave-no-x87-pointers";
+// QEMU's TCG writes only the 10 register bytes of each 16-byte x87 slot: FXSAVE leaves bytes 10-15 as they were.
+inline constexpr std::string_view kCpuQuirkFxsaveSkipsReservedBytes = "fxsave-skips-reserved-bytes";
 
 class Backend {
  public:
