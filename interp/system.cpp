@@ -7,7 +7,7 @@
 namespace deja {
 namespace {
 
-constexpr uint8_t kDe = 0, kDb = 1, kUd = 6, kDf = 8, kTs = 10, kNp = 11, kSs = 12, kGp = 13, kPf = 14;
+constexpr uint8_t kDe = 0, kUd = 6, kDf = 8, kTs = 10, kNp = 11, kSs = 12, kGp = 13, kPf = 14;
 
 SegmentReg parse_descriptor(uint64_t lo, uint16_t selector) {
   SegmentReg seg;

@@ -28,6 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   table.push_back(deja::add_inspect_command(app));
   table.push_back(deja::add_verify_command(app));
   table.push_back(deja::add_selftest_command(app));
+  table.push_back(deja::add_debug_command(app));
+  table.push_back(deja::add_query_command(app));
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
   try {
