@@ -51,7 +51,10 @@ VirtioPci::VirtioPci(VirtioDevice& device, GuestMemory& memory)
   for (int i = 0; i < 4; ++i) notify.push_back(uint8_t(kNotifyMultiplier >> (8 * i)));
   add_capability(pci::kCapabilityVendor, notify);
   add_capability(pci::kCapabilityVendor, cap_body(16, kCapIsr, kBar, kIsrOffset, 1));
-  add_capability(pci::kCapabilityVendor, cap_body(16, kCapDevice, kBar, kDeviceOffset, device.config_size()));
+  // Only a device with a configuration has the capability (Linux refuses one of length 0, and QEMU omits it).
+  if (device.config_size() > 0) {
+    add_capability(pci::kCapabilityVendor, cap_body(16, kCapDevice, kBar, kDeviceOffset, device.config_size()));
+  }
   // The configuration access window: bar, offset, length and the 4 data bytes are the driver's to write.
   auto window = cap_body(20, kCapPciCfg, 0, 0, 0);
   window.resize(18, 0);

@@ -22,8 +22,8 @@ namespace deja {
 //   0x1000 ISR status (1 byte: bit 0 used buffers, bit 1 configuration change; a read returns and clears it)
 //   0x2000 device-specific configuration
 //   0x3000 notifications: queue q at 0x3000 + 4 q (notify_off_multiplier 4, queue_notify_off q)
-// Capabilities (vendor-specific, ID 9): common, notify, ISR, device, and the PCI configuration access capability
-// (cfg_type 5), whose window reaches BAR 4 through configuration space. Interrupts are INTx only (no MSI-X
+// Capabilities (vendor-specific, ID 9): common, notify, ISR, device (only with a device configuration), and the
+// PCI configuration access capability (cfg_type 5), whose window reaches BAR 4 through configuration space. Interrupts are INTx only (no MSI-X
 // capability): msix_config and queue_msix_vector read NO_VECTOR (0xffff), writes are ignored.
 //
 // Status: writing 0 resets the device. FEATURES_OK is kept only when the driver's features are a subset of the
