@@ -22,7 +22,7 @@ constexpr unsigned kIdBytes = 20;
 }  // namespace virtio_blk
 
 // Virtio 1.1, 5.2. One request queue of 256 entries. Features: SEG_MAX (254), BLK_SIZE (512), FLUSH, DISCARD
-// and WRITE_ZEROES (one segment per request, up to 2^22 sectors, 4 KiB aligned), RO for a read-only store.
+// and WRITE_ZEROES (one segment per request, up to 2^16 sectors, 4 KiB aligned), RO for a read-only store.
 // Requests complete as timed work: a notification makes the device due at once (next_deadline_ns() is 0), and
 // advance() - which the machine runs inside an asynchronous event, at a recorded coordinate - takes every
 // available chain. What a request reads comes from the store (the image and the guest's own earlier writes),
@@ -58,7 +58,7 @@ class VirtioBlk : public VirtioDevice {
   uint64_t completed(uint8_t status) const { return status < 3 ? completed_[status] : 0; }
 
  private:
-  static constexpr uint32_t kMaxDiscardSectors = 1u << 22;
+  static constexpr uint32_t kMaxDiscardSectors = 1u << 16;  // 32 MiB: bounds the overlay work of one request
   uint8_t handle(const VirtqChain& chain, uint32_t* written);
   uint8_t handle_discard(const VirtqChain& chain, uint32_t type);
 

@@ -31,7 +31,7 @@ std::vector<uint8_t> cap_body(uint8_t cap_len, uint8_t type, uint8_t bar, uint32
 
 }  // namespace
 
-VirtioPci::VirtioPci(VirtioDevice& device, GuestMemory& memory)
+VirtioPci::VirtioPci(VirtioDevice& device, GuestMemory& memory, MsiSink* msi)
     : PciFunction(PciIds{.vendor = kVendor,
                          .device = uint16_t(0x1040 + device.device_id()),
                          .revision = 1,
@@ -41,7 +41,9 @@ VirtioPci::VirtioPci(VirtioDevice& device, GuestMemory& memory)
                          .interrupt_pin = 1}),
       device_(device),
       memory_(memory),
-      queues_(device.queue_count()) {
+      queues_(device.queue_count()),
+      msi_(msi),
+      queue_vectors_(device.queue_count(), kNoVector) {
   DEJA_ASSERT(device.queue_count() >= 1 && device.queue_count() <= 32, "{}: {} queues", device.name(),
               device.queue_count());
   DEJA_ASSERT(device.config_size() <= kRegionSize, "{}: configuration too large", device.name());
@@ -62,6 +64,22 @@ VirtioPci::VirtioPci(VirtioDevice& device, GuestMemory& memory)
   writable[2] = 0xff;
   std::fill(writable.begin() + 6, writable.end(), uint8_t{0xff});
   pci_cfg_cap_ = add_capability(pci::kCapabilityVendor, window, writable);
+  if (msi_) {
+    // MSI-X (PCI 3.0, 6.8.2): message control (table size - 1; function mask and enable writable), then the table's
+    // and the pending-bit array's offsets with their BAR in the low 3 bits. Entries start masked.
+    const unsigned vectors = device.queue_count() + 1;
+    define_bar(kMsixBar, PciBarKind::kMemory32, kMsixBarSize);
+    std::vector<uint8_t> body(10, 0), mask(10, 0);
+    body[0] = uint8_t(vectors - 1);
+    body[1] = uint8_t((vectors - 1) >> 8);
+    mask[1] = 0xc0;
+    body[2] = kMsixBar;
+    body[6] = uint8_t(kMsixPbaOffset | kMsixBar);
+    body[7] = uint8_t(kMsixPbaOffset >> 8);
+    msix_cap_ = add_capability(pci::kCapabilityMsix, body, mask);
+    msix_table_.assign(16 * vectors, 0);
+    for (unsigned v = 0; v < vectors; ++v) msix_table_[16 * v + 12] = 1;  // vector control: masked
+  }
   for (Virtqueue& q : queues_) q.reset(device.queue_max_size());
   device_.bind(*this);
 }
@@ -75,6 +93,17 @@ VirtqFeatures VirtioPci::ring_features() const {
 
 void VirtioPci::bar_read(unsigned bar, uint64_t offset, std::span<uint8_t> data) {
   std::fill(data.begin(), data.end(), uint8_t{0});
+  if (bar == kMsixBar && msi_) {
+    for (size_t i = 0; i < data.size(); ++i) {
+      const uint64_t at = offset + i;
+      if (at < msix_table_.size()) {
+        data[i] = msix_table_[at];
+      } else if (at >= kMsixPbaOffset && at < kMsixPbaOffset + 8) {
+        data[i] = uint8_t(msix_pending_ >> (8 * (at - kMsixPbaOffset)));
+      }
+    }
+    return;
+  }
   if (bar != kBar || offset >= kBarSize) return;
   const uint64_t region = offset & ~(kRegionSize - 1), at = offset - region;
   if (region == kCommonOffset) {
@@ -93,6 +122,10 @@ void VirtioPci::bar_read(unsigned bar, uint64_t offset, std::span<uint8_t> data)
 }
 
 void VirtioPci::bar_write(unsigned bar, uint64_t offset, std::span<const uint8_t> data) {
+  if (bar == kMsixBar && msi_) {
+    msix_table_write(offset, data);
+    return;
+  }
   if (bar != kBar || offset >= kBarSize) return;
   const uint64_t region = offset & ~(kRegionSize - 1), at = offset - region;
   if (region == kCommonOffset) {
@@ -123,14 +156,14 @@ uint64_t VirtioPci::common_field(unsigned offset) const {
     case kDriverFeatureSelect: return driver_feature_select_;
     case kDriverFeature:
       return driver_feature_select_ < 2 ? uint32_t(driver_features_ >> (32 * driver_feature_select_)) : 0;
-    case kMsixConfig: return kNoVector;
+    case kMsixConfig: return config_vector_;
     case kNumQueues: return queues_.size();
     case kDeviceStatus: return status_;
     case kConfigGeneration: return config_generation_;
     case kQueueSelect: return queue_select_;
     // An unavailable queue (beyond num_queues) reads size 0.
     case kQueueSize: return q ? q->size : 0;
-    case kQueueMsixVector: return kNoVector;
+    case kQueueMsixVector: return q ? queue_vectors_[queue_select_] : kNoVector;
     case kQueueEnable: return q && q->enabled;
     case kQueueNotifyOff: return q ? queue_select_ : 0;
     case kQueueDesc: return q ? q->desc : 0;
@@ -153,6 +186,13 @@ void VirtioPci::set_common_field(unsigned offset, uint64_t value) {
       }
       break;
     case kDeviceStatus: write_status(uint8_t(value)); break;
+    // A vector the table does not have (or no MSI-X at all) cannot be mapped: it reads back NO_VECTOR.
+    case kMsixConfig:
+      config_vector_ = msi_ && value < msix_table_.size() / 16 ? uint16_t(value) : kNoVector;
+      break;
+    case kQueueMsixVector:
+      if (q) queue_vectors_[queue_select_] = msi_ && value < msix_table_.size() / 16 ? uint16_t(value) : kNoVector;
+      break;
     case kQueueSelect: queue_select_ = uint16_t(value); break;
     case kQueueSize:
       if (configurable) q->size = uint16_t(value);
@@ -176,7 +216,7 @@ void VirtioPci::set_common_field(unsigned offset, uint64_t value) {
     case kQueueDevice:
       if (configurable) q->used = value;
       break;
-    default: break;  // read-only fields, and the MSI-X vectors (no MSI-X here)
+    default: break;  // read-only fields
   }
 }
 
@@ -235,14 +275,59 @@ void VirtioPci::reset() {
   queue_select_ = 0;
   pending_notify_ = 0;
   for (Virtqueue& q : queues_) q.reset(device_.queue_max_size());
+  config_vector_ = kNoVector;
+  std::fill(queue_vectors_.begin(), queue_vectors_.end(), kNoVector);
   isr_ = 0;
   set_intx(false);
   device_.reset();
 }
 
-void VirtioPci::raise(uint8_t isr_bits) {
+void VirtioPci::raise(uint8_t isr_bits, uint16_t vector) {
   isr_ |= isr_bits;
-  set_intx(true);
+  if (msix_enabled()) {
+    signal_vector(vector);
+  } else {
+    set_intx(true);
+  }
+}
+
+// ---- MSI-X ------------------------------------------------------------------------------------------------
+
+bool VirtioPci::msix_enabled() const { return msix_cap_ && (config_bytes()[msix_cap_ + 3] & 0x80); }
+bool VirtioPci::msix_function_masked() const { return config_bytes()[msix_cap_ + 3] & 0x40; }
+
+void VirtioPci::signal_vector(uint16_t vector) {
+  const size_t vectors = msix_table_.size() / 16;
+  if (vector >= vectors) return;  // NO_VECTOR: the driver asked for no interrupt
+  const uint8_t* e = msix_table_.data() + 16 * vector;
+  if (msix_function_masked() || (e[12] & 1)) {
+    msix_pending_ |= 1ull << vector;
+    return;
+  }
+  uint64_t address = 0;
+  uint32_t data = 0;
+  for (int i = 0; i < 8; ++i) address |= uint64_t(e[i]) << (8 * i);
+  for (int i = 0; i < 4; ++i) data |= uint32_t(e[8 + i]) << (8 * i);
+  msi_->deliver_msi(address, data);
+}
+
+void VirtioPci::deliver_pending_vectors() {
+  if (!msix_enabled() || msix_function_masked()) return;
+  for (uint16_t v = 0; v < msix_table_.size() / 16; ++v) {
+    if (!(msix_pending_ & (1ull << v)) || (msix_table_[16 * v + 12] & 1)) continue;
+    msix_pending_ &= ~(1ull << v);
+    signal_vector(v);
+  }
+}
+
+void VirtioPci::msix_table_write(uint64_t offset, std::span<const uint8_t> data) {
+  for (size_t i = 0; i < data.size(); ++i) {
+    const uint64_t at = offset + i;
+    if (at >= msix_table_.size()) continue;  // the pending-bit array is read-only
+    // Vector control: only the mask bit is writable.
+    msix_table_[at] = at % 16 == 12 ? uint8_t(data[i] & 1) : at % 16 > 12 ? 0 : data[i];
+  }
+  deliver_pending_vectors();
 }
 
 // ---- the transport for the device -------------------------------------------------------------------------
@@ -280,7 +365,7 @@ void VirtioPci::notify_used(unsigned q) {
   if (!wanted) {
     device_error(fmt::format("queue {}: {}", q, wanted.error().message));
   } else if (*wanted) {
-    raise(1);
+    raise(1, queue_vectors_[q]);
   }
 }
 
@@ -289,7 +374,7 @@ void VirtioPci::device_error(const std::string& why) {
   last_error_ = why;
   if (status_ & virtio::kStatusNeedsReset) return;
   status_ |= virtio::kStatusNeedsReset;
-  if (status_ & virtio::kStatusDriverOk) raise(2);
+  if (status_ & virtio::kStatusDriverOk) raise(2, config_vector_);
 }
 
 // ---- the PCI configuration access capability ---------------------------------------------------------------
@@ -317,6 +402,11 @@ void VirtioPci::before_config_read(unsigned offset, unsigned size) {
 }
 
 void VirtioPci::after_config_write(unsigned offset, unsigned size) {
+  if (msix_cap_ && offset < msix_cap_ + 4u && offset + size > msix_cap_ + 2u) {
+    // MSI-X enabled: INTx is no longer used; unmasked: what waited is sent.
+    if (msix_enabled()) set_intx(false);
+    deliver_pending_vectors();
+  }
   const unsigned data = pci_cfg_cap_ + 16u;
   if (offset + size <= data || offset >= data + 4) return;
   uint64_t at = 0;
@@ -340,6 +430,11 @@ std::vector<uint8_t> VirtioPci::save() const {
   w.u32(pending_notify_);
   w.u32(uint32_t(queues_.size()));
   for (const Virtqueue& q : queues_) q.save(w);
+  w.u16(config_vector_);
+  for (uint16_t v : queue_vectors_) w.u16(v);
+  w.u32(uint32_t(msix_table_.size()));
+  w.bytes(msix_table_);
+  w.u64(msix_pending_);
   device_.save(w);
   return w.take();
 }
@@ -359,6 +454,17 @@ Result<> VirtioPci::restore(std::span<const uint8_t> state) {
   if (driver_features_ & ~offered_features()) r.invalid("driver features beyond the offered ones");
   if (r.u32() != queues_.size()) r.invalid(fmt::format("queue count differs from {}'s {}", name(), queues_.size()));
   for (Virtqueue& q : queues_) q.restore(r, device_.queue_max_size());
+  const uint16_t vectors = uint16_t(msix_table_.size() / 16);
+  auto vector = [&](uint16_t v) {
+    if (v != kNoVector && v >= vectors) r.invalid(fmt::format("MSI-X vector {} beyond the table's {}", v, vectors));
+    return v;
+  };
+  config_vector_ = vector(r.u16());
+  for (uint16_t& v : queue_vectors_) v = vector(r.u16());
+  if (r.u32() != msix_table_.size()) r.invalid("MSI-X table of another size");
+  r.bytes(msix_table_);
+  msix_pending_ = r.u64();
+  if (vectors < 64 && (msix_pending_ >> vectors) != 0) r.invalid("MSI-X pending bits beyond the table");
   device_.restore(r);
   return r.finish();
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "devices/device.h"
+#include "devices/interrupts.h"
 #include "devices/pci_function.h"
 #include "devices/virtio.h"
 
@@ -35,6 +36,8 @@ namespace deja {
 class VirtioPci : public PciFunction, public Device, public VirtioTransport {
  public:
   static constexpr unsigned kBar = 4;
+  static constexpr unsigned kMsixBar = 1;
+  static constexpr uint64_t kMsixBarSize = 0x1000, kMsixPbaOffset = 0x800;
   static constexpr uint64_t kBarSize = 0x4000;
   static constexpr uint64_t kCommonOffset = 0x0000, kIsrOffset = 0x1000, kDeviceOffset = 0x2000,
                             kNotifyOffset = 0x3000, kRegionSize = 0x1000;
@@ -49,7 +52,8 @@ class VirtioPci : public PciFunction, public Device, public VirtioTransport {
   // Capability configuration types.
   static constexpr uint8_t kCapCommon = 1, kCapNotify = 2, kCapIsr = 3, kCapDevice = 4, kCapPciCfg = 5;
 
-  VirtioPci(VirtioDevice& device, GuestMemory& memory);
+  // `msi`: where MSI-X messages go (the local APIC); nullptr offers no MSI-X.
+  VirtioPci(VirtioDevice& device, GuestMemory& memory, MsiSink* msi = nullptr);
 
   // PciFunction and Device.
   std::string_view name() const override { return device_.name(); }
@@ -79,6 +83,8 @@ class VirtioPci : public PciFunction, public Device, public VirtioTransport {
   const std::string& last_error() const { return last_error_; }
   uint64_t error_count() const { return errors_; }
   uint8_t pci_cfg_capability() const { return pci_cfg_cap_; }
+  uint8_t msix_capability() const { return msix_cap_; }
+  bool msix_enabled() const;
 
  protected:
   void before_config_read(unsigned offset, unsigned size) override;
@@ -93,7 +99,12 @@ class VirtioPci : public PciFunction, public Device, public VirtioTransport {
   void common_write(uint64_t offset, std::span<const uint8_t> data);
   void write_status(uint8_t value);
   void reset();
-  void raise(uint8_t isr_bits);
+  // A notification: ISR bits, and INTx or the MSI-X vector `vector`.
+  void raise(uint8_t isr_bits, uint16_t vector);
+  bool msix_function_masked() const;
+  void signal_vector(uint16_t vector);
+  void deliver_pending_vectors();
+  void msix_table_write(uint64_t offset, std::span<const uint8_t> data);
   bool pci_cfg_window(uint64_t* offset, unsigned* length) const;
 
   VirtioDevice& device_;
@@ -108,6 +119,13 @@ class VirtioPci : public PciFunction, public Device, public VirtioTransport {
   uint8_t isr_ = 0;
   uint32_t pending_notify_ = 0;  // queues notified before DRIVER_OK
   uint8_t pci_cfg_cap_ = 0;
+  // MSI-X (with an MsiSink): the table, pending bits, and the vectors the driver mapped.
+  MsiSink* msi_ = nullptr;
+  uint8_t msix_cap_ = 0;
+  std::vector<uint8_t> msix_table_;  // 16 bytes an entry
+  uint64_t msix_pending_ = 0;        // at most 33 vectors
+  uint16_t config_vector_ = kNoVector;
+  std::vector<uint16_t> queue_vectors_;
   std::string last_error_;
   uint64_t errors_ = 0;
 };

@@ -183,10 +183,16 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
   uint64_t next_bar = kPciMmioBase;
   for (size_t i = 0; i < virtio.size(); ++i) {
     const unsigned slot = unsigned(i + 1);
-    auto function = std::make_unique<VirtioPci>(*virtio[i], m->memory_);
-    next_bar = (next_bar + VirtioPci::kBarSize - 1) & ~(VirtioPci::kBarSize - 1);
-    function->set_bar_address(VirtioPci::kBar, next_bar);
-    next_bar += VirtioPci::kBarSize;
+    // MSI-X where there is something to receive it (the local APIC of pc-apic).
+    auto function = std::make_unique<VirtioPci>(*virtio[i], m->memory_, m->msi());
+    for (unsigned bar = 0; bar < pci::kBarCount; ++bar) {
+      const uint64_t size = function->bar_size(bar);
+      if (function->bar_kind(bar) == PciBarKind::kNone || size == 0) continue;
+      next_bar = (next_bar + size - 1) & ~(size - 1);
+      function->set_bar_address(bar, next_bar);
+      next_bar += size;
+    }
+    if (next_bar > kPciMmioEnd) return fail(ErrorKind::kInvalidArgument, "the PCI devices' BARs do not fit");
     function->enable_decoding(pci::kCommandMemory);
     const uint8_t irq = kPciIrqs[(slot - 1) % 4];
     if (auto attached = m->pci_->attach(slot, *function, irq); !attached) return std::unexpected(attached.error());

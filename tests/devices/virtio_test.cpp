@@ -542,6 +542,126 @@ TEST_F(VirtioPciTest, SaveRestore) {
   EXPECT_FALSE(pci.restore(blob));
 }
 
+class FakeMsi : public MsiSink {
+ public:
+  void deliver_msi(uint64_t address, uint32_t data) override { messages.emplace_back(address, data); }
+  std::vector<std::pair<uint64_t, uint32_t>> messages;
+};
+
+class VirtioMsixTest : public VirtioPciTest {
+ protected:
+  VirtioMsixTest() : msix(device, memory, &msi) {}
+  void set(unsigned offset, unsigned size, uint64_t v) {
+    uint8_t b[8];
+    store_le(std::span(b, size), v);
+    msix.write(VirtioPci::kCommonOffset + offset, std::span(b, size));
+  }
+  uint16_t get16(unsigned offset) {
+    uint8_t b[2] = {};
+    msix.read(VirtioPci::kCommonOffset + offset, b);
+    return uint16_t(b[0] | b[1] << 8);
+  }
+  void table(unsigned entry, unsigned dword, uint32_t v) {
+    uint8_t b[4];
+    store_le(b, v);
+    msix.bar_write(VirtioPci::kMsixBar, 16 * entry + 4 * dword, b);
+  }
+  uint64_t pending() {
+    uint8_t b[8] = {};
+    msix.bar_read(VirtioPci::kMsixBar, VirtioPci::kMsixPbaOffset, b);
+    return load_le(b);
+  }
+  void bring_up_queue0() {
+    set(VirtioPci::kDeviceStatus, 1, 3);
+    set(VirtioPci::kDriverFeatureSelect, 4, 1);
+    set(VirtioPci::kDriverFeature, 4, 1);
+    set(VirtioPci::kDeviceStatus, 1, 0xb);
+    set(VirtioPci::kQueueSelect, 2, 0);
+    set(VirtioPci::kQueueSize, 2, driver.size());
+    set(VirtioPci::kQueueDesc, 8, driver.desc());
+    set(VirtioPci::kQueueDriver, 8, driver.avail());
+    set(VirtioPci::kQueueDevice, 8, driver.used_ring());
+    set(VirtioPci::kQueueEnable, 2, 1);
+    set(VirtioPci::kDeviceStatus, 1, 0xf);
+  }
+  void use_one_buffer() {
+    driver.set_desc(0, 0x100000, 1, virtq::kDescWrite);
+    driver.publish(0);
+    auto chain = device.t().pop(0);
+    ASSERT_TRUE(chain);
+    device.t().push(0, chain->head, 1);
+    device.t().notify_used(0);
+  }
+
+  FakeMsi msi;
+  FakeDevice device;  // a second device: the fixture's own is bound to the INTx-only transport
+  VirtioPci msix;
+};
+
+TEST_F(VirtioMsixTest, CapabilityAndTable) {
+  const uint8_t cap = msix.msix_capability();
+  ASSERT_NE(cap, 0);
+  EXPECT_EQ(msix.config_read(cap, 1), pci::kCapabilityMsix);
+  EXPECT_EQ(msix.config_read(cap + 2, 2) & 0x7ff, 2u) << "3 vectors: 2 queues + configuration";
+  EXPECT_EQ(msix.config_read(cap + 4, 4), VirtioPci::kMsixBar);
+  EXPECT_EQ(msix.config_read(cap + 8, 4), VirtioPci::kMsixPbaOffset | VirtioPci::kMsixBar);
+  EXPECT_EQ(msix.bar_kind(VirtioPci::kMsixBar), PciBarKind::kMemory32);
+  EXPECT_EQ(pci.msix_capability(), 0) << "no MSI-X without somewhere to send it";
+  uint8_t control[4] = {};
+  msix.bar_read(VirtioPci::kMsixBar, 12, control);
+  EXPECT_EQ(control[0], 1) << "entries start masked";
+  // Vectors the table does not have read back NO_VECTOR.
+  set(VirtioPci::kMsixConfig, 2, 2);
+  EXPECT_EQ(get16(VirtioPci::kMsixConfig), 2);
+  set(VirtioPci::kMsixConfig, 2, 3);
+  EXPECT_EQ(get16(VirtioPci::kMsixConfig), VirtioPci::kNoVector);
+}
+
+TEST_F(VirtioMsixTest, NotificationsGoToTheQueuesVector) {
+  bring_up_queue0();
+  set(VirtioPci::kQueueSelect, 2, 0);
+  set(VirtioPci::kQueueMsixVector, 2, 1);
+  table(1, 0, 0xfee00000);
+  table(1, 1, 0);
+  table(1, 2, 0x41);
+  table(1, 3, 0);  // unmask
+  msix.config_write(msix.msix_capability() + 2, 2, 0x8000 | 2);  // enable
+  use_one_buffer();
+  ASSERT_EQ(msi.messages.size(), 1u);
+  EXPECT_EQ(msi.messages[0], std::make_pair(uint64_t(0xfee00000), uint32_t(0x41)));
+  EXPECT_FALSE(msix.intx_output()) << "INTx is not used while MSI-X is enabled";
+}
+
+TEST_F(VirtioMsixTest, MaskedVectorsArePendingUntilUnmasked) {
+  bring_up_queue0();
+  set(VirtioPci::kQueueSelect, 2, 0);
+  set(VirtioPci::kQueueMsixVector, 2, 0);
+  table(0, 0, 0xfee00000);
+  table(0, 2, 0x42);
+  msix.config_write(msix.msix_capability() + 2, 2, 0x8000 | 2);
+  use_one_buffer();
+  EXPECT_TRUE(msi.messages.empty());
+  EXPECT_EQ(pending(), 1u);
+  table(0, 3, 0);
+  ASSERT_EQ(msi.messages.size(), 1u);
+  EXPECT_EQ(pending(), 0u);
+  // The function mask holds every vector.
+  msix.config_write(msix.msix_capability() + 2, 2, 0xc000 | 2);
+  use_one_buffer();
+  EXPECT_EQ(msi.messages.size(), 1u);
+  msix.config_write(msix.msix_capability() + 2, 2, 0x8000 | 2);
+  EXPECT_EQ(msi.messages.size(), 2u);
+  // NO_VECTOR: no interrupt at all.
+  set(VirtioPci::kQueueMsixVector, 2, VirtioPci::kNoVector);
+  use_one_buffer();
+  EXPECT_EQ(msi.messages.size(), 2u);
+  EXPECT_EQ(pending(), 0u);
+  // State round trip.
+  auto blob = msix.save();
+  ASSERT_TRUE(msix.restore(blob));
+  EXPECT_EQ(msix.save(), blob);
+}
+
 // ---- devices ----------------------------------------------------------------------------------------------
 
 class MemoryStore : public BlockStore {
