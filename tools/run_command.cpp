@@ -271,7 +271,21 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
   }
   Session session(mode, progress.mode);
-  // Disks: the images opened read-only (and identified, for a recording), the overlays created or reopened.
+  // Disks: the images opened read-only (and identified, for a recording), the overlays created or reopened. Two
+  // disks never share an overlay, and no overlay is an image.
+  for (size_t i = 0; i < options.disks.size(); ++i) {
+    if (options.disks[i].overlay.empty()) continue;
+    for (size_t j = 0; j < options.disks.size(); ++j) {
+      const bool same_overlay = j < i && options.disks[i].overlay == options.disks[j].overlay;
+      if (same_overlay || file_identity(options.disks[i].overlay) == file_identity(options.disks[j].path) ||
+          (j < i && !options.disks[j].overlay.empty() &&
+           file_identity(options.disks[i].overlay) == file_identity(options.disks[j].overlay))) {
+        return report_error(Error{ErrorKind::kInvalidArgument,
+                                  fmt::format("--disk: the overlay {} is also another disk's image or overlay",
+                                              options.disks[i].overlay)});
+      }
+    }
+  }
   std::vector<std::unique_ptr<DiskImage>> disks;
   std::vector<DiskIdentity> identities;
   for (size_t i = 0; i < options.disks.size(); ++i) {

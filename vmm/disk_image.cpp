@@ -266,21 +266,46 @@ Result<> DiskImage::fail_host(std::string message) {
   return fail(ErrorKind::kHost, "{}", message);
 }
 
+bool DiskImage::verified(uint64_t block) const {
+  if (keep_history_) {
+    auto it = verified_index_.find(block);
+    return it != verified_index_.end() && it->second < verified_count_;
+  }
+  return !verified_bits_.empty() && (verified_bits_[block / 64] & (1ull << (block % 64)));
+}
+
+void DiskImage::mark_verified(uint64_t block) {
+  if (keep_history_) {
+    if (verified_count_ < verified_log_.size() && verified_log_[verified_count_] != block) {
+      // A re-execution that reads another block than last time: what this replay had seen after here is gone.
+      for (size_t i = verified_count_; i < verified_log_.size(); ++i) verified_index_.erase(verified_log_[i]);
+      verified_log_.resize(verified_count_);
+      verified_hash_at_.resize(verified_count_ + 1);
+    }
+    if (verified_count_ == verified_log_.size()) {
+      verified_log_.push_back(block);
+      verified_index_[block] = verified_count_;
+    }
+  } else {
+    if (verified_bits_.empty()) verified_bits_.assign((size_ / hash_block_ + 64) / 64, 0);
+    verified_bits_[block / 64] |= 1ull << (block % 64);
+  }
+  ++verified_count_;
+  verified_hash_ = XXH3_64bits_withSeed(&block, sizeof block, verified_hash_);
+  if (keep_history_ && verified_count_ == verified_hash_at_.size()) verified_hash_at_.push_back(verified_hash_);
+}
+
 Result<> DiskImage::verify_base(uint64_t offset, uint64_t length) {
   if (!checker_ || hash_block_ == 0 || length == 0) return {};
-  if (verified_bits_.empty()) verified_bits_.assign((size_ / hash_block_ + 64) / 64, 0);
   std::vector<uint8_t> block;
   for (uint64_t b = offset / hash_block_; b <= (offset + length - 1) / hash_block_; ++b) {
-    if (verified_bits_[b / 64] & (1ull << (b % 64))) continue;
+    if (verified(b)) continue;
     const uint64_t start = b * hash_block_;
     block.resize(size_t(std::min<uint64_t>(hash_block_, size_ - start)));
     if (auto r = pread_all(base_fd_, block.data(), block.size(), start, path_); !r) return fail_host(r.error().message);
     const uint64_t hash = XXH3_64bits(block.data(), block.size());
     if (auto r = checker_->check_disk_block(index_, b, hash); !r) return r;
-    verified_bits_[b / 64] |= 1ull << (b % 64);
-    ++verified_count_;
-    if (keep_history_) verified_log_.push_back(b);
-    verified_hash_ = XXH3_64bits_withSeed(&b, sizeof b, verified_hash_);
+    mark_verified(b);
   }
   return {};
 }
@@ -301,13 +326,17 @@ Result<> DiskImage::read_block(uint64_t block, std::span<uint8_t> out) {
       return {};
     }
   } else if (auto it = blocks_.find(block); it != blocks_.end()) {
-    const std::vector<uint8_t>& data = it->second.back().data;
-    if (data.empty()) {
-      std::fill(out.begin(), out.end(), uint8_t{0});
-    } else {
-      std::copy_n(data.begin(), out.size(), out.begin());
+    // The newest version at this point of the history (without history there is only one).
+    const std::vector<Version>& versions = it->second;
+    auto v = std::find_if(versions.rbegin(), versions.rend(), [&](const Version& x) { return x.seq <= writes_; });
+    if (v != versions.rend()) {
+      if (v->data.empty()) {
+        std::fill(out.begin(), out.end(), uint8_t{0});
+      } else {
+        std::copy_n(v->data.begin(), out.size(), out.begin());
+      }
+      return {};
     }
-    return {};
   }
   return read_base(start, out);
 }
@@ -353,12 +382,35 @@ Result<> DiskImage::store_block(uint64_t block, std::span<const uint8_t> data) {
   std::vector<Version>& versions = blocks_[block];
   Version v{writes_, data.empty() ? std::vector<uint8_t>{} : std::vector<uint8_t>(data.begin(), data.end())};
   if (keep_history_) {
-    versions.push_back(std::move(v));
-    write_log_.push_back(block);
+    if (!versions.empty() && versions.back().seq == writes_) {
+      versions.back() = std::move(v);  // the same write touching this block again (a partial, then a full one)
+    } else {
+      versions.push_back(std::move(v));
+    }
   } else {
     versions.assign(1, std::move(v));
   }
   return {};
+}
+
+void DiskImage::drop_writes_from(uint64_t seq) {
+  for (auto it = blocks_.begin(); it != blocks_.end();) {
+    std::erase_if(it->second, [seq](const Version& v) { return v.seq >= seq; });
+    it = it->second.empty() ? blocks_.erase(it) : std::next(it);
+  }
+  hash_at_.resize(seq);
+}
+
+// With history: true when this write (just counted and hashed) is one this replay made before, whose versions are
+// already there; a different one drops the history from here on.
+bool DiskImage::seen_write() {
+  if (!keep_history_) return false;
+  if (writes_ < hash_at_.size()) {
+    if (hash_at_[writes_] == write_hash_) return true;
+    drop_writes_from(writes_);
+  }
+  hash_at_.push_back(write_hash_);
+  return false;
 }
 
 void DiskImage::chain_write(uint64_t offset, uint64_t length, std::span<const uint8_t> data) {
@@ -378,6 +430,8 @@ Result<> DiskImage::write(uint64_t offset, std::span<const uint8_t> data) {
   }
   ++writes_;
   chain_write(offset, data.size(), data);
+  bytes_written_ += data.size();
+  if (seen_write()) return {};
   uint8_t block[kBlockSize];
   for (uint64_t done = 0; done < data.size();) {
     const uint64_t at = offset + done, b = at / kBlockSize, within = at % kBlockSize;
@@ -390,7 +444,6 @@ Result<> DiskImage::write(uint64_t offset, std::span<const uint8_t> data) {
     if (auto r = store_block(b, std::span(block, block_bytes)); !r) return r;
     done += n;
   }
-  bytes_written_ += data.size();
   return {};
 }
 
@@ -401,6 +454,7 @@ Result<> DiskImage::write_zeroes(uint64_t offset, uint64_t length) {
   }
   ++writes_;
   chain_write(offset, length, {});
+  if (seen_write()) return {};
   uint8_t block[kBlockSize];
   for (uint64_t done = 0; done < length;) {
     const uint64_t at = offset + done, b = at / kBlockSize, within = at % kBlockSize;
@@ -438,33 +492,21 @@ Result<> DiskImage::restore(std::span<const uint8_t> state) {
   StateReader r(state, "DISK", 1);
   const uint64_t writes = r.u64(), write_hash = r.u64(), verified = r.u64(), verified_hash = r.u64();
   if (auto done = r.finish(); !done) return done;
-  if (writes == writes_ && verified == verified_count_) {
-    if (write_hash != write_hash_ || verified_hash != verified_hash_) {
-      return fail(ErrorKind::kInvalidArgument, "the disk {} holds other writes than the saved state", path_);
-    }
-    return {};
-  }
-  if (!keep_history_ || writes > writes_ || verified > verified_count_ || overlay_fd_ >= 0) {
+  const bool present = writes == writes_ && write_hash == write_hash_ && verified == verified_count_ &&
+                       verified_hash == verified_hash_;
+  if (present) return {};
+  const bool reachable = keep_history_ && overlay_fd_ < 0 && writes < hash_at_.size() &&
+                         hash_at_[writes] == write_hash && verified < verified_hash_at_.size() &&
+                         verified_hash_at_[verified] == verified_hash;
+  if (!reachable) {
     return fail(ErrorKind::kUnsupported,
-                "the disk {} is at write {} (and {} verified blocks); the saved state at write {} ({}) cannot be "
-                "reached from here",
+                "the disk {} is at write {} (and {} verified blocks); the saved state at write {} ({}) is not one this "
+                "replay has passed",
                 path_, writes_, verified_count_, writes, verified);
-  }
-  while (!write_log_.empty()) {
-    auto it = blocks_.find(write_log_.back());
-    if (it->second.back().seq <= writes) break;
-    it->second.pop_back();
-    if (it->second.empty()) blocks_.erase(it);
-    write_log_.pop_back();
-  }
-  while (verified_log_.size() > verified) {
-    const uint64_t b = verified_log_.back();
-    verified_bits_[b / 64] &= ~(1ull << (b % 64));
-    verified_log_.pop_back();
-    --verified_count_;
   }
   writes_ = writes;
   write_hash_ = write_hash;
+  verified_count_ = verified;
   verified_hash_ = verified_hash;
   return {};
 }

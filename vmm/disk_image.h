@@ -56,8 +56,11 @@ class DiskBlockChecker {
 //
 // State (save/restore, digests, checkpoints): the number of writes so far and a hash chained over every write
 // (offset, length, data), and the number of lazily verified blocks with a hash of their numbers. With history kept
-// (a replay that can move backwards), every write's block versions and the order of verified blocks are kept, so
-// restoring an earlier state drops what came later; a state later than the present cannot be restored.
+// (a replay that moves through checkpoints, backwards and forwards), every write's block versions, the hash after
+// each write and the order of verified blocks are kept: any state this replay has passed can be restored, and
+// re-executing a write it has seen finds the version already there. A re-execution that writes something else
+// (a replay that diverged after a restore) drops the history after that point. Without history only the present
+// state can be "restored".
 class DiskImage : public BlockStore {
  public:
   static constexpr uint64_t kBlockSize = 4096;
@@ -84,7 +87,12 @@ class DiskImage : public BlockStore {
   }
   // Host failures (an I/O error on the image or the overlay) go here; the run then stops.
   void set_host_error_handler(std::function<void(const std::string&)> handler) { host_error_ = std::move(handler); }
-  void keep_history(bool keep) { keep_history_ = keep; }
+  // Call before any read or write.
+  void keep_history(bool keep) {
+    keep_history_ = keep;
+    hash_at_.assign(1, 0);
+    verified_hash_at_.assign(1, 0);
+  }
 
   // BlockStore.
   uint64_t size_bytes() const override { return size_; }
@@ -122,8 +130,10 @@ class DiskImage : public BlockStore {
     uint64_t seq;
     std::vector<uint8_t> data;
   };
-  std::unordered_map<uint64_t, std::vector<Version>> blocks_;
-  std::vector<uint64_t> write_log_;  // with history: the block each versioned store touched, in order
+  std::unordered_map<uint64_t, std::vector<Version>> blocks_;  // versions in write order
+  std::vector<uint64_t> hash_at_;  // with history: write_hash_ after n writes, for every n this replay reached
+  void drop_writes_from(uint64_t seq);
+  bool seen_write();
   // Overlay file: which blocks it holds.
   std::vector<uint8_t> bitmap_;
   uint64_t bitmap_offset_ = 0, data_offset_ = 0;
@@ -135,8 +145,12 @@ class DiskImage : public BlockStore {
   DiskBlockChecker* checker_ = nullptr;
   unsigned index_ = 0;
   uint32_t hash_block_ = 0;
-  std::vector<uint64_t> verified_bits_;
-  std::vector<uint64_t> verified_log_;  // with history: the verified blocks in order
+  bool verified(uint64_t block) const;
+  void mark_verified(uint64_t block);
+  std::vector<uint64_t> verified_bits_;  // without history
+  std::vector<uint64_t> verified_log_;   // with history: the verified blocks in order, their positions, the hashes
+  std::unordered_map<uint64_t, uint64_t> verified_index_;
+  std::vector<uint64_t> verified_hash_at_;
   uint64_t verified_count_ = 0;
   uint64_t verified_hash_ = 0;
   std::function<void(const std::string&)> host_error_;

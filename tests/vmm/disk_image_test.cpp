@@ -195,7 +195,7 @@ TEST_F(DiskImageTest, LazyHashChecksEachBlockAtItsFirstRead) {
   EXPECT_FALSE((*r)->read(70000, out));
 }
 
-TEST_F(DiskImageTest, StateFollowsWritesAndHistoryMovesBack) {
+TEST_F(DiskImageTest, StateFollowsWritesAndHistoryMovesBothWays) {
   auto d = DiskImage::open(DiskOptions{.path = image}, false);
   ASSERT_TRUE(d);
   (*d)->keep_history(true);
@@ -210,14 +210,46 @@ TEST_F(DiskImageTest, StateFollowsWritesAndHistoryMovesBack) {
   EXPECT_EQ(read(**d, 0, 1)[0], 1);
   EXPECT_EQ(read(**d, 8192, 1)[0], content[8192]);
   EXPECT_EQ((*d)->save(), one);
-  EXPECT_FALSE((*d)->restore(three)) << "a later state cannot be reached backwards";
+  ASSERT_TRUE((*d)->restore(three)) << "a later state this replay passed (a checkpoint ahead)";
+  EXPECT_EQ(read(**d, 0, 1)[0], 2);
+  EXPECT_EQ(read(**d, 8192, 1)[0], 3);
   ASSERT_TRUE((*d)->restore(start));
   EXPECT_EQ(read(**d, 0, 4096), std::vector<uint8_t>(content.begin(), content.begin() + 4096));
-  // Without history, only the present state is restorable.
+  // Re-executing the same writes finds them; the state is the same as the first time.
+  ASSERT_TRUE((*d)->write(0, std::vector<uint8_t>(4096, 1)));
+  EXPECT_EQ((*d)->save(), one);
+  ASSERT_TRUE((*d)->restore(three));
+  // A different write after a restore drops what came after it.
+  ASSERT_TRUE((*d)->restore(one));
+  ASSERT_TRUE((*d)->write(0, std::vector<uint8_t>(4096, 9)));
+  EXPECT_EQ(read(**d, 0, 1)[0], 9);
+  EXPECT_FALSE((*d)->restore(three));
+  ASSERT_TRUE((*d)->restore(one));
+  EXPECT_EQ(read(**d, 0, 1)[0], 1);
+  // Without history, only the present state can be restored.
   auto plain = DiskImage::open(DiskOptions{.path = image}, false);
   ASSERT_TRUE((*plain)->write(0, std::vector<uint8_t>(10, 1)));
   EXPECT_TRUE((*plain)->restore((*plain)->save()));
   EXPECT_FALSE((*plain)->restore(start));
+}
+
+TEST_F(DiskImageTest, LazyVerificationFollowsTheHistory) {
+  Checker checker;
+  auto d = DiskImage::open(DiskOptions{.path = image}, false);
+  ASSERT_TRUE(d);
+  (*d)->keep_history(true);
+  (*d)->set_block_checker(&checker, 2, DiskImage::kHashBlock);
+  const auto start = (*d)->save();
+  read(**d, 0, 10);
+  read(**d, 70000, 10);
+  const auto two = (*d)->save();
+  ASSERT_EQ(checker.checks.size(), 2u);
+  ASSERT_TRUE((*d)->restore(start));
+  read(**d, 0, 10);  // verified again: a rewound trace holds its disk_block event again
+  EXPECT_EQ(checker.checks.size(), 3u);
+  ASSERT_TRUE((*d)->restore(two));
+  read(**d, 70000, 10);
+  EXPECT_EQ(checker.checks.size(), 3u);
 }
 
 TEST(DiskOption, Parses) {
