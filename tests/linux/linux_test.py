@@ -187,6 +187,17 @@ def record_replay(args, workdir, results):
     if f"machine      {args.machine} " not in inspect:
         raise linux_guest.GuestError(f"the trace header does not name machine {args.machine}:\n{inspect}")
     if devices:
+        # The image is identified by its SHA-256 (small images are hashed whole): a changed copy is refused up front.
+        changed = os.path.join(workdir, "changed-disk.img")
+        data = bytearray(open(os.path.join(args.guest_dir, "disk.img"), "rb").read())
+        data[600] ^= 0xff
+        open(changed, "wb").write(data)
+        refused = subprocess.run([args.deja, "replay", trace, "--disk", changed, "--serial-out", os.devnull],
+                                 capture_output=True, text=True, timeout=args.timeout)
+        if refused.returncode == 0 or "SHA-256" not in refused.stderr or changed not in refused.stderr:
+            raise linux_guest.GuestError(f"replay with a changed disk image was not refused up front "
+                                         f"(status {refused.returncode}):\n{refused.stderr[-2000:]}")
+        results.append("a changed disk image is refused up front: ok")
         listed = open(recorded, "rb").read()
         for needed in (b"0x1af4:0x1042", b"0x1af4:0x1041", b"0x1af4:0x1044", b"vda 8192 sectors", b"virtio_rng"):
             if needed not in listed:
