@@ -305,6 +305,9 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   session.adopt_disks(std::move(disks));
   config.nics = unsigned(options.nets.size());
   config.rng = options.rng;
+  // libslirp writes to host sockets whose peer may have gone (it does not ask for MSG_NOSIGNAL): a broken
+  // connection is the guest's EPIPE to see, not a SIGPIPE that kills deja mid-recording (QEMU ignores it too).
+  if (!options.nets.empty()) ::signal(SIGPIPE, SIG_IGN);
   for (const NetOptions& net : options.nets) {
     Engine& engine = session.engine();
     auto network = UserNetwork::create(net, [&engine] { return engine.host_now_ns(); });
