@@ -20,6 +20,7 @@ struct ReplayOptions {
   std::string backend;      // "" = the backend the trace was recorded on, if available here
   std::string image_path;   // "" = the path recorded in the trace
   std::string initrd_path;  // "" = the path recorded in the trace
+  std::vector<std::string> disk_paths;
   std::string serial_out = "-";
   bool stats = false;
   bool print_digest = false;
@@ -34,6 +35,7 @@ int replay_trace(const ReplayOptions& options) {
                                               .backend = options.backend,
                                               .image_path = options.image_path,
                                               .initrd_path = options.initrd_path,
+                                              .disk_paths = options.disk_paths,
                                               .serial_out = options.serial_out,
                                               .progress = options.progress,
                                               .test_device_semantics = options.test_device_semantics});
@@ -113,6 +115,9 @@ Subcommand add_replay_command(CLI::App& app) {
   replay->add_option("--image,--kernel", o->image_path,
                      "guest image or Linux kernel (default: the path in the trace; hash-checked)");
   replay->add_option("--initrd", o->initrd_path, "the Linux kernel's initrd (default: the path in the trace; hash-checked)");
+  replay->add_option("--disk", o->disk_paths,
+                     "the disk images, in the order recorded (default: the paths in the trace; checked against the "
+                     "recording); repeatable");
   replay->add_option("--serial-out", o->serial_out, "where the replayed serial output goes (default stdout)");
   replay->add_flag("--stats", o->stats, "print exit counts at the end");
   replay->add_flag("--digest", o->print_digest, "print the final state digest");
