@@ -21,6 +21,14 @@ Result<> Bus::add(uint64_t base, uint64_t length, Device* device) {
   return {};
 }
 
+bool Bus::remove(uint64_t base, const Device* device) {
+  auto it = std::find_if(ranges_.begin(), ranges_.end(),
+                         [&](const Range& r) { return r.base == base && r.device == device; });
+  if (it == ranges_.end()) return false;
+  ranges_.erase(it);
+  return true;
+}
+
 const Bus::Range* Bus::find(uint64_t address, uint64_t size) const {
   auto it = std::upper_bound(ranges_.begin(), ranges_.end(), address,
                              [](uint64_t a, const Range& r) { return a < r.base; });

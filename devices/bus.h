@@ -17,6 +17,8 @@ class Bus {
 
   // Maps [base, base+length) to `device`. Overlapping ranges are refused.
   Result<> add(uint64_t base, uint64_t length, Device* device);
+  // Unmaps the range at `base` that `device` holds (a PCI BAR the guest moves or disables); false when none.
+  bool remove(uint64_t base, const Device* device);
 
   // Dispatches an access. Unmapped reads return all ones; unmapped writes are ignored. Both are
   // counted for `deja run --stats`: per address for the first kUnknownSample addresses, in one

@@ -31,6 +31,22 @@ class HostInput {
   virtual bool at_end() const = 0;
 };
 
+// Random bytes from outside the machine (virtio-rng). Owned by the engine like Clock: host entropy in a plain
+// run, recorded in record mode, from the trace in replay.
+class Entropy {
+ public:
+  virtual ~Entropy() = default;
+  virtual void fill(std::span<uint8_t> out) = 0;
+};
+
+// Where a network device's transmitted frames go. Owned by the engine: to the user-mode network stack in a plain
+// run or a recording, checked against the recording in replay. `nic` is the device's index among the NICs.
+class NetworkPort {
+ public:
+  virtual ~NetworkPort() = default;
+  virtual void transmit(unsigned nic, std::span<const uint8_t> frame) = 0;
+};
+
 // Where a device's output goes (serial output to the terminal or a file). Output is not an input
 // to the machine, so it needs no recording; replay re-produces it byte-identically.
 class ByteSink {

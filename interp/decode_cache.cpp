@@ -92,6 +92,8 @@ bool decode_bytes(const uint8_t* bytes, size_t len, uint8_t mode, DecodedInsn& o
   out.addrsize = zi.address_width;
   out.opcode = zi.opcode;
   out.opcode_map = uint8_t(zi.opcode_map);
+  if (zi.attributes & ZYDIS_ATTRIB_HAS_MODRM)
+    out.modrm = uint8_t((zi.raw.modrm.mod << 6) | ((zi.raw.modrm.reg & 7) << 3) | (zi.raw.modrm.rm & 7));
   if (zi.attributes & ZYDIS_ATTRIB_HAS_REP) out.flags |= insn_flags::kRep;
   if (zi.attributes & ZYDIS_ATTRIB_HAS_REPE) out.flags |= insn_flags::kRep;
   if (zi.attributes & ZYDIS_ATTRIB_HAS_REPNE) out.flags |= insn_flags::kRepne;

@@ -39,6 +39,7 @@ struct DecodedInsn {
   uint8_t operand_count = 0;  // visible operands
   uint8_t opcode = 0;
   uint8_t opcode_map = 0;  // ZydisOpcodeMap
+  uint8_t modrm = 0;       // the ModRM byte, where there is one (x87 forms and FOP come from it)
   uint8_t seg_override = 0xff;
   uint16_t flags = 0;
   bool valid = false;      // false: the bytes do not decode (#UD)

@@ -1,6 +1,8 @@
 // SSE/SSE2 dispatch of the software CPU: XMM loads/stores, FXSAVE/FXRSTOR, MXCSR; arithmetic goes to interp/sse.h.
 #include <Zydis/Zydis.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "interp/interp_backend.h"
@@ -167,11 +169,32 @@ void InterpBackend::exec_sse(const DecodedInsn& insn) {
         std::memcpy(s_.fxsave.data() + kMxcsrMaskOffset, &mask, 4);
         probe_write(m.seg, address, 512);
         // Bytes 416-511 (reserved, then software-available) are left as they are, as processors and
-        // QEMU leave them: a guest may keep data there, and stale stack bytes must match KVM's.
-        for (size_t offset = 0; offset < 416; offset += 8) {
-          uint64_t chunk = 0;
-          std::memcpy(&chunk, s_.fxsave.data() + offset, 8);
-          write_mem(m.seg, address + offset, 8, chunk);
+        // QEMU leave them: a guest may keep data there, and stale stack bytes must match KVM's. The
+        // reserved bytes 10-15 of each x87 register slot are written as zero, unless the recording CPU
+        // left them (QEMU's TCG); one that keeps no x87 pointers wrote FIP/FDP as zero and left FOP.
+        std::array<uint8_t, 416> out;
+        std::array<bool, 416> skip{};
+        std::memcpy(out.data(), s_.fxsave.data(), out.size());
+        for (size_t slot = 32; slot < 160; slot += 16) {
+          std::fill(out.begin() + long(slot) + 10, out.begin() + long(slot) + 16, uint8_t{0});
+          if (quirks_.fxsave_skips_reserved_bytes) {
+            std::fill(skip.begin() + long(slot) + 10, skip.begin() + long(slot) + 16, true);
+          }
+        }
+        if (quirks_.fxsave_no_x87_pointers) {
+          std::fill(out.begin() + 8, out.begin() + 24, uint8_t{0});
+          skip[6] = skip[7] = true;
+        }
+        for (size_t offset = 0; offset < out.size(); offset += 8) {
+          if (std::none_of(skip.begin() + long(offset), skip.begin() + long(offset) + 8, [](bool b) { return b; })) {
+            uint64_t chunk = 0;
+            std::memcpy(&chunk, out.data() + offset, 8);
+            write_mem(m.seg, address + offset, 8, chunk);
+            continue;
+          }
+          for (size_t i = offset; i < offset + 8; ++i) {
+            if (!skip[i]) write_mem(m.seg, address + i, 1, out[i]);
+          }
         }
       } else {
         std::array<uint8_t, 512> image{};

@@ -12,7 +12,7 @@ using interp::DecodedInsn;
 using interp::OpKind;
 
 namespace {
-constexpr uint8_t kUd = 6, kGp = 13;
+constexpr uint8_t kGp = 13;
 
 bool cpuid_has(const CpuModel& model, uint32_t leaf, int reg, int bit) {
   CpuidResult r = model.cpuid(leaf, 0);
@@ -193,6 +193,28 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       invalidate_fetch();
       return;
     }
+    case ZYDIS_MNEMONIC_VERR:
+    case ZYDIS_MNEMONIC_VERW: {
+      // ZF says whether the selector names a segment readable (writable) at this CPL and RPL; nothing faults
+      // on the descriptor. Linux's MDS mitigation runs VERW on a data selector at every return to user space.
+      if (!(s_.cr0 & cr0::kPe) || (s_.rflags & rflags::kVm)) raise_ud(insn, false);
+      const uint16_t selector = uint16_t(read_operand(insn, 0));
+      const bool write = insn.mnemonic == ZYDIS_MNEMONIC_VERW;
+      bool ok = false;
+      const bool local = selector & 4;
+      const uint32_t limit = local ? s_.ldt.limit : s_.gdt.limit;
+      if ((selector & 0xfffc) != 0 && !(local && s_.ldt.unusable) && (selector & 0xfff8) + 7u <= limit) {
+        const uint64_t lo = read_sys((local ? s_.ldt.base : s_.gdt.base) + (selector & 0xfff8), 8);
+        const bool code_or_data = (lo >> 44) & 1;
+        const unsigned type = (lo >> 40) & 0xf, dpl = (lo >> 45) & 3;
+        const bool code = type & 8, conforming = code && (type & 4);
+        const bool privileged_enough = conforming || (cpl() <= dpl && (selector & 3u) <= dpl);
+        const bool allowed = write ? !code && (type & 2) : !code || (type & 2);
+        ok = code_or_data && privileged_enough && allowed;
+      }
+      s_.rflags = ok ? s_.rflags | rflags::kZf : s_.rflags & ~rflags::kZf;
+      return;
+    }
     case ZYDIS_MNEMONIC_WBINVD:
     case ZYDIS_MNEMONIC_INVD:
       require_cpl0();
@@ -262,37 +284,16 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       next_rip_ = target;
       return;
     }
-    // x87 control: enough for runtimes that initialise the FPU; arithmetic is not implemented.
-    case ZYDIS_MNEMONIC_FNINIT: case ZYDIS_MNEMONIC_FNCLEX: case ZYDIS_MNEMONIC_FNSTCW: case ZYDIS_MNEMONIC_FLDCW:
-    case ZYDIS_MNEMONIC_FNSTSW: case ZYDIS_MNEMONIC_FWAIT: {
-      if (s_.cr0 & (cr0::kEm | cr0::kTs)) {
-        if (insn.mnemonic != ZYDIS_MNEMONIC_FWAIT || (s_.cr0 & cr0::kMp)) raise(7);
-        if (insn.mnemonic == ZYDIS_MNEMONIC_FWAIT) return;
-      }
-      auto put16 = [&](size_t offset, uint16_t value) { std::memcpy(s_.fxsave.data() + offset, &value, 2); };
-      auto get16 = [&](size_t offset) {
-        uint16_t value = 0;
-        std::memcpy(&value, s_.fxsave.data() + offset, 2);
-        return value;
-      };
-      switch (insn.mnemonic) {
-        case ZYDIS_MNEMONIC_FNINIT:
-          // FCW, FSW, abridged FTW (all empty), FOP, FIP/FCS, FDP/FDS (FXSAVE bytes 0-23).
-          std::memset(s_.fxsave.data(), 0, 24);
-          put16(0, 0x37f);
-          return;
-        case ZYDIS_MNEMONIC_FNCLEX: put16(2, get16(2) & 0x7f00); return;
-        case ZYDIS_MNEMONIC_FNSTCW: write_operand(insn, 0, get16(0)); return;
-        case ZYDIS_MNEMONIC_FLDCW: put16(0, uint16_t(read_operand(insn, 0)) | 0x40); return;
-        case ZYDIS_MNEMONIC_FNSTSW: write_operand(insn, 0, get16(2)); return;
-        default: return;
-      }
-    }
     case ZYDIS_MNEMONIC_FXSAVE: case ZYDIS_MNEMONIC_FXSAVE64: case ZYDIS_MNEMONIC_FXRSTOR:
     case ZYDIS_MNEMONIC_FXRSTOR64: case ZYDIS_MNEMONIC_LDMXCSR: case ZYDIS_MNEMONIC_STMXCSR:
       exec_sse(insn);
       return;
     default:
+      // The x87 escape opcodes D8-DF and FWAIT (interp/x87.cpp).
+      if (insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT && ((insn.opcode & 0xf8) == 0xd8 || insn.opcode == 0x9b)) {
+        exec_x87(insn);
+        return;
+      }
       exec_sse(insn);
       return;
   }

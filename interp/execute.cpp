@@ -15,7 +15,7 @@ namespace flags_ns = interp;
 
 namespace {
 
-constexpr uint8_t kDe = 0, kDb = 1, kBp = 3, kOf = 4, kUd = 6, kNm = 7, kGp = 13;
+constexpr uint8_t kDe = 0, kDb = 1, kBp = 3, kOf = 4, kUd = 6, kGp = 13;
 constexpr uint64_t kStatus = interp::kArithFlags;
 
 uint64_t mask_for(unsigned bytes) { return bytes >= 8 ? ~0ull : ((1ull << (bytes * 8)) - 1); }

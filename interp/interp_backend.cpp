@@ -279,6 +279,12 @@ Result<> InterpBackend::set_state(const CpuState& state) {
 bool InterpBackend::can_inject_interrupt() {
   // With an exit outstanding (an I/O instruction waiting for its value), an injected interrupt is
   // delivered right after that instruction completes: what KVM does with KVM_INTERRUPT at an I/O exit.
+  // An MSR access answered with a fault raises #GP first; the interrupt comes after it. KVM cannot take an
+  // interrupt at such an exit at all (kvm_backend.cpp), so neither does this backend: both then inject at
+  // the same later point, and traces stay interchangeable.
+  if (exit_outstanding_ && exit_.fault && (exit_.kind == ExitKind::kMsrRead || exit_.kind == ExitKind::kMsrWrite)) {
+    return false;
+  }
   return (s_.rflags & rflags::kIf) && !s_.interrupt_shadow && !pending_irq_;
 }
 
@@ -371,8 +377,7 @@ Result<> InterpBackend::Counter::arm(uint64_t at) {
 }
 
 std::span<const std::string_view> interp_features() {
-  // CX16: deja-v1 has advertised it from the start; CMPXCHG16B itself is being implemented (until then it
-  // raises #UD, counted by --stats).
+  // FPU: the whole x87 (interp/x87.cpp). No XSAVE, SMAP or SSE3 here: their instructions stay #UD.
   static constexpr std::string_view kFeatures[] = {
       "FPU",  "PSE",   "TSC",   "MSR", "PAE",    "CX8",     "PGE",       "CMOV",    "PAT", "CLFSH", "FXSR",
       "SSE",  "SSE2",  "CX16",  "POPCNT", "MOVBE", "LAHF_LM", "ABM/LZCNT", "SYSCALL", "NX",  "LM"};
@@ -387,6 +392,31 @@ Result<std::unique_ptr<Backend>> make_interp_backend(GuestMemory& memory, const 
                 missing->label(), model.name());
   }
   return std::unique_ptr<Backend>(new InterpBackend(memory, model));
+}
+
+std::vector<std::string> InterpBackend::cpu_quirks() const {
+  std::vector<std::string> out;
+  if (quirks_.accessed_only_by_segment_loads) out.emplace_back(kCpuQuirkAccessedBitOnlyBySegmentLoads);
+  if (quirks_.fxsave_no_x87_pointers) out.emplace_back(kCpuQuirkFxsaveNoX87Pointers);
+  if (quirks_.fxsave_skips_reserved_bytes) out.emplace_back(kCpuQuirkFxsaveSkipsReservedBytes);
+  return out;
+}
+
+Result<> InterpBackend::adopt_cpu_quirks(std::span<const std::string> quirks) {
+  Quirks adopted;
+  for (const std::string& quirk : quirks) {
+    if (quirk == kCpuQuirkAccessedBitOnlyBySegmentLoads) {
+      adopted.accessed_only_by_segment_loads = true;
+    } else if (quirk == kCpuQuirkFxsaveNoX87Pointers) {
+      adopted.fxsave_no_x87_pointers = true;
+    } else if (quirk == kCpuQuirkFxsaveSkipsReservedBytes) {
+      adopted.fxsave_skips_reserved_bytes = true;
+    } else {
+      return fail(ErrorKind::kUnsupported, "the software CPU cannot reproduce CPU quirk '{}'", quirk);
+    }
+  }
+  quirks_ = adopted;
+  return {};
 }
 
 }  // namespace deja

@@ -53,6 +53,8 @@ class InterpBackend : public Backend {
   std::optional<uint64_t> step_count() const override { return executed(); }
   std::vector<uint8_t> save_internal() override;
   Result<> restore_internal(std::span<const uint8_t> state) override;
+  std::vector<std::string> cpu_quirks() const override;
+  Result<> adopt_cpu_quirks(std::span<const std::string> quirks) override;
 
   // Makes the progress counter behave like a hardware PMU (for testing CoordinateSeeker without one):
   // an armed overflow stops the vCPU a random 0..skid branches late, drawn from a generator seeded with `seed`.
@@ -160,6 +162,7 @@ class InterpBackend : public Backend {
   void exec_string(const interp::DecodedInsn& insn);
   void exec_system(const interp::DecodedInsn& insn);
   void exec_sse(const interp::DecodedInsn& insn);
+  void exec_x87(const interp::DecodedInsn& insn);  // interp/x87.cpp: ESC opcodes D8-DF and FWAIT
 
   // Register and operand access.
   uint64_t reg_read(int index, unsigned bytes) const {
@@ -236,8 +239,9 @@ class InterpBackend : public Backend {
   bool long_mode() const { return s_.efer & efer::kLma; }
   bool mode64() const { return long_mode() && s_.cs.l; }
   SegmentReg& seg(int index);
-  void load_segment(int index, uint16_t selector);
-  void mark_accessed(uint16_t selector, SegmentReg& desc);
+  // `by_transfer`: SS (or CS) loaded by a far transfer, IRET or event delivery rather than MOV/POP Sreg.
+  void load_segment(int index, uint16_t selector, bool by_transfer = false);
+  void mark_accessed(uint16_t selector, SegmentReg& desc, bool by_transfer);
   SegmentReg read_descriptor(uint16_t selector, uint8_t vector_on_fault);
   uint64_t descriptor_address(uint16_t selector, uint8_t vector_on_fault);
   void load_code_segment_far(uint16_t selector, uint64_t target, bool is_call, unsigned opsize);
@@ -374,6 +378,12 @@ class InterpBackend : public Backend {
   int delivering_ = -1;       // vector being delivered, for double-fault classification
   bool shutdown_ = false;
   std::string shutdown_detail_;
+  // The recording CPU's departures from the architecture that a replay reproduces (vmm/backend.h kCpuQuirk*).
+  struct Quirks {
+    bool accessed_only_by_segment_loads = false;
+    bool fxsave_no_x87_pointers = false;
+    bool fxsave_skips_reserved_bytes = false;
+  } quirks_;
   std::map<std::string, uint64_t> unimplemented_;
 
   // Fast path state.

@@ -7,7 +7,7 @@
 namespace deja {
 namespace {
 
-constexpr uint8_t kDe = 0, kDb = 1, kUd = 6, kDf = 8, kTs = 10, kNp = 11, kSs = 12, kGp = 13, kPf = 14;
+constexpr uint8_t kDe = 0, kUd = 6, kDf = 8, kTs = 10, kNp = 11, kSs = 12, kGp = 13, kPf = 14;
 
 SegmentReg parse_descriptor(uint64_t lo, uint16_t selector) {
   SegmentReg seg;
@@ -59,7 +59,7 @@ SegmentReg InterpBackend::read_descriptor(uint16_t selector, uint8_t vector_on_f
   return parse_descriptor(read_sys(address, 8), selector);
 }
 
-void InterpBackend::load_segment(int index, uint16_t selector) {
+void InterpBackend::load_segment(int index, uint16_t selector, bool by_transfer) {
   if (!(s_.cr0 & cr0::kPe)) {
     // Real mode: the selector is a paragraph number.
     SegmentReg& target = seg(index);
@@ -90,16 +90,17 @@ void InterpBackend::load_segment(int index, uint16_t selector) {
     if (!is_conforming(desc) && (rpl > desc.dpl || cpl() > desc.dpl)) raise(kGp, error, true);
     if (!desc.present) raise(kNp, error, true);
   }
-  mark_accessed(selector, desc);
+  mark_accessed(selector, desc, by_transfer);
   seg(index) = desc;
 }
 
 // Every load of a code or data descriptor into a segment register sets its accessed bit in the
 // table (SDM vol. 3A 3.4.5.1), CS included: far JMP/CALL/RET, IRET and event delivery too.
-// (QEMU's TCG, the CPU under the nested KVM harness, skips it for all but MOV/POP Sreg; a guest
-// whose digest must match there presets the bit, as guest-tests/runtime/boot.S does.)
-void InterpBackend::mark_accessed(uint16_t selector, SegmentReg& desc) {
+// QEMU's TCG, the CPU under the nested KVM harness, skips it for all but MOV/POP Sreg and LxS: a trace
+// recorded there names kCpuQuirkAccessedBitOnlyBySegmentLoads, and its replay here does the same.
+void InterpBackend::mark_accessed(uint16_t selector, SegmentReg& desc, bool by_transfer) {
   if (!desc.s || (desc.type & 1)) return;
+  if (by_transfer && quirks_.accessed_only_by_segment_loads) return;
   desc.type |= 1;
   uint64_t address = descriptor_address(selector, kGp);
   write_sys(address + 5, 1, uint64_t(desc.type) | (uint64_t(desc.s) << 4) | (uint64_t(desc.dpl) << 5) |
@@ -129,7 +130,7 @@ void InterpBackend::load_code_segment_far(uint16_t selector, uint64_t target, bo
     push(s_.cs.selector, opsize / 8);
     push(next_rip_, opsize / 8);
   }
-  mark_accessed(selector, desc);
+  mark_accessed(selector, desc, true);
   desc.selector = uint16_t((selector & ~3) | cpl());
   desc.dpl = uint8_t(cpl());
   s_.cs = desc;
@@ -154,13 +155,13 @@ void InterpBackend::far_return(unsigned opsize, uint16_t pop_extra) {
   if (!is_code(desc)) raise(kGp, selector & 0xfffc, true);
   if (!desc.present) raise(kNp, selector & 0xfffc, true);
   s_.gpr[kRsp] += pop_extra;
-  mark_accessed(selector, desc);
+  mark_accessed(selector, desc, true);
   if (new_cpl > cpl()) {
     uint64_t rsp = pop(bytes);
     uint16_t ss_sel = uint16_t(pop(bytes));
     desc.dpl = uint8_t(new_cpl);
     s_.cs = desc;
-    load_segment(2, ss_sel);
+    load_segment(2, ss_sel, true);
     s_.gpr[kRsp] = rsp + pop_extra;
   } else {
     desc.dpl = uint8_t(new_cpl);
@@ -213,7 +214,7 @@ void InterpBackend::iret(unsigned opsize) {
   if (cpl() == 0) mask |= rflags::kIopl | (bytes > 2 ? (rflags::kVif | rflags::kVip) : 0);
   if (cpl() <= iopl) mask |= rflags::kIf;
   const unsigned old_cpl = cpl();
-  mark_accessed(cs_sel, cs_desc);
+  mark_accessed(cs_sel, cs_desc, true);
   cs_desc.dpl = uint8_t(new_cpl);
   s_.cs = cs_desc;
   if (pop_stack) {
@@ -225,7 +226,7 @@ void InterpBackend::iret(unsigned opsize) {
       null_ss.db = true;
       s_.ss = null_ss;
     } else {
-      load_segment(2, ss_sel);
+      load_segment(2, ss_sel, true);
     }
     s_.gpr[kRsp] = new_rsp;
     if (!mode64()) s_.gpr[kRsp] &= 0xffffffffu;
@@ -538,7 +539,7 @@ void InterpBackend::deliver_long(uint8_t vector, bool has_error_code, uint32_t e
     null_ss.db = true;
     s_.ss = null_ss;
   }
-  mark_accessed(cs_sel, cs_desc);
+  mark_accessed(cs_sel, cs_desc, true);
   cs_desc.selector = uint16_t((cs_sel & ~3) | new_cpl);
   cs_desc.dpl = uint8_t(new_cpl);
   s_.cs = cs_desc;
@@ -576,7 +577,7 @@ void InterpBackend::deliver_protected(uint8_t vector, bool has_error_code, uint3
     const unsigned saved_dpl = s_.cs.dpl;
     s_.cs.dpl = uint8_t(new_cpl);  // the SS load checks against the new CPL
     try {
-      load_segment(2, ss_sel);
+      load_segment(2, ss_sel, true);
     } catch (...) {
       s_.cs.dpl = uint8_t(saved_dpl);
       throw;
@@ -589,7 +590,7 @@ void InterpBackend::deliver_protected(uint8_t vector, bool has_error_code, uint3
   push(s_.cs.selector, 4);
   push(return_rip & 0xffffffffu, 4);
   if (has_error_code) push(error_code, 4);
-  mark_accessed(cs_sel, cs_desc);
+  mark_accessed(cs_sel, cs_desc, true);
   cs_desc.selector = uint16_t((cs_sel & ~3) | new_cpl);
   cs_desc.dpl = uint8_t(new_cpl);
   s_.cs = cs_desc;

@@ -20,8 +20,10 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kvm/kvm_deja.h"
+#include "kvm/kvm_usability.h"
 
 namespace deja {
 namespace {
@@ -152,6 +154,14 @@ class KvmBackend final : public Backend, public KvmVcpu {
   std::string_view name() const override { return "kvm"; }
   bool traps_rdtsc() const override { return (deja_.mask & KVM_DEJA_RDTSC) != 0; }
   std::string rdtsc_untrapped_reason() const override { return deja_.why_not; }
+  // What the usability check measured on this host's KVM (the vCPU itself cannot be told otherwise).
+  std::vector<std::string> cpu_quirks() const override { return kvm_usability().cpu_quirks; }
+  Result<> adopt_cpu_quirks(std::span<const std::string> quirks) override {
+    const std::vector<std::string> here = cpu_quirks();
+    if (std::equal(quirks.begin(), quirks.end(), here.begin(), here.end())) return {};
+    return fail(ErrorKind::kUnsupported, "the trace was recorded on a CPU with quirks [{}], this host's KVM has [{}]",
+                fmt::join(quirks, ", "), fmt::join(here, ", "));
+  }
   Result<VcpuExit*> run() override;
   Result<CpuState> get_state() override;
   Result<> set_state(const CpuState& state) override;
@@ -958,6 +968,12 @@ Result<> KvmBackend::set_fxsave(const std::array<uint8_t, 512>& requested) {
 
 bool KvmBackend::can_inject_interrupt() {
   if (injected_since_exit_) return false;
+  // An MSR access answered with a fault completes as #GP on the next KVM_RUN. KVM injects that exception
+  // and then clears its interrupt queue, so an interrupt queued now with KVM_INTERRUPT would be lost (and
+  // the 8259 would keep it in service forever): take it after the #GP, as the SDM orders them.
+  if (needs_completion_ && exit_.fault && (exit_.kind == ExitKind::kMsrRead || exit_.kind == ExitKind::kMsrWrite)) {
+    return false;
+  }
   if (!state_set_since_exit_) return run_->ready_for_interrupt_injection && run_->if_flag;
   // kvm_run's flags describe the last exit, not a state loaded since: ask the vCPU itself.
   kvm_regs regs{};

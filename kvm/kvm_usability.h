@@ -27,6 +27,8 @@ struct KvmUsability {
   // do not ("x86-64-v2: POPCNT stops with an emulation failure").
   std::vector<const CpuModel*> models;
   std::vector<std::string> model_problems;
+  // Where the vCPU departs from the architecture in guest-visible memory (Backend::cpu_quirks).
+  std::vector<std::string> cpu_quirks;
   uint64_t elapsed_ns = 0;
 
   bool usable() const;

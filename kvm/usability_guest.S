@@ -214,6 +214,30 @@ deja_probe_window:
         .fill 4096, 1, 0x90
         hlt
 
+// Descriptor accessed bit: IRETQ to the code selector in RSI, whose descriptor's accessed bit is clear, then
+// read its access byte (RDI points at it) into EAX: bit 0 set as the SDM says, or left clear (QEMU's TCG).
+        .globl deja_probe_accessed
+deja_probe_accessed:
+        mov %rsp, %rax
+        push $0x10
+        push %rax
+        pushfq
+        push %rsi
+        lea 1f(%rip), %rax
+        push %rax
+        iretq
+1:      movzbl (%rdi), %eax
+        hlt
+
+// FXSAVE's image: RDI points at 512 bytes the VMM filled with 0xaa; FLD1 (FOP 0x1e8) is the last x87
+// instruction before FXSAVE64. The VMM reads FOP, FIP, FDP and the reserved bytes of ST0's slot back.
+        .globl deja_probe_fxsave
+deja_probe_fxsave:
+        fninit
+        fld1
+        fxsave64 (%rdi)
+        hlt
+
         .globl deja_usability_guest_end
 deja_usability_guest_end:
         .section .note.GNU-stack, "", @progbits

@@ -93,6 +93,9 @@ std::string trace_detail::kind_name_of_case(size_t kind_case) {
     case trace::Event::kDigest: return "digest";
     case trace::Event::kEnd: return "end";
     case trace::Event::kSerialOutput: return "serial_output";
+    case trace::Event::kEntropy: return "entropy";
+    case trace::Event::kNetTransmit: return "net_transmit";
+    case trace::Event::kDiskBlock: return "disk_block";
     case trace::Event::KIND_NOT_SET: return "none";
   }
   // A kind added to trace.proto by a newer deja, read by this one.
@@ -152,6 +155,7 @@ std::string describe_event(const trace::Event& e) {
       std::string s = fmt::format("{} {} now_ns={}", head, describe_coordinate(a.at()), a.now_ns());
       if (!a.serial_input().empty()) s += fmt::format(" serial_input={}", quoted_bytes(a.serial_input()));
       if (a.input_closed()) s += " input_closed";
+      for (const auto& f : a.net_frames()) s += fmt::format(" net_frame(nic={} {} bytes)", f.nic(), f.data().size());
       return s;
     }
     case trace::Event::kInterrupt:
@@ -181,6 +185,15 @@ std::string describe_event(const trace::Event& e) {
     }
     case trace::Event::kSerialOutput:
       return fmt::format("{} data={}", head, quoted_bytes(e.serial_output().data()));
+    case trace::Event::kEntropy: return fmt::format("{} {} bytes", head, e.entropy().data().size());
+    case trace::Event::kNetTransmit: {
+      const auto& t = e.net_transmit();
+      return fmt::format("{} nic={} length={} hash={:016x}", head, t.nic(), t.length(), t.hash());
+    }
+    case trace::Event::kDiskBlock: {
+      const auto& d = e.disk_block();
+      return fmt::format("{} disk={} block={} hash={:016x}", head, d.disk(), d.block(), d.hash());
+    }
     case trace::Event::KIND_NOT_SET: break;
   }
   return head;

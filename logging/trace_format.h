@@ -14,7 +14,10 @@
 namespace deja {
 
 // Bumped on any change an older reader could misinterpret; see docs/trace-format.md "Versioning".
-constexpr uint32_t kTraceFormatVersion = 1;
+// Version 2: the virtio events (entropy, net_transmit, disk_block, Async.net_frames) that replay must not skip.
+// Version 1 is the same layout without them: this deja reads both.
+constexpr uint32_t kTraceFormatVersion = 2;
+constexpr uint32_t kOldestTraceFormatVersion = 1;
 
 // Layout constants (docs/trace-format.md is the normative description).
 inline constexpr std::string_view kFileMagic{"DEJATRC\0", 8};

@@ -1,6 +1,7 @@
 // inspect_trace: streams a trace (one chunk in memory) into a provenance / duration / counts / serial / timeline view.
 #include "logging/trace_inspect.h"
 
+#include <array>
 #include <ctime>
 #include <map>
 #include <optional>
@@ -80,6 +81,9 @@ struct Survey {
   uint64_t events = 0;
   uint64_t chunks = 0;
   uint64_t serial_bytes = 0;
+  // Per NIC: frames and bytes received (in Async events) and sent (net_transmit).
+  std::map<uint32_t, std::array<uint64_t, 4>> nic_traffic;
+  uint64_t entropy_bytes = 0;
   std::optional<trace::End> end;
   uint64_t last_digest_instructions = 0;
   uint64_t last_branches = 0;
@@ -137,6 +141,19 @@ Result<Survey> survey(const std::string& path) {
     const trace::Event& e = **event;
     ++s.by_kind[event_kind_name(e)];
     if (e.has_serial_output()) s.serial_bytes += e.serial_output().data().size();
+    if (e.has_async()) {
+      for (const auto& f : e.async().net_frames()) {
+        auto& t = s.nic_traffic[f.nic()];
+        ++t[0];
+        t[1] += f.data().size();
+      }
+    }
+    if (e.has_net_transmit()) {
+      auto& t = s.nic_traffic[e.net_transmit().nic()];
+      ++t[2];
+      t[3] += e.net_transmit().length();
+    }
+    if (e.has_entropy()) s.entropy_bytes += e.entropy().data().size();
     if (e.has_end()) s.end = e.end();
     if (e.has_digest()) s.last_digest_instructions = e.digest().instructions();
     if (const trace::Coordinate* c = event_coordinate(e)) s.last_branches = std::max(s.last_branches, c->branches());
@@ -179,11 +196,28 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
              c.machine().empty() ? "pc" : c.machine(), c.backend(), c.vcpus(), c.memory_bytes() >> 20, c.progress_mode(), c.tsc_hz(), c.rdtsc_trapped() ? "yes" : "no",
              c.serial_input() ? "yes" : "no");
   if (!c.progress_counter().empty()) fmt::print(out, "progress by  {}\n", c.progress_counter());
+  for (const auto& quirk : c.cpu_quirks()) fmt::print(out, "cpu quirk    {}\n", quirk);
   if (!c.cmdline().empty()) fmt::print(out, "cmdline      {}\n", json_string(c.cmdline()));
   for (const auto& arg : c.module_args()) fmt::print(out, "module arg   {}\n", json_string(arg));
   if (!c.device_semantics().empty()) fmt::print(out, "device sem.  {}\n", c.device_semantics());
   for (const auto& in : h.inputs())
     fmt::print(out, "input        {} {} ({} bytes) sha256={}\n", in.role(), in.path(), in.size(), hex(in.sha256()));
+  for (int i = 0; i < c.disks_size(); ++i) {
+    const auto& d = c.disks(i);
+    fmt::print(out, "disk         {} {} ({} bytes) {}{}{}\n", i, d.path(), d.size(),
+               d.hash_block() ? fmt::format("hashed per {}-byte block at first read", d.hash_block())
+                              : "sha256=" + hex(d.sha256()),
+               d.read_only() ? ", read-only" : "", d.overlay().empty() ? "" : ", overlay " + d.overlay());
+  }
+  for (int i = 0; i < c.nets_size(); ++i) {
+    const auto& n = c.nets(i);
+    std::string forwards;
+    for (const auto& f : n.host_forwards()) forwards += " hostfwd=" + f;
+    auto t = s.nic_traffic.count(uint32_t(i)) ? s.nic_traffic.at(uint32_t(i)) : std::array<uint64_t, 4>{};
+    fmt::print(out, "net          {} {} mac={}{}: received {} frames ({} bytes), sent {} frames ({} bytes)\n", n.mode(),
+               i, hex(n.mac()), forwards, t[0], t[1], t[2], t[3]);
+  }
+  if (c.rng()) fmt::print(out, "rng          yes: {} bytes of entropy\n", s.entropy_bytes);
 
   Duration d = duration_of(s);
   fmt::print(out, "duration     {}{} instructions, {} branches", d.lower_bound ? "at least " : "", d.instructions,

@@ -99,10 +99,10 @@ Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path) 
   if (version > kTraceFormatVersion)
     return fail(ErrorKind::kUnsupported, "trace format version {} of {} is newer than this deja ({}); use a newer deja",
                 version, path, kTraceFormatVersion);
-  if (version < kTraceFormatVersion)
+  if (version < kOldestTraceFormatVersion)
     return fail(ErrorKind::kUnsupported,
-                "trace format version {} of {} is older than this deja ({}) reads; use the deja that recorded it",
-                version, path, kTraceFormatVersion);
+                "trace format version {} of {} is older than this deja reads ({} to {}); use the deja that recorded it",
+                version, path, kOldestTraceFormatVersion, kTraceFormatVersion);
   if (have < sizeof preamble)
     return fail(ErrorKind::kBadTrace, "trace {} is truncated before its header ({} bytes)", path, size);
   uint64_t header_len = get_u32(preamble + 12);

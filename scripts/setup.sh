@@ -8,6 +8,8 @@ PACKAGES=(
   # libraries
   libzydis-dev libprotobuf-dev protobuf-compiler libzstd-dev libssl-dev libxxhash-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev
+  # --net user: the user-mode network stack QEMU uses
+  libslirp-dev
   # Linux kernels: every compression a bzImage payload may use is decompressed in-process (PVH boot)
   liblzma-dev zlib1g-dev libbz2-dev liblz4-dev liblzo2-dev
   # guests are linked with binutils (objcopy -O elf32-i386); QEMU is the reference and hosts nested KVM

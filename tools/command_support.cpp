@@ -80,6 +80,9 @@ Result<BackendChoice> choose_backend(const std::string& requested, const std::st
       if (std::string why = kvm_lacks(model); !why.empty()) {
         say("note: using the software CPU (--backend interp): {}", why);
         backend = "interp";
+      } else {
+        say("note: using KVM (--backend kvm): this host's KVM passed deja's usability check ({:.1f} ms)",
+            double(kvm_usability().elapsed_ns) / 1e6);
       }
     }
   } else if (backend == "kvm") {

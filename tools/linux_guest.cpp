@@ -24,9 +24,9 @@ std::string linux_guest_cmdline() {
   // acpi=off, pci=conf1: no ACPI tables or BIOS, PCI through mechanism #1. quiet cryptomgr.notests: half the boot's
   // instructions go to console output and crypto self-tests. panic=-1 reboot=triple: a panic reboots at once
   // through a triple fault, which stops deja (the default reboot methods end in the real-mode BIOS, which deja
-  // lacks). mds=off: the MDS mitigation's VERW on every return to user space is not implemented by interp yet.
+  // lacks).
   return fmt::format("console=ttyS0 tsc_early_khz={} tsc=reliable acpi=off pci=conf1 nokaslr quiet "
-                     "cryptomgr.notests panic=-1 reboot=triple mds=off",
+                     "cryptomgr.notests panic=-1 reboot=triple",
                      CpuModel::kTscHz / 1000);
 }
 

@@ -82,7 +82,8 @@ void print_registers(const CpuState& st, const CheckpointPosition& at, bool json
   } else {
     std::printf("steps %llu instructions %llu events %llu\n", (unsigned long long)at.steps,
                 (unsigned long long)at.instructions, (unsigned long long)at.events);
-    for (const auto& r : regs) std::printf("%-8s %#018llx\n", r.name, (unsigned long long)r.value);
+    // 0x and 16 digits for every value (printf's %#x drops the 0x of a zero).
+    for (const auto& r : regs) fmt::print("{:<8} 0x{:016x}\n", r.name, r.value);
   }
 }
 

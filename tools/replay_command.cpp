@@ -20,6 +20,7 @@ struct ReplayOptions {
   std::string backend;      // "" = the backend the trace was recorded on, if available here
   std::string image_path;   // "" = the path recorded in the trace
   std::string initrd_path;  // "" = the path recorded in the trace
+  std::vector<std::string> disk_paths;
   std::string serial_out = "-";
   bool stats = false;
   bool print_digest = false;
@@ -35,6 +36,7 @@ int replay_trace(const ReplayOptions& options) {
                                               .backend = options.backend,
                                               .image_path = options.image_path,
                                               .initrd_path = options.initrd_path,
+                                              .disk_paths = options.disk_paths,
                                               .serial_out = options.serial_out,
                                               .progress = options.progress,
                                               .test_device_semantics = options.test_device_semantics,
@@ -88,7 +90,10 @@ int replay_trace(const ReplayOptions& options) {
   }
   if (!options.quiet) {
     auto instructions = session.machine().backend().instruction_count();
-    say("replay OK: {} events, {} instructions, {}, exit status {}", engine.events_processed(),
+    // Every event of the trace, serial output included (the engine's own count leaves that out): the
+    // number record, verify and inspect give.
+    say("replay OK: {} events, {} instructions, {}, exit status {}",
+        engine.reader() ? engine.reader()->events_read() : engine.events_processed(),
         instructions ? fmt::format("{}", *instructions) : std::string("(not counted on kvm)"),
         outcome->recorded_end ? "stopped where the recording stopped, state digest matches (" + final_digest->hex() + ")"
                               : "final state digest matches (" + final_digest->hex() + ")",
@@ -114,6 +119,9 @@ Subcommand add_replay_command(CLI::App& app) {
   replay->add_option("--image,--kernel", o->image_path,
                      "guest image or Linux kernel (default: the path in the trace; hash-checked)");
   replay->add_option("--initrd", o->initrd_path, "the Linux kernel's initrd (default: the path in the trace; hash-checked)");
+  replay->add_option("--disk", o->disk_paths,
+                     "the disk images, in the order recorded (default: the paths in the trace; checked against the "
+                     "recording); repeatable");
   replay->add_option("--serial-out", o->serial_out, "where the replayed serial output goes (default stdout)");
   replay->add_flag("--stats", o->stats, "print exit counts at the end");
   replay->add_flag("--digest", o->print_digest, "print the final state digest");

@@ -13,6 +13,7 @@
 #include "logging/trace_reader.h"
 #include "tools/command_support.h"
 #include "vmm/cpu_model.h"
+#include "vmm/disk_image.h"
 #include "vmm/linux_boot.h"
 #include "vmm/messages.h"
 
@@ -228,6 +229,54 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
   ReplaySetup setup;
   setup.session = std::make_unique<Session>(Mode::kReplay, progress.mode);
   Session& session = *setup.session;
+  // Disks: each image checked against the recording (size, and SHA-256 up front in full mode; block by block in
+  // lazy mode); the guest's writes stay in memory. No network runs: received frames are in the trace.
+  if (options.disk_paths.size() > size_t(rc.disks_size())) {
+    return std::unexpected(Error{ErrorKind::kInvalidArgument,
+                                 fmt::format("--disk: {} images given, {} recorded {}", options.disk_paths.size(),
+                                             options.trace_path, rc.disks_size())});
+  }
+  std::vector<std::unique_ptr<DiskImage>> disks;
+  std::vector<std::string> disk_names;
+  for (int i = 0; i < rc.disks_size(); ++i) {
+    const auto& d = rc.disks(i);
+    std::string path = size_t(i) < options.disk_paths.size() && !options.disk_paths[size_t(i)].empty()
+                           ? options.disk_paths[size_t(i)]
+                           : d.path();
+    DiskIdentity identity;
+    identity.size = d.size();
+    identity.hash_block = d.hash_block();
+    if (identity.hash_block == 0) {
+      if (d.sha256().size() != identity.sha256.size()) {
+        return std::unexpected(Error{ErrorKind::kBadTrace, fmt::format("{}: disk {} has neither a SHA-256 nor a "
+                                                                       "block size", options.trace_path, i)});
+      }
+      std::copy(d.sha256().begin(), d.sha256().end(), identity.sha256.begin());
+    } else if (identity.hash_block != DiskImage::kHashBlock) {
+      return std::unexpected(Error{ErrorKind::kBadTrace, fmt::format("{}: disk {} was hashed in blocks of {} bytes; "
+                                                                     "this deja hashes {}", options.trace_path, i,
+                                                                     identity.hash_block, DiskImage::kHashBlock)});
+    }
+    auto disk = DiskImage::open_for_replay(path, identity, d.read_only());
+    if (!disk) {
+      Error e = disk.error();
+      if (options.disk_paths.empty() && !path.starts_with("/")) {
+        e.message += " (the trace names it relative to the directory it was recorded in; give its location with --disk)";
+      }
+      return std::unexpected(e);
+    }
+    Engine& engine = session.engine();
+    (*disk)->set_host_error_handler([&engine](const std::string& m) { engine.host_failure(m); });
+    if (identity.hash_block) (*disk)->set_block_checker(&engine, unsigned(i), identity.hash_block);
+    (*disk)->keep_history(options.rewind);
+    config.disks.push_back(VirtioDiskSetup{disk->get(), d.serial()});
+    disk_names.push_back(path);
+    disks.push_back(std::move(*disk));
+  }
+  session.adopt_disks(std::move(disks));
+  session.engine().set_disk_names(std::move(disk_names));
+  config.nics = unsigned(rc.nets_size());
+  config.rng = rc.rng();
   if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules,
                                  inputs->initrd);
       !built) {
@@ -235,6 +284,13 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
   }
   if (auto ok = check_rdtsc_replayable(header, session.machine().backend(), options.trace_path); !ok) {
     return std::unexpected(ok.error());
+  }
+  session.count_rdtsc_as_guest_exits(rc.rdtsc_exits_are_guest_exits());
+  const std::vector<std::string> quirks(rc.cpu_quirks().begin(), rc.cpu_quirks().end());
+  if (auto ok = session.machine().backend().adopt_cpu_quirks(quirks); !ok) {
+    // Not a refusal: many guests never see the difference, and one that does diverges, which replay reports.
+    say("warning: {}: the replay diverges where the guest sees the difference ({})", ok.error().message,
+        quirks.empty() ? "record it on interp or on this host" : "--backend interp reproduces the recorded CPU");
   }
   if (auto r = session.setup_progress(progress); !r) return std::unexpected(r.error());
   if (options.rewind) session.engine().enable_rewind();

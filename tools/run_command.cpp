@@ -11,6 +11,8 @@
 #include "tools/command_support.h"
 #include "tools/linux_guest.h"
 #include "vmm/build_info.h"
+#include "vmm/disk_image.h"
+#include "vmm/user_network.h"
 #include "vmm/cpu_model.h"
 #include "vmm/guest_memory.h"
 #include "vmm/host_io.h"
@@ -38,6 +40,9 @@ struct RunArgs {
   std::string boot_protocol = "auto";
   bool linux_guest = false;  // --linux: the bundled guest
   bool print_cmdline = false;
+  std::vector<std::string> disks;  // --disk FILE[,overlay=FILE][,readonly][,hash=full|lazy]
+  std::vector<std::string> nets;   // --net user[,hostfwd=...]
+  bool rng = false;
   std::string output;  // record: the trace
 };
 
@@ -51,6 +56,9 @@ struct SessionOptions {
   bool stats = false;
   bool print_digest = false;
   ProgressChoice progress;
+  std::vector<DiskOptions> disks;
+  std::vector<NetOptions> nets;
+  bool rng = false;
   std::string trace_path;            // record: output file
   uint64_t digest_interval = 16384;  // record a full state digest every N events
 };
@@ -101,6 +109,14 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_flag("--print-cmdline", a.print_cmdline,
                 "print the kernel command line the guest would boot with (e.g. to boot the --linux guest elsewhere) "
                 "and exit");
+  cmd->add_option("--disk", a.disks,
+                  "a virtio-blk disk on a raw image that is never written: FILE[,overlay=FILE] keeps the guest's writes "
+                  "in FILE (an overlay; default: memory), [,readonly], [,hash=full|lazy] how a recording identifies "
+                  "the image (default: full SHA-256 up to 256 MiB, else per block at first read); repeatable");
+  cmd->add_option("--net", a.nets,
+                  "a virtio-net NIC on libslirp's user-mode network: user[,hostfwd=tcp:[HOSTADDR]:HOSTPORT-"
+                  "[GUESTADDR]:GUESTPORT]...; the guest is 10.0.2.15, the host's loopback is 10.0.2.2; repeatable");
+  cmd->add_flag("--rng", a.rng, "a virtio-rng entropy device (its bytes are recorded)");
   cmd->add_option("IMAGE", a.image, "guest image: Multiboot ELF32/ELF64, or ELF64 for direct 64-bit boot");
 }
 
@@ -161,6 +177,17 @@ Result<SessionOptions> to_session(const RunArgs& a) {
     o.load.modules.push_back(
         {m.substr(0, space), space == std::string::npos ? std::string() : m.substr(space + 1)});
   }
+  for (const auto& d : a.disks) {
+    auto disk = parse_disk_option(d);
+    if (!disk) return std::unexpected(disk.error());
+    o.disks.push_back(*disk);
+  }
+  for (const auto& n : a.nets) {
+    auto net = parse_net_option(n);
+    if (!net) return std::unexpected(net.error());
+    o.nets.push_back(*net);
+  }
+  o.rng = a.rng;
   o.serial_in = a.serial_in;
   o.serial_out = a.serial_out;
   o.stats = a.stats;
@@ -204,6 +231,12 @@ Result<> check_recording_options(const SessionOptions& o) {
   if (!o.load.initrd_path.empty()) others.emplace_back("the initrd", o.load.initrd_path);
   if (!o.serial_in.empty() && o.serial_in != "-") others.emplace_back("the serial input", o.serial_in);
   if (o.serial_out != "-") others.emplace_back("the serial output", o.serial_out);
+  for (const auto& d : o.disks) {
+    if (auto r = check_text(fmt::format("the disk image path '{}'", d.path), d.path); !r) return r;
+    if (auto r = check_text(fmt::format("the overlay path '{}'", d.overlay), d.overlay); !r) return r;
+    others.emplace_back("a disk image", d.path);
+    if (!d.overlay.empty()) others.emplace_back("a disk overlay", d.overlay);
+  }
   for (const auto& [what, path] : others) {
     if (file_identity(path) == trace) {
       return fail(ErrorKind::kInvalidArgument, "-o {}: that is also {} ({}); the trace needs a file of its own",
@@ -244,6 +277,49 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
   }
   Session session(mode, progress.mode);
+  // Disks: the images opened read-only (and identified, for a recording), the overlays created or reopened. Two
+  // disks never share an overlay, and no overlay is an image.
+  for (size_t i = 0; i < options.disks.size(); ++i) {
+    if (options.disks[i].overlay.empty()) continue;
+    for (size_t j = 0; j < options.disks.size(); ++j) {
+      const bool same_overlay = j < i && options.disks[i].overlay == options.disks[j].overlay;
+      if (same_overlay || file_identity(options.disks[i].overlay) == file_identity(options.disks[j].path) ||
+          (j < i && !options.disks[j].overlay.empty() &&
+           file_identity(options.disks[i].overlay) == file_identity(options.disks[j].overlay))) {
+        return report_error(Error{ErrorKind::kInvalidArgument,
+                                  fmt::format("--disk: the overlay {} is also another disk's image or overlay",
+                                              options.disks[i].overlay)});
+      }
+    }
+  }
+  std::vector<std::unique_ptr<DiskImage>> disks;
+  std::vector<DiskIdentity> identities;
+  for (size_t i = 0; i < options.disks.size(); ++i) {
+    auto disk = DiskImage::open(options.disks[i], mode == Mode::kRecord);
+    if (!disk) return report_error(disk.error());
+    Engine& engine = session.engine();
+    (*disk)->set_host_error_handler([&engine](const std::string& m) { engine.host_failure(m); });
+    if (mode == Mode::kRecord) {
+      auto id = (*disk)->identity(options.disks[i].hash);
+      if (!id) return report_error(id.error());
+      if (id->hash_block) (*disk)->set_block_checker(&engine, unsigned(i), id->hash_block);
+      identities.push_back(*id);
+    }
+    config.disks.push_back(VirtioDiskSetup{disk->get(), fmt::format("deja-disk{}", i)});
+    disks.push_back(std::move(*disk));
+  }
+  session.adopt_disks(std::move(disks));
+  config.nics = unsigned(options.nets.size());
+  config.rng = options.rng;
+  // libslirp writes to host sockets whose peer may have gone (it does not ask for MSG_NOSIGNAL): a broken
+  // connection is the guest's EPIPE to see, not a SIGPIPE that kills deja mid-recording (QEMU ignores it too).
+  if (!options.nets.empty()) ::signal(SIGPIPE, SIG_IGN);
+  for (const NetOptions& net : options.nets) {
+    Engine& engine = session.engine();
+    auto network = UserNetwork::create(net, [&engine] { return engine.host_now_ns(); });
+    if (!network) return report_error(network.error());
+    engine.attach_network(std::move(*network));
+  }
   std::unique_ptr<FdInput> input;
   if (!options.serial_in.empty()) {
     auto in = FdInput::open(options.serial_in);
@@ -257,8 +333,17 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   }
   if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
   session.set_digest_interval(options.digest_interval);
+  session.count_rdtsc_as_guest_exits(session.machine().backend().traps_rdtsc());
 
   if (mode == Mode::kRecord) {
+    if (const Backend& cpu = session.machine().backend(); !cpu.traps_rdtsc()) {
+      // Said before the guest runs: its replay will stop at the first RDTSC whose value mattered.
+      say("warning: RDTSC is not trapped here ({}): {}; load the kvm-deja module (docs/kvm-deja.md) or record with "
+          "--backend interp",
+          cpu.rdtsc_untrapped_reason(),
+          options.load.linux_kernel ? "Linux reads the TSC constantly, so this recording cannot replay exactly"
+                                    : "a guest that reads the TSC will not replay exactly");
+    }
     trace::Header header;
     header.set_format_version(kTraceFormatVersion);
     header.set_cpu_model(std::string(config.cpu_model->name()));
@@ -298,12 +383,35 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     c->set_serial_input(!options.serial_in.empty());
     for (const auto& m : options.load.modules) c->add_module_args(m.args);
     c->set_rdtsc_trapped(session.machine().backend().traps_rdtsc());
+    c->set_rdtsc_exits_are_guest_exits(session.rdtsc_exits_are_guest_exits());
+    for (const std::string& quirk : session.machine().backend().cpu_quirks()) c->add_cpu_quirks(quirk);
     c->set_tsc_hz(CpuModel::kTscHz);
     c->set_device_semantics(config.device_semantics);
     if (options.load.linux_kernel) {
       c->set_boot_protocol(std::string(linux_entry_name(options.load.linux_entry)));
       c->set_image_format(session.image_format());
     }
+    for (size_t i = 0; i < options.disks.size(); ++i) {
+      auto* d = c->add_disks();
+      d->set_path(options.disks[i].path);
+      d->set_size(identities[i].size);
+      if (identities[i].hash_block) {
+        d->set_hash_block(identities[i].hash_block);
+      } else {
+        d->set_sha256(identities[i].sha256.data(), identities[i].sha256.size());
+      }
+      d->set_read_only(options.disks[i].read_only);
+      d->set_overlay(options.disks[i].overlay);
+      d->set_serial(config.disks[i].serial);
+    }
+    for (size_t i = 0; i < options.nets.size(); ++i) {
+      auto* n = c->add_nets();
+      n->set_mode("user");
+      for (const auto& f : options.nets[i].forward_texts) n->add_host_forwards(f);
+      auto mac = nic_mac(unsigned(i));
+      n->set_mac(mac.data(), mac.size());
+    }
+    c->set_rng(options.rng);
     auto writer = TraceWriter::create_replacing(options.trace_path, header);
     if (!writer) return report_error(writer.error());
     session.engine().attach_writer(std::move(*writer));

@@ -91,6 +91,15 @@ struct DebugControl {
   bool operator==(const DebugControl&) const = default;
 };
 
+// QEMU's TCG (the CPU of the nested-KVM harness, and of any KVM nested in QEMU without hardware virtualization)
+// sets a descriptor's accessed bit only for MOV/POP Sreg and LxS; far JMP/CALL/RET, IRET and event delivery
+// leave it clear where the SDM (vol. 3A 3.4.5.1) and real processors set it. Linux's per-CPU GDT shows it.
+inline constexpr std::string_view kCpuQuirkAccessedBitOnlyBySegmentLoads = "accessed-bit-only-by-segment-loads";
+// QEMU's TCG (7.2) keeps no x87 last-instruction pointers: FXSAVE writes FIP and FDP as zero and leaves FOP as it was.
+inline constexpr std::string_view kCpuQuirkFxsaveNoX87Pointers = "fxsave-no-x87-pointers";
+// QEMU's TCG writes only the 10 register bytes of each 16-byte x87 slot: FXSAVE leaves bytes 10-15 as they were.
+inline constexpr std::string_view kCpuQuirkFxsaveSkipsReservedBytes = "fxsave-skips-reserved-bytes";
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -102,6 +111,15 @@ class Backend {
   virtual bool traps_rdtsc() const { return true; }
   // Why traps_rdtsc() is false, for messages.
   virtual std::string rdtsc_untrapped_reason() const { return {}; }
+
+  // Where this vCPU departs from the architecture in a way guest memory shows (kCpuQuirk* names), as
+  // measured on the host: recorded in the trace header so that a replay on another backend can do the same.
+  virtual std::vector<std::string> cpu_quirks() const { return {}; }
+  // Behave like a vCPU with these quirks (replay of a trace recorded with them); refused where impossible.
+  virtual Result<> adopt_cpu_quirks(std::span<const std::string> quirks) {
+    if (quirks.empty()) return {};
+    return fail(ErrorKind::kUnsupported, "the {} backend cannot reproduce CPU quirk {}", name(), quirks.front());
+  }
 
   // Runs the vCPU until the next exit. The returned exit stays valid, and the VMM fills its
   // response fields (value / ok / fault), until the next run(). Errors are host failures only;

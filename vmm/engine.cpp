@@ -350,12 +350,18 @@ void Engine::check_output_complete() {
   }
 }
 
-void Engine::record_async(const Position& where, uint64_t now_ns, std::span<const uint8_t> input) {
+void Engine::record_async(const Position& where, uint64_t now_ns, std::span<const uint8_t> input,
+                          std::span<const NetFrameIn> frames) {
   trace::Event e;
   auto* a = e.mutable_async();
   *a->mutable_at() = to_proto(where);
   a->set_now_ns(now_ns);
   if (!input.empty()) a->set_serial_input(input.data(), input.size());
+  for (const NetFrameIn& f : frames) {
+    auto* frame = a->add_net_frames();
+    frame->set_nic(f.nic);
+    frame->set_data(f.data.data(), f.data.size());
+  }
   append(std::move(e));
 }
 

@@ -14,8 +14,10 @@
 #include "logging/trace_reader.h"
 #include "logging/trace_writer.h"
 #include "vmm/backend.h"
+#include "vmm/disk_image.h"
 #include "vmm/host_io.h"
 #include "vmm/stream_match.h"
+#include "vmm/user_network.h"
 
 namespace deja {
 
@@ -44,7 +46,13 @@ struct Divergence {
   std::string report;
 };
 
-class Engine : public Clock {
+// A frame received from outside, for NIC `nic`: recorded inside an Async event.
+struct NetFrameIn {
+  unsigned nic = 0;
+  std::vector<uint8_t> data;
+};
+
+class Engine : public Clock, public Entropy, public NetworkPort, public DiskBlockChecker {
  public:
   Engine(Mode mode, ProgressMode progress);
   ~Engine() override;
@@ -77,6 +85,25 @@ class Engine : public Clock {
   void interrupt(uint8_t vector, const Position& where);
   // Serial output (not an input, but recorded so inspect can show it and replay can check it).
   void serial_output(std::span<const uint8_t> bytes);
+  // Entropy (virtio-rng, engine_random.cpp): host bytes, recorded; replay hands back the recorded bytes.
+  void fill(std::span<uint8_t> out) override;
+  // A frame a NIC sent (engine_net.cpp): to the NIC's user-mode network (run, record; recorded as length and
+  // hash), checked against the recording in replay.
+  void transmit(unsigned nic, std::span<const uint8_t> frame) override;
+  // A lazily hashed disk block read for the first time (engine_block.cpp): recorded, checked in replay.
+  Result<> check_disk_block(unsigned disk, uint64_t block, uint64_t hash) override;
+  // The disks' paths, for messages naming a block that differs.
+  void set_disk_names(std::vector<std::string> names) { disk_names_ = std::move(names); }
+
+  // The NICs' networks outside the machine (run and record only; replay has none), by NIC index.
+  void attach_network(std::unique_ptr<UserNetwork> network) { networks_.push_back(std::move(network)); }
+  std::vector<std::unique_ptr<UserNetwork>>& networks() { return networks_; }
+
+  // A host failure found inside device work (a disk image that cannot be read): the run stops with it.
+  void host_failure(const std::string& message) {
+    if (host_error_.empty()) host_error_ = message;
+  }
+  const std::string& host_error() const { return host_error_; }
 
   // The TSC as the guest would read it now (run/record), for the TSC MSR.
   uint64_t tsc_now();
@@ -87,7 +114,8 @@ class Engine : public Clock {
   // Host monotonic time at which virtual time 0 was (virtual time follows host time when recording).
   uint64_t host_origin_ns() const { return host_clock_.origin_ns(); }
   // Record: log an async event at `where` (the session brackets the device work with begin/end_async).
-  void record_async(const Position& where, uint64_t now_ns, std::span<const uint8_t> input);
+  void record_async(const Position& where, uint64_t now_ns, std::span<const uint8_t> input,
+                    std::span<const NetFrameIn> frames = {});
   // Record: a heartbeat (a coordinate without RAM digest) so that a truncated trace says how far
   // the guest got, and replay of it stops there.
   void record_heartbeat(const Position& where, uint64_t instructions);
@@ -173,6 +201,9 @@ class Engine : public Clock {
   std::unique_ptr<TraceWriter> writer_;
   std::vector<uint8_t> pending_output_;  // record: not yet logged
   std::string write_error_;
+  std::string host_error_;
+  std::vector<std::unique_ptr<UserNetwork>> networks_;
+  std::vector<std::string> disk_names_;
 
   std::unique_ptr<TraceReader> reader_;
   std::optional<trace::Event> lookahead_;

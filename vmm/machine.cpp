@@ -64,7 +64,12 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemo
   return fail(ErrorKind::kInvalidArgument, "unknown backend '{}' (use kvm or interp)", name);
 }
 
-Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Clock& clock, ByteSink& serial_out) {
+std::array<uint8_t, 6> nic_mac(unsigned index) {
+  return {0x52, 0x54, 0x00, 0x12, 0x34, uint8_t(0x56 + index)};
+}
+
+Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Clock& clock, ByteSink& serial_out,
+                                                 Entropy* entropy, NetworkPort* network) {
   auto memory = GuestMemory::create(config.memory_bytes);
   if (!memory) return std::unexpected(memory.error());
   std::unique_ptr<Machine> m(new Machine(std::move(*memory)));
@@ -136,6 +141,73 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
     if (auto added = m->pio_.add(map.base, map.length, map.device); !added) return std::unexpected(added.error());
   }
   m->timed_ = {m->pit_.get(), m->rtc_.get()};
+
+  // PCI (device model 3): the host bridge, then the virtio devices in a fixed order, one slot each, with BARs
+  // assigned from the PCI window and decoding enabled, as firmware leaves them.
+  const bool has_virtio = !config.disks.empty() || config.nics > 0 || config.rng;
+  std::vector<MpPciInterrupt> pci_interrupts;
+  if (config.device_model_version >= 3) {
+    m->pci_ = std::make_unique<PciHost>(m->pio_, m->mmio_, *isa);
+    if (auto added = m->pio_.add(PciHost::kConfigAddressPort, PciHost::kPortCount, m->pci_.get()); !added) {
+      return std::unexpected(added.error());
+    }
+  } else if (has_virtio) {
+    return fail(ErrorKind::kUnsupported, "virtio devices need device model v3 (this configuration asks for v{})",
+                config.device_model_version);
+  }
+  std::vector<VirtioDevice*> virtio;
+  for (size_t i = 0; i < config.disks.size(); ++i) {
+    if (!config.disks[i].store) return fail(ErrorKind::kInvalidArgument, "disk {} has no image", i);
+    m->disks_.push_back(std::make_unique<VirtioBlk>(*config.disks[i].store, config.disks[i].serial));
+    m->disks_.back()->set_name(fmt::format("virtio-blk{}", i));
+    virtio.push_back(m->disks_.back().get());
+  }
+  if (config.nics > 0 && !network) return fail(ErrorKind::kInvalidArgument, "NICs need a network port");
+  for (unsigned i = 0; i < config.nics; ++i) {
+    m->nics_.push_back(std::make_unique<VirtioNet>(*network, i, nic_mac(i)));
+    virtio.push_back(m->nics_.back().get());
+  }
+  if (config.rng) {
+    if (!entropy) return fail(ErrorKind::kInvalidArgument, "the entropy device needs an entropy port");
+    m->rng_ = std::make_unique<VirtioRng>(*entropy);
+    virtio.push_back(m->rng_.get());
+  }
+  if (virtio.size() > PciHost::kSlots - 1) {
+    return fail(ErrorKind::kInvalidArgument, "{} PCI devices do not fit on one bus (at most {})", virtio.size(),
+                PciHost::kSlots - 1);
+  }
+  if (!virtio.empty() && config.memory_bytes > kPciMmioBase) {
+    return fail(ErrorKind::kUnsupported, "with PCI devices, guest RAM ends at {:#x} at most (the PCI window follows); "
+                "--mem asks for {:#x}", kPciMmioBase, config.memory_bytes);
+  }
+  uint64_t next_bar = kPciMmioBase;
+  for (size_t i = 0; i < virtio.size(); ++i) {
+    const unsigned slot = unsigned(i + 1);
+    // MSI-X where there is something to receive it (the local APIC of pc-apic).
+    auto function = std::make_unique<VirtioPci>(*virtio[i], m->memory_, m->msi());
+    for (unsigned bar = 0; bar < pci::kBarCount; ++bar) {
+      const uint64_t size = function->bar_size(bar);
+      if (function->bar_kind(bar) == PciBarKind::kNone || size == 0) continue;
+      next_bar = (next_bar + size - 1) & ~(size - 1);
+      function->set_bar_address(bar, next_bar);
+      next_bar += size;
+    }
+    if (next_bar > kPciMmioEnd) return fail(ErrorKind::kInvalidArgument, "the PCI devices' BARs do not fit");
+    function->enable_decoding(pci::kCommandMemory);
+    const uint8_t irq = kPciIrqs[(slot - 1) % 4];
+    if (auto attached = m->pci_->attach(slot, *function, irq); !attached) return std::unexpected(attached.error());
+    pci_interrupts.push_back(MpPciInterrupt{uint8_t(slot), 1, irq});
+    m->timed_.push_back(function.get());
+    m->virtio_pci_.push_back(std::move(function));
+  }
+  // PCI interrupts are level-triggered: the firmware's ELCR set-up for the lines PCI devices use.
+  if (!pci_interrupts.empty()) {
+    uint16_t elcr = 0;
+    for (const MpPciInterrupt& p : pci_interrupts) elcr |= uint16_t(1u << p.ioapic_pin);
+    const uint8_t elcr_bytes[2] = {uint8_t(elcr), uint8_t(elcr >> 8)};
+    m->pic_->elcr_ports().write(0, std::span(elcr_bytes, 1));
+    m->pic_->elcr_ports().write(1, std::span(elcr_bytes + 1, 1));
+  }
   if (apic) {
     if (auto added = m->mmio_.add(LocalApic::kBase, LocalApic::kMmioSize, m->lapic_.get()); !added) {
       return std::unexpected(added.error());
@@ -155,6 +227,8 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
     mp.ioapic_id = kIoApicId;
     mp.ioapic_version = uint8_t(IoApic::kVersion);
     mp.ioapic_address = uint32_t(IoApic::kBase);
+    mp.pci_bus = m->pci_ != nullptr;
+    mp.pci_interrupts = pci_interrupts;
     auto tables = build_mp_tables(mp, kMpFloatingPointerAddress);
     if (auto written = m->memory_.write(Gpa{kMpFloatingPointerAddress}, tables); !written) {
       return fail(ErrorKind::kInvalidArgument, "--machine {} needs RAM at {:#x} for its MP table: {}", config.machine,
@@ -173,6 +247,8 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
     m->add_stateful("lapic", *m->lapic_);
     m->add_stateful("ioapic", *m->ioapic_);
   }
+  if (m->pci_) m->add_stateful("pci-host", *m->pci_);
+  for (auto& function : m->virtio_pci_) m->add_stateful(std::string(function->name()), *function);
 
   auto backend = make_backend(config.backend, m->memory_, cpu_model, config.trap_rdtsc);
   if (!backend) return std::unexpected(backend.error());

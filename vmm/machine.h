@@ -16,10 +16,15 @@
 #include "devices/interrupts.h"
 #include "devices/ioapic.h"
 #include "devices/lapic.h"
+#include "devices/pci_host.h"
 #include "devices/pic8259.h"
 #include "devices/pit8254.h"
 #include "devices/pit8254_v1.h"
 #include "devices/uart16550.h"
+#include "devices/virtio_blk.h"
+#include "devices/virtio_net.h"
+#include "devices/virtio_pci.h"
+#include "devices/virtio_rng.h"
 #include "vmm/backend.h"
 #include "vmm/cpu_model.h"
 #include "vmm/guest_memory.h"
@@ -30,13 +35,26 @@ namespace deja {
 // bumped whenever any device's guest-visible behaviour changes.
 // Model 2: the PIT's datasheet timing (pit8254.h) and the pc-apic machine. Model 1 (pit8254_v1.h) is
 // kept so that its traces replay; `MachineConfig::device_model_version` picks one.
-constexpr uint32_t kDeviceModelVersion = 2;
+// Model 3: PCI (a host bridge at 00:00.0 behind ports 0xCF8-0xCFF, ELCR level lines for PCI INTx, the MP table's
+// PCI bus on pc-apic) and the virtio PCI devices. Models 1 and 2 build no PCI, as their traces saw none.
+constexpr uint32_t kDeviceModelVersion = 3;
 constexpr uint32_t kOldestDeviceModelVersion = 1;
 
 // The machine types (`--machine`), recorded in the trace header.
 //   pc       the PIC-only PC: 8259A pair, no local APIC (CPUID.1:EDX.APIC clear)
 //   pc-apic  the same PC plus a local APIC and an I/O APIC, found through an MP table
 constexpr std::string_view kMachinePc = "pc", kMachinePcApic = "pc-apic";
+
+// A virtio-blk disk: what it serves (a DiskImage, owned by the caller) and its GET_ID serial.
+struct VirtioDiskSetup {
+  BlockStore* store = nullptr;
+  std::string serial;
+};
+
+// Where PCI devices go: the 32-bit MMIO window the builder assigns BARs from (as firmware would; Linux keeps
+// them, or moves them) and the ISA lines PCI INTx pins are wired to, by slot (slot 1 -> 10, 2 -> 11, 3 -> 5, ...).
+constexpr uint64_t kPciMmioBase = 0xe0000000, kPciMmioEnd = 0xfec00000;
+constexpr uint8_t kPciIrqs[4] = {10, 11, 5, 9};
 
 struct MachineConfig {
   uint64_t memory_bytes = 256ull << 20;
@@ -53,12 +71,21 @@ struct MachineConfig {
   // The software CPU's execution mode (reference, threaded or jit; docs/interp.md); "" = its default.
   // Not part of the machine model: every mode computes the same guest execution.
   std::string interp_mode;
+  // Virtio PCI devices (device model 3), placed on bus 0 in this order: disks, NICs, the entropy device.
+  std::vector<VirtioDiskSetup> disks;
+  unsigned nics = 0;
+  bool rng = false;
 };
+
+// The MAC address of NIC `index`: QEMU's default 52:54:00:12:34:56, counting up.
+std::array<uint8_t, 6> nic_mac(unsigned index);
 
 class Machine {
  public:
   // Builds RAM, devices and the backend. `clock` and `serial_out` must outlive the machine.
-  static Result<std::unique_ptr<Machine>> create(const MachineConfig& config, Clock& clock, ByteSink& serial_out);
+  // `entropy` and `network` are needed only with an entropy device or NICs.
+  static Result<std::unique_ptr<Machine>> create(const MachineConfig& config, Clock& clock, ByteSink& serial_out,
+                                                 Entropy* entropy = nullptr, NetworkPort* network = nullptr);
 
   GuestMemory& memory() { return memory_; }
   Backend& backend() { return *backend_; }
@@ -80,6 +107,12 @@ class Machine {
   // false: #GP; nullopt: no device has the MSR.
   std::optional<bool> write_msr(uint32_t index, uint64_t value);
   Uart16550& uart() { return *uart_; }
+  // PCI (device model 3): the host bridge, and the virtio devices by kind.
+  PciHost* pci() { return pci_.get(); }
+  const std::vector<std::unique_ptr<VirtioNet>>& nics() const { return nics_; }
+  const std::vector<std::unique_ptr<VirtioBlk>>& disks() const { return disks_; }
+  VirtioRng* rng() { return rng_.get(); }
+  const std::vector<std::unique_ptr<VirtioPci>>& virtio_functions() const { return virtio_pci_; }
   DebugExit& debug_exit() { return *debug_exit_; }
   const MachineConfig& config() const { return config_; }
 
@@ -119,6 +152,11 @@ class Machine {
   std::unique_ptr<CmosRtc> rtc_;
   std::unique_ptr<DebugExit> debug_exit_;
   std::unique_ptr<FwCfg> fw_cfg_;
+  std::unique_ptr<PciHost> pci_;
+  std::vector<std::unique_ptr<VirtioBlk>> disks_;
+  std::vector<std::unique_ptr<VirtioNet>> nics_;
+  std::unique_ptr<VirtioRng> rng_;
+  std::vector<std::unique_ptr<VirtioPci>> virtio_pci_;  // the transports, in slot order (slot = index + 1)
   std::unique_ptr<Device> perturbed_;  // test-only device-semantics wrapper
   std::vector<Device*> timed_;
   // Every device with state, for checkpoints and digests: a new device adds one line in create().

@@ -82,7 +82,7 @@ Result<> Session::build(const MachineConfig& config, const std::string& serial_o
   if (!sink) return std::unexpected(sink.error());
   out_ = std::move(*sink);
   tee_ = std::make_unique<TeeSink>(*out_, engine_);
-  auto machine = Machine::create(config, engine_, *tee_);
+  auto machine = Machine::create(config, engine_, *tee_, &engine_, &engine_);
   if (!machine) return std::unexpected(machine.error());
   machine_ = std::move(*machine);
   LoadOptions options = load;
@@ -112,6 +112,9 @@ bool Session::guest_caused(ExitKind kind) const {
     case ExitKind::kMsrRead:
     case ExitKind::kMsrWrite:
       return true;
+    case ExitKind::kRdtsc:
+    case ExitKind::kRdrand:
+      return rdtsc_exits_are_guest_exits_;
     default:
       return false;
   }
@@ -158,11 +161,54 @@ Position Session::position() {
   return p;
 }
 
-void Session::apply_async(uint64_t now_ns, std::span<const uint8_t> input) {
+void Session::apply_async(uint64_t now_ns, std::span<const uint8_t> input, std::span<const FrameIn> frames) {
   engine_.begin_async(now_ns);
   machine_->advance_devices(now_ns);
   if (!input.empty()) machine_->uart().receive(input);
+  // Each NIC takes its frames in their recorded order (a frame for a NIC this machine lacks is dropped).
+  const auto& nics = machine_->nics();
+  for (size_t nic = 0; nic < nics.size() && !frames.empty(); ++nic) {
+    std::vector<std::span<const uint8_t>> mine;
+    for (const FrameIn& f : frames) {
+      if (f.nic == nic) mine.push_back(f.data);
+    }
+    if (!mine.empty()) nics[nic]->receive(mine);
+  }
   engine_.end_async();
+}
+
+// Run / record: poll the NICs' user-mode networks (at most every kNetPollNs of host time: a poll(2) per exit would
+// cost more than the exits) and take the frames waiting for them, as many as each NIC has receive buffers for.
+std::vector<NetFrameIn> Session::take_network_frames() {
+  std::vector<NetFrameIn> frames;
+  auto& networks = engine_.networks();
+  if (networks.empty()) return frames;
+  const uint64_t host_now = HostClock::monotonic_ns();
+  if (host_now >= next_net_poll_ns_) {
+    for (auto& n : networks) n->poll_now();
+    next_net_poll_ns_ = host_now + kNetPollNs;
+  }
+  const auto& nics = machine_->nics();
+  for (size_t i = 0; i < networks.size() && i < nics.size(); ++i) {
+    const size_t waiting = std::min<size_t>(networks[i]->pending(), kMaxFramesPerEvent);
+    if (waiting == 0) continue;
+    const size_t room = std::min<size_t>(waiting, nics[i]->rx_capacity());
+    for (auto& f : networks[i]->take(room)) frames.push_back(NetFrameIn{unsigned(i), std::move(f)});
+  }
+  return frames;
+}
+
+// Whether something outside the vCPU is due now (a device deadline, frames a NIC can take): recording in exact
+// mode then stops the vCPU at the next instruction boundary to let it in, rather than at the next timer tick.
+bool Session::async_work_due() {
+  auto deadline = machine_->next_deadline_ns();
+  if (deadline && *deadline <= engine_.host_now_ns()) return true;
+  auto& networks = engine_.networks();
+  const auto& nics = machine_->nics();
+  for (size_t i = 0; i < networks.size() && i < nics.size(); ++i) {
+    if (networks[i]->pending() > 0 && nics[i]->rx_capacity() > 0) return true;
+  }
+  return false;
 }
 
 // Run / record: let host time and host input into the machine, if anything is due.
@@ -176,9 +222,12 @@ void Session::poll_async() {
     size_t space = std::min(machine_->uart().rx_space(), sizeof(buf));
     if (space > 0) n = input_->read_available(std::span(buf, space));
   }
-  if (!due && n == 0) return;
-  if (engine_.mode() == Mode::kRecord) engine_.record_async(position(), now, std::span(buf, n));
-  apply_async(now, std::span(buf, n));
+  std::vector<NetFrameIn> frames = take_network_frames();
+  if (!due && n == 0 && frames.empty()) return;
+  if (engine_.mode() == Mode::kRecord) engine_.record_async(position(), now, std::span(buf, n), frames);
+  std::vector<FrameIn> views;
+  for (const NetFrameIn& f : frames) views.push_back(FrameIn{f.nic, f.data});
+  apply_async(now, std::span(buf, n), views);
 }
 
 // Replay: apply every recorded async event (and check every heartbeat) that lands exactly here.
@@ -210,8 +259,13 @@ void Session::replay_async() {
     trace::Event taken = engine_.consume_positional();
     if (taken.kind_case() == trace::Event::kAsync) {
       const auto& a = taken.async();
-      apply_async(a.now_ns(), std::span(reinterpret_cast<const uint8_t*>(a.serial_input().data()),
-                                        a.serial_input().size()));
+      std::vector<FrameIn> frames;
+      for (const auto& f : a.net_frames()) {
+        frames.push_back(FrameIn{f.nic(), std::span(reinterpret_cast<const uint8_t*>(f.data().data()), f.data().size())});
+      }
+      apply_async(a.now_ns(),
+                  std::span(reinterpret_cast<const uint8_t*>(a.serial_input().data()), a.serial_input().size()),
+                  frames);
     }
   }
 }
@@ -257,23 +311,28 @@ Digest Session::final_machine_digest() {
   return machine_digest(st ? *st : CpuState{}, machine_->memory(), devices);
 }
 
-// HLT in run/record: sleep (in host time) until a device event or input can wake the guest.
+// HLT in run/record: sleep (in host time) until a device event, input or a network packet can wake the guest.
 Result<std::optional<Outcome>> Session::wait_for_wake() {
+  auto& networks = engine_.networks();
   for (;;) {
     if (machine_->interrupts().interrupt_pending()) return std::nullopt;
     if (g_stop_requested.load()) return std::nullopt;
+    if (!engine_.host_error().empty()) return std::nullopt;
     auto deadline = machine_->next_deadline_ns();
     bool input_open = input_ && !input_->at_end();
-    if (!deadline && !input_open) {
+    if (!deadline && !input_open && networks.empty()) {
       return Outcome{exit_status::kGuestStopped, "the guest halted with no timer armed and no input attached", false};
     }
     uint64_t now = engine_.host_now_ns();
-    if (!deadline || *deadline > now) {
-      uint64_t wait_ns = deadline ? *deadline - now : 100'000'000;
-      int timeout_ms = int(std::min<uint64_t>((wait_ns + 999'999) / 1'000'000, 100));
-      pollfd pfd{input_open ? input_->fd() : -1, POLLIN, 0};
-      ::poll(&pfd, 1, timeout_ms);
+    std::vector<pollfd> fds{pollfd{input_open ? input_->fd() : -1, POLLIN, 0}};
+    int timeout_ms = 100;
+    if (deadline) {
+      timeout_ms = *deadline <= now ? 0 : int(std::min<uint64_t>((*deadline - now + 999'999) / 1'000'000, 100));
     }
+    for (auto& n : networks) n->add_fds(fds, &timeout_ms);
+    int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+    for (auto& n : networks) n->dispatch(fds, ready < 0);
+    next_net_poll_ns_ = HostClock::monotonic_ns() + kNetPollNs;
     poll_async();
   }
 }
@@ -481,6 +540,7 @@ Result<Outcome> Session::run() {
     // A full disk or a file-size limit stops the run at once, as a host failure, rather than letting
     // the guest run on with its trace or its output lost.
     if (!engine_.write_error().empty()) return fail(ErrorKind::kHost, "{}", engine_.write_error());
+    if (!engine_.host_error().empty()) return fail(ErrorKind::kHost, "{}", engine_.host_error());
     if (out_ && !out_->error().empty()) return fail(ErrorKind::kHost, "{}", out_->error());
     if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
     // A digest an interrupt event made due is taken here, before the vCPU runs: where the run after an
@@ -516,6 +576,8 @@ Result<Outcome> Session::run() {
       auto deadline = machine_->next_deadline_ns();
       uint64_t kick = deadline ? engine_.host_origin_ns() + *deadline : UINT64_MAX;
       if (input_ && !input_->at_end()) kick = std::min(kick, HostClock::monotonic_ns() + 10'000'000);
+      // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
+      if (!engine_.networks().empty()) kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
       if (mode == Mode::kRecord) kick = std::min(kick, next_heartbeat_);
       kick_at_.store(kick);
     }
@@ -583,6 +645,9 @@ Result<Outcome> Session::run() {
     // polled after it, then the digest), where checking before the async would find it first.
     if (mode == Mode::kReplay) replay_async();
     maybe_digest();
+    // A device that became due during this exit (a virtio notification) or frames a NIC can now take: stop
+    // at the next instruction boundary to let them in.
+    if (mode == Mode::kRecord && exact && async_work_due()) cpu.kick();
   }
 }
 
@@ -615,6 +680,24 @@ void Session::print_stats() {
       say("  {} more unknown {} accesses ({} reads, {} writes) at addresses beyond the first {} listed",
           rest.reads + rest.writes, bus->name(), rest.reads, rest.writes, Bus::kUnknownSample);
     }
+  }
+  if (PciHost* pci = machine_->pci()) {
+    for (const auto& function : machine_->virtio_functions()) {
+      say("{} at 00:{:02x}.0, IRQ {}, status {:#04x}{}", function->name(), function->slot(),
+          pci->irq_of(function->slot()), function->status(),
+          function->error_count() ? fmt::format(", needed reset {} times, last: {}", function->error_count(),
+                                                function->last_error())
+                                  : std::string());
+    }
+    for (const auto& nic : machine_->nics()) {
+      const auto& c = nic->counters();
+      say("  {}: sent {} frames ({} bytes, {} dropped), received {} frames ({} bytes, {} dropped)", nic->name(),
+          c.tx_frames, c.tx_bytes, c.tx_dropped, c.rx_frames, c.rx_bytes, c.rx_dropped);
+    }
+    for (const auto& disk : disks_) {
+      say("  disk {}: {} bytes read, {} bytes written", disk->path(), disk->bytes_read(), disk->bytes_written());
+    }
+    if (pci->refused_mappings()) say("  {} BAR placements overlapped other devices", pci->refused_mappings());
   }
   if (auto* interp = dynamic_cast<const InterpBackend*>(&machine_->backend())) {
     const InterpBackend::FastStats fast = interp->fast_stats();

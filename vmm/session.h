@@ -73,6 +73,14 @@ class Session {
   std::string counter_description();
 
   void attach_input(std::unique_ptr<FdInput> input) { input_ = std::move(input); }
+  // RDTSC/RDRAND exits count as guest-caused exits (trace header rdtsc_exits_are_guest_exits): they are
+  // instruction-synchronous wherever the backend traps them, so exit-synchronous recording can deliver
+  // interrupts there too. Recording turns it on where the backend traps RDTSC; replay as the trace says.
+  void count_rdtsc_as_guest_exits(bool on) { rdtsc_exits_are_guest_exits_ = on; }
+  bool rdtsc_exits_are_guest_exits() const { return rdtsc_exits_are_guest_exits_; }
+  // The disk images behind MachineConfig::disks, kept alive with the machine (call before build()).
+  void adopt_disks(std::vector<std::unique_ptr<DiskImage>> disks) { disks_ = std::move(disks); }
+  std::vector<std::unique_ptr<DiskImage>>& disks() { return disks_; }
   Machine& machine() { return *machine_; }
   uint64_t serial_bytes() const;
   void set_digest_interval(uint64_t n) { digest_interval_ = n; }
@@ -107,8 +115,15 @@ class Session {
 
   Position position();
   bool guest_caused(ExitKind kind) const;
+  // A received frame as apply_async hands it to its NIC (bytes owned by the caller).
+  struct FrameIn {
+    unsigned nic;
+    std::span<const uint8_t> data;
+  };
   void poll_async();
-  void apply_async(uint64_t now_ns, std::span<const uint8_t> input);
+  std::vector<NetFrameIn> take_network_frames();
+  bool async_work_due();
+  void apply_async(uint64_t now_ns, std::span<const uint8_t> input, std::span<const FrameIn> frames = {});
   void replay_async();
   Result<> deliver_interrupts();
   Result<std::optional<Outcome>> handle_exit(VcpuExit& exit);
@@ -127,6 +142,7 @@ class Session {
   std::string image_format_;
   std::unique_ptr<FileSink> out_;
   std::unique_ptr<TeeSink> tee_;
+  std::vector<std::unique_ptr<DiskImage>> disks_;  // before machine_: its disks refer to them
   std::unique_ptr<Machine> machine_;
   std::unique_ptr<FdInput> input_;
   uint64_t guest_exits_ = 0;
@@ -138,10 +154,14 @@ class Session {
   std::unique_ptr<CoordinateSeeker> seeker_;  // replay in exact mode
   uint64_t wall_ns_ = 0;
   bool warned_spin_ = false;
+  bool rdtsc_exits_are_guest_exits_ = false;
   uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
   static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
   static constexpr uint64_t kHeartbeatNs = 1'000'000'000;
   uint64_t next_heartbeat_ = 0;
+  static constexpr uint64_t kNetPollNs = 1'000'000;
+  static constexpr size_t kMaxFramesPerEvent = 256;
+  uint64_t next_net_poll_ns_ = 0;
 
   std::optional<Outcome> ended_;     // run_until: the replay ended here
   std::optional<DebugControl> applied_debug_;  // run_until without a seeker: what the backend has

@@ -1,12 +1,15 @@
-// libFuzzer target: any argument list through deja's command-line parser and its value parsers (sizes, progress modes).
+// libFuzzer target: any argument list through deja's command-line parser and its value parsers (sizes, progress modes,
+// --disk and --net values).
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "tools/command_support.h"
+#include "vmm/disk_image.h"
 #include "vmm/guest_memory.h"
 #include "vmm/progress_choice.h"
+#include "vmm/user_network.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Arguments are NUL-separated; nothing is run, only parsed.
@@ -28,6 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   table.push_back(deja::add_inspect_command(app));
   table.push_back(deja::add_verify_command(app));
   table.push_back(deja::add_selftest_command(app));
+  table.push_back(deja::add_debug_command(app));
+  table.push_back(deja::add_query_command(app));
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
   try {
@@ -38,6 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const auto& a : args) {
     (void)deja::parse_size(a);
     (void)deja::parse_progress(a);
+    (void)deja::parse_disk_option(a);
+    (void)deja::parse_net_option(a);
     (void)deja::first_invalid_utf8(a);
   }
   return 0;

@@ -511,5 +511,60 @@ TEST(InterpSystem, RepOutsbExitsOncePerByte) {
   EXPECT_EQ(*vm.cpu->instruction_count(), 5u);
 }
 
+TEST(InterpSystem, VerrAndVerwCheckSelectorsWithoutFaulting) {
+  // Each check leaves ZF in one bit of R8: data DPL0, code DPL0 (read, write), user data with RPL 3, data DPL0
+  // with RPL 3, the TSS, the null selector, a selector beyond the GDT limit, and a register operand.
+  TestVm vm = TestVm::long_mode();
+  vm.idt_gate(6, kHandler);
+  handler(vm, kHandler, "mov r15, 6\n hlt\n");
+  vm.code(R"(
+    xor r8d, r8d
+    mov word ptr [0x200000], 0x10
+    verw word ptr [0x200000]
+    setz al
+    or r8b, al
+    mov cx, 0x08
+    verr cx
+    setz al
+    shl al, 1
+    or r8b, al
+    verw cx
+    setz al
+    shl al, 2
+    or r8b, al
+    mov cx, 0x23
+    verw cx
+    setz al
+    shl al, 3
+    or r8b, al
+    mov cx, 0x13
+    verw cx
+    setz al
+    shl al, 4
+    or r8b, al
+    mov cx, 0x30
+    verr cx
+    setz al
+    shl al, 5
+    or r8b, al
+    xor ecx, ecx
+    verw cx
+    setz al
+    shl al, 6
+    or r8b, al
+    mov cx, 0x1000
+    verr cx
+    setz al
+    shl al, 7
+    or r8b, al
+    hlt
+  )");
+  ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+  const CpuState s = vm.state();
+  EXPECT_EQ(s.gpr[kR15], 0u);           // no #UD: interp has VERR/VERW
+  EXPECT_EQ(s.gpr[kR8] & 0xff, 0x0bu);  // data writable, code readable, user data writable; the rest not
+  EXPECT_TRUE(vm.cpu->unimplemented_counts().empty());
+}
+
 }  // namespace
 }  // namespace deja::test

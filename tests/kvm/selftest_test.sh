@@ -35,6 +35,8 @@ INNER
   grep -q 'run-status=1' "$runout" || fail "hello did not run to success without --backend"
   grep -q 'using the software CPU' "$runout" && fail "deja fell back to the software CPU inside the nested harness"
   grep -q 'deja: backend kvm' "$runout" || fail "deja run without --backend did not pick KVM"
+  grep -q "^deja: note: using KVM (--backend kvm): this host's KVM passed deja's usability check" "$runout" ||
+    fail "deja run without --backend must say in one line that it uses KVM and why"
 else
   "$deja" selftest >"$out" 2>&1; status=$?
   cat "$out"

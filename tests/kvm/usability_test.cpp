@@ -40,13 +40,37 @@ UsabilityProbeHost interp_host() {
 TEST(KvmUsability, PassesOnAFaithfulVcpu) {
   KvmUsability r = check_kvm_usability_with(interp_host());
   EXPECT_TRUE(r.usable()) << r.failures();
-  EXPECT_EQ(r.checks.size(), 8u);
+  EXPECT_EQ(r.checks.size(), 9u);
   ASSERT_FALSE(r.models.empty());
   EXPECT_EQ(r.default_model(), CpuModel::all().front());
   EXPECT_TRUE(r.supports(CpuModel::x86_64_v1()));
   EXPECT_EQ(r.summary(), "");
   EXPECT_TRUE(contains(check(r, "guest code runs natively").detail, "20,000-iteration loop took"));
   EXPECT_EQ(check(r, "interrupt window").detail, "exit right after STI's shadow");
+  EXPECT_TRUE(contains(check(r, "architectural details").detail, "as the SDM says"))
+      << check(r, "architectural details").detail;
+  EXPECT_TRUE(r.cpu_quirks.empty());
+}
+
+// QEMU's TCG (the nested harness) leaves a descriptor's accessed bit clear on IRET and writes FXSAVE images of its
+// own: the check finds each quirk, on the software CPU told to reproduce them (as the replay of such a trace tells it).
+TEST(KvmUsability, FindsEachQuirkOfQemuTcg) {
+  const std::vector<std::string> all{std::string(kCpuQuirkAccessedBitOnlyBySegmentLoads),
+                                     std::string(kCpuQuirkFxsaveNoX87Pointers),
+                                     std::string(kCpuQuirkFxsaveSkipsReservedBytes)};
+  for (const std::vector<std::string>& quirks : {std::vector<std::string>{all[0]}, std::vector<std::string>{all[1]},
+                                                  std::vector<std::string>{all[2]}, all}) {
+    UsabilityProbeHost host{.make_vcpu = [&](GuestMemory& memory, const CpuModel& model) -> Result<std::unique_ptr<Backend>> {
+                              auto cpu = std::make_unique<InterpBackend>(memory, model);
+                              if (auto ok = cpu->adopt_cpu_quirks(quirks); !ok) return std::unexpected(ok.error());
+                              return cpu;
+                            },
+                            .max_ns_per_iteration = 1'000'000};
+    KvmUsability r = check_kvm_usability_with(host);
+    EXPECT_TRUE(r.usable()) << r.failures();
+    EXPECT_EQ(r.cpu_quirks, quirks);
+    EXPECT_TRUE(contains(check(r, "architectural details").detail, "QEMU's TCG does"));
+  }
 }
 
 // A vCPU that is the software CPU except where a test makes it misbehave like an imperfect KVM.

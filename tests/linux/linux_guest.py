@@ -22,13 +22,14 @@ class GuestError(Exception):
 
 
 class Session:
-    def __init__(self, argv, timeout=300, env=None, log=None):
+    def __init__(self, argv, timeout=300, env=None, log=None, stderr=subprocess.STDOUT):
+        """`stderr`: where the machine's own messages go (by default mixed into the console output)."""
         self.argv = argv
         self.timeout = timeout
         self.log = log
         self.started = time.monotonic()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                     stderr=stderr, env=env, start_new_session=True)
         self.output = b""
         self.seen = 0  # output consumed by wait_for
         self.count = 0

@@ -164,8 +164,12 @@ def record_replay(args, workdir, results):
     recorded = os.path.join(workdir, "recorded.out")
     replayed = os.path.join(workdir, "replayed.out")
     t0 = time.monotonic()
+    # On pc-apic the virtio devices come too: Linux drives them through MSI-X there, which must replay as well.
+    devices = []
+    if args.machine == "pc-apic" and all(deja_options(args.deja).values()):
+        devices = ["--disk", os.path.join(args.guest_dir, "disk.img"), "--net", "user", "--rng"]
     rec = subprocess.run([args.deja, "record", "--backend", args.backend, "--machine", args.machine, "--linux",
-                          "--append", "deja.script=devices", "-o", trace, "--serial-out", recorded],
+                          "--append", "deja.script=devices", "-o", trace, "--serial-out", recorded, *devices],
                          capture_output=True, text=True, timeout=args.timeout)
     if rec.returncode != 1 or b"deja-linux: ready" not in open(recorded, "rb").read():
         raise linux_guest.GuestError(f"record ended with status {rec.returncode}:\n{rec.stderr[-2000:]}")
@@ -182,7 +186,101 @@ def record_replay(args, workdir, results):
             raise linux_guest.GuestError(f"the trace header has no '{role.split()[-1]}' input:\n{inspect}")
     if f"machine      {args.machine} " not in inspect:
         raise linux_guest.GuestError(f"the trace header does not name machine {args.machine}:\n{inspect}")
+    if devices:
+        # The image is identified by its SHA-256 (small images are hashed whole): a changed copy is refused up front.
+        changed = os.path.join(workdir, "changed-disk.img")
+        data = bytearray(open(os.path.join(args.guest_dir, "disk.img"), "rb").read())
+        data[600] ^= 0xff
+        open(changed, "wb").write(data)
+        refused = subprocess.run([args.deja, "replay", trace, "--disk", changed, "--serial-out", os.devnull],
+                                 capture_output=True, text=True, timeout=args.timeout)
+        if refused.returncode == 0 or "SHA-256" not in refused.stderr or changed not in refused.stderr:
+            raise linux_guest.GuestError(f"replay with a changed disk image was not refused up front "
+                                         f"(status {refused.returncode}):\n{refused.stderr[-2000:]}")
+        results.append("a changed disk image is refused up front: ok")
+        listed = open(recorded, "rb").read()
+        for needed in (b"0x1af4:0x1042", b"0x1af4:0x1041", b"0x1af4:0x1044", b"vda 8192 sectors", b"virtio_rng"):
+            if needed not in listed:
+                raise linux_guest.GuestError(f"the guest did not list {needed!r} among its devices")
     results.append(f"record {t1 - t0:.1f} s, replay {time.monotonic() - t1:.1f} s, {os.path.getsize(trace)} bytes: "
+                   + rep.stderr.strip().splitlines()[-1].removeprefix("deja: "))
+
+
+def record_replay_workload(args, workdir, results):
+    """Records a boot and a shell session typed in over serial that uses the virtio disk (read a file, write a
+    sector, sync, drop the page cache, read it back), the hwrng and an HTTP download of --download-mib MiB through
+    slirp from a server on the host's loopback; then stops the server and replays the trace exactly: every event
+    checked, the final state digest and the serial output equal, the base image and the overlay untouched."""
+    server = BlobServer(args.download_mib << 20)
+    disk = os.path.join(args.guest_dir, "disk.img")
+    overlay = os.path.join(workdir, "rr-overlay.img")
+    trace = os.path.join(workdir, "workload.trace")
+    replayed = os.path.join(workdir, "workload-replayed.out")
+    base_sha = sha256(disk)
+    argv = [args.deja, "record", "--backend", args.backend, "--linux", "-o", trace,
+            "--disk", f"{disk},overlay={overlay},hash={args.disk_hash}", "--net", "user", "--rng",
+            "--serial-in", "-"]
+    log = open(os.path.join(workdir, "workload-record.log"), "wb")
+    err = open(os.path.join(workdir, "workload-record.err"), "wb")
+    t0 = time.monotonic()
+    session = linux_guest.Session(argv, timeout=args.timeout, log=log, stderr=err)
+    try:
+        ready = session.boot()
+        results.append(f"record: boot to the marker in {ready:.1f} s")
+
+        def step(name, command, expect, timeout=None):
+            t = time.monotonic()
+            out = session.check(command, timeout)
+            if out.strip() != expect.strip():
+                raise linux_guest.GuestError(f"{name}: `{command}` printed {out!r}, expected {expect!r}")
+            results.append(f"record: {name}: ok ({time.monotonic() - t:.1f} s)")
+
+        step("disk read", "tar -xOf /dev/vda ./hello.txt", FILE_TEXT)
+        step("disk write", f"echo {WRITE_MARK} | dd of=/dev/vda bs=512 seek={WRITE_SECTOR} conv=notrunc,sync "
+                           "2>/dev/null; sync; echo 3 > /proc/sys/vm/drop_caches; echo done", "done")
+        step("disk read back", f"dd if=/dev/vda bs=512 skip={WRITE_SECTOR} count=1 2>/dev/null | head -1",
+             WRITE_MARK)
+        step("hwrng", "head -c 64 /dev/hwrng | wc -c", "64")
+        step("net up", "/scripts/net-up; echo up", "up")
+        step(f"http fetch of {args.download_mib} MiB", f"wget -q -O - http://10.0.2.2:{server.port}/blob | md5sum",
+             f"{server.md5}  -", timeout=args.timeout)
+        status = session.finish(0, timeout=args.timeout)
+    finally:
+        session.kill()
+        err.close()
+    record_s = time.monotonic() - t0
+    stderr = open(os.path.join(workdir, "workload-record.err"), errors="replace").read()
+    if status != 1:
+        raise linux_guest.GuestError(f"record ended with status {status}, not 1:\n{stderr[-2000:]}")
+    server.close()  # replay needs no network: received frames are in the trace
+    overlay_sha = sha256(overlay)
+    with open(overlay, "rb") as f:
+        if WRITE_MARK.encode() not in f.read():
+            raise linux_guest.GuestError(f"the overlay {overlay} does not hold the guest's write")
+    t1 = time.monotonic()
+    rep = subprocess.run([args.deja, "replay", trace, "--serial-out", replayed], capture_output=True, text=True,
+                         timeout=args.timeout * 2)
+    replay_s = time.monotonic() - t1
+    if rep.returncode != 1 or "replay OK" not in rep.stderr:
+        raise linux_guest.GuestError(f"replay ended with status {rep.returncode}:\n{rep.stderr[-3000:]}")
+    if open(replayed, "rb").read() != session.output:
+        raise linux_guest.GuestError("the replayed serial output differs from the recorded one")
+    if sha256(disk) != base_sha:
+        raise linux_guest.GuestError(f"the base disk image {disk} changed")
+    if sha256(overlay) != overlay_sha:
+        raise linux_guest.GuestError(f"replay wrote to the overlay {overlay}")
+    inspect = subprocess.run([args.deja, "inspect", trace], capture_output=True, text=True).stdout
+    for what in ("disk         ", "net          user", "rng          yes"):
+        if what not in inspect:
+            raise linux_guest.GuestError(f"the trace header does not show '{what.strip()}':\n{inspect}")
+    counts = {}
+    for line in inspect.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit() and parts[0] in ("async", "entropy", "net_transmit", "disk_block",
+                                                                      "interrupt", "rdtsc", "clock"):
+            counts[parts[0]] = int(parts[1])
+    results.append(f"record {record_s:.1f} s, replay {replay_s:.1f} s, trace {os.path.getsize(trace)} bytes "
+                   f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}): "
                    + rep.stderr.strip().splitlines()[-1].removeprefix("deja: "))
 
 
@@ -194,6 +292,12 @@ def main():
     parser.add_argument("--qemu", action="store_true", help="also boot under QEMU and compare the output")
     parser.add_argument("--record-replay", action="store_true",
                         help="instead: record a boot running /scripts/devices, replay it, compare")
+    parser.add_argument("--record-replay-workload", action="store_true",
+                        help="instead: record a boot and a shell session using the disk, the hwrng and an HTTP "
+                             "download through slirp, then replay it exactly")
+    parser.add_argument("--download-mib", type=int, default=8, help="--record-replay-workload: the download's size")
+    parser.add_argument("--disk-hash", default="lazy", choices=["full", "lazy"],
+                        help="--record-replay-workload: how the trace identifies the disk image")
     parser.add_argument("--timeout", type=float, default=600, help="seconds for any one step")
     parser.add_argument("--machine", default="pc", choices=["pc", "pc-apic"], help="--record-replay: the machine")
     parser.add_argument("--keep", help="keep logs and the overlay in this directory")
@@ -210,6 +314,11 @@ def main():
     results = []
     t0 = time.monotonic()
     try:
+        if args.record_replay_workload:
+            record_replay_workload(args, workdir, results)
+            print("\n".join(results))
+            print(f"PASS in {time.monotonic() - t0:.1f} s (logs in {workdir})")
+            return 0
         if args.record_replay:
             record_replay(args, workdir, results)
             print("\n".join(results))

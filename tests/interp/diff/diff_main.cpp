@@ -34,7 +34,8 @@ bool host_has_bmi1() {
 }
 
 // Lists what differs between the host's and the interpreter's final state ("" when nothing does).
-std::string compare(const Outcome& host, const Outcome& guest, uint64_t undefined_flags) {
+std::string compare(const Outcome& host, const Outcome& guest, const Sequence& seq) {
+  const uint64_t undefined_flags = seq.undefined_flags;
   std::string diff;
   if (host.ending != guest.ending) {
     return fmt::format("  ending: host {} (signal {}), interp {} (vector/exit {})\n", ending_name(host.ending), host.detail,
@@ -56,6 +57,45 @@ std::string compare(const Outcome& host, const Outcome& guest, uint64_t undefine
       diff += fmt::format("  xmm{}: host {:016x}:{:016x} interp {:016x}:{:016x}\n", i, host.regs.xmm[i][1],
                           host.regs.xmm[i][0], guest.regs.xmm[i][1], guest.regs.xmm[i][0]);
   }
+  // x87: control and status words, the abridged tags, the registers (10 bytes of each 16-byte slot), and the
+  // instruction and data pointers once an instruction of the sequence has set them.
+  auto word = [](const std::array<uint8_t, 512>& fx, size_t at) { return unsigned(fx[at] | (fx[at + 1] << 8)); };
+  if (word(host.regs.fx, 0) != word(guest.regs.fx, 0))
+    diff += fmt::format("  fcw: host {:#06x} interp {:#06x}\n", word(host.regs.fx, 0), word(guest.regs.fx, 0));
+  const unsigned status_mask = 0xffffu & ~unsigned(seq.x87_undefined_status);
+  if ((word(host.regs.fx, 2) & status_mask) != (word(guest.regs.fx, 2) & status_mask))
+    diff += fmt::format("  fsw (compared {:#06x}): host {:#06x} interp {:#06x}\n", status_mask, word(host.regs.fx, 2),
+                        word(guest.regs.fx, 2));
+  if (host.regs.fx[4] != guest.regs.fx[4])
+    diff += fmt::format("  ftw: host {:#04x} interp {:#04x}\n", host.regs.fx[4], guest.regs.fx[4]);
+  for (int i = 0; i < 8; ++i) {
+    const uint8_t* h = &host.regs.fx[32 + 16 * i];
+    const uint8_t* g = &guest.regs.fx[32 + 16 * i];
+    if (std::memcmp(h, g, 10) != 0) {
+      uint64_t hs, gs;
+      std::memcpy(&hs, h, 8);
+      std::memcpy(&gs, g, 8);
+      diff += fmt::format("  st{}: host {:04x}:{:016x} interp {:04x}:{:016x}\n", i, unsigned(h[8] | (h[9] << 8)), hs,
+                          unsigned(g[8] | (g[9] << 8)), gs);
+    }
+  }
+
+  auto env32 = [](const std::array<uint8_t, 28>& env, size_t at) {
+    uint32_t v;
+    std::memcpy(&v, &env[at], 4);
+    return v;
+  };  // After a stack fault (SF is sticky) AMD may leave FIP/FOP/FDP where they were; Intel points them at the
+  // faulting instruction, as interp does. And on AMD hosts (X86_BUG_FXSAVE_LEAK) Linux resets them whenever it
+  // restores the FPU of the child, so a FIP of zero (never a code address here) means they were lost.
+  const bool pointers = !(word(host.regs.fx, 2) & 0x40) && env32(host.regs.env, 12) != 0;
+  if (pointers && seq.x87_ip_defined && env32(host.regs.env, 12) != env32(guest.regs.env, 12))
+    diff += fmt::format("  fip: host {:#x} interp {:#x}\n", env32(host.regs.env, 12), env32(guest.regs.env, 12));
+  if (pointers && seq.x87_ip_defined &&
+      (env32(host.regs.env, 16) >> 16 & 0x7ff) != (env32(guest.regs.env, 16) >> 16 & 0x7ff))
+    diff += fmt::format("  fop: host {:#x} interp {:#x}\n", env32(host.regs.env, 16) >> 16 & 0x7ff,
+                        env32(guest.regs.env, 16) >> 16 & 0x7ff);
+  if (pointers && seq.x87_dp_defined && env32(host.regs.env, 20) != env32(guest.regs.env, 20))
+    diff += fmt::format("  fdp: host {:#x} interp {:#x}\n", env32(host.regs.env, 20), env32(guest.regs.env, 20));
   for (size_t i = 0; i < host.data.size() && i < guest.data.size(); i += 8) {
     uint64_t h, g;
     std::memcpy(&h, &host.data[i], 8);
@@ -70,6 +110,13 @@ std::string describe_start(const RegisterFile& r) {
   for (int i = 0; i < 16; ++i) out += fmt::format(" {}={:#x}", kGprNames[i], r.gpr[i]);
   out += fmt::format(" rflags={:#x} mxcsr={:#x}\n", r.rflags, r.mxcsr);
   for (int i = 0; i < 16; ++i) out += fmt::format("  xmm{}={:016x}:{:016x}", i, r.xmm[i][1], r.xmm[i][0]);
+  out += fmt::format("\n  fcw={:#06x} fsw={:#06x} ftw={:#04x}", unsigned(r.fx[0] | (r.fx[1] << 8)),
+                     unsigned(r.fx[2] | (r.fx[3] << 8)), r.fx[4]);
+  for (int i = 0; i < 8; ++i) {
+    uint64_t sig;
+    std::memcpy(&sig, &r.fx[32 + 16 * i], 8);
+    out += fmt::format(" st{}={:04x}:{:016x}", i, unsigned(r.fx[40 + 16 * i] | (r.fx[41 + 16 * i] << 8)), sig);
+  }
   return out + "\n";
 }
 
@@ -134,7 +181,7 @@ int main(int argc, char** argv) {
     instructions += static_cast<int>(seq.listing.size());
     for (const auto& c : seq.classes) ++class_counts[c];
     if (host.ending == guest.ending && host.ending != Ending::kCompleted) ++faults_agreed;
-    const std::string diff = compare(host, guest, seq.undefined_flags);
+    const std::string diff = compare(host, guest, seq);
     if (diff.empty()) continue;
     ++failures;
     if (seq.listing.size() == 1) ++failing_single[seq.listing[0].substr(0, seq.listing[0].find(' '))];

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstring>
 #include <initializer_list>
+#include <string_view>
 
 namespace deja::difftest {
 namespace {
@@ -143,7 +144,213 @@ RegisterFile Generator::registers() {
   if (avoid_unmasked_underflow) r.mxcsr |= 0x800;
   const std::vector<uint8_t> lanes = data();
   for (int i = 0; i < 16; ++i) std::memcpy(r.xmm[i].data(), &lanes[(rng_() % (kDataSize / 16)) * 16], 16);
+  // x87: the sequence's control word, a random TOP, tags, condition codes and (now and then) flags, with ES
+  // and B consistent with them, and a register file of interesting values.
+  std::memcpy(&r.fx[0], &x87_control_, 2);
+  uint16_t status = static_cast<uint16_t>((rng_() % 8) << 11) | static_cast<uint16_t>(rng_() & 0x4700);
+  if (rng_() % 8 == 0) status |= static_cast<uint16_t>(rng_() & 0x7f);
+  if (status & ~x87_control_ & 0x3f) status |= 0x8080;
+  std::memcpy(&r.fx[2], &status, 2);
+  r.fx[4] = static_cast<uint8_t>(rng_() % 4 == 0 ? 0 : rng_());
+  for (int i = 0; i < 8; ++i) x87_value(&r.fx[32 + 16 * i]);
+  std::memcpy(&r.fx[24], &r.mxcsr, 4);
+  const uint32_t mxcsr_mask = 0xffff;
+  std::memcpy(&r.fx[28], &mxcsr_mask, 4);
   return r;
+}
+
+void Generator::x87_value(uint8_t* slot) {
+  uint64_t sig = rng_() | (1ull << 63);
+  uint16_t exponent = static_cast<uint16_t>(0x3fff + static_cast<int>(rng_() % 140) - 70);
+  switch (rng_() % 14) {
+    case 0: sig = 0; exponent = 0; break;                                   // zero
+    case 1: sig = rng_() >> (1 + rng_() % 63); exponent = 0; break;         // denormal
+    case 2: sig = 1ull << 63; exponent = 0x7fff; break;                     // infinity
+    case 3: sig |= 1ull << 62; exponent = 0x7fff; break;                    // QNaN
+    case 4: sig = (sig & ~(1ull << 62)) | 1; exponent = 0x7fff; break;     // SNaN
+    case 5: sig = (rng_() % 1000 + 1) << 54; exponent = 0x3fff + 9; break;  // small integers and halves
+    case 6: exponent = static_cast<uint16_t>(rng_() % 2 ? 1 + rng_() % 70 : 0x7ffe - rng_() % 70); break;  // extremes
+    case 7:
+      if (rng_() % 4 == 0) sig &= ~(1ull << 63);  // now and then an unnormal or a pseudo-denormal
+      if (rng_() % 8 == 0) exponent = 0;
+      break;
+    default: break;
+  }
+  exponent = static_cast<uint16_t>(exponent | (rng_() % 2 ? 0x8000 : 0));
+  std::memcpy(slot, &sig, 8);
+  std::memcpy(slot + 8, &exponent, 2);
+}
+
+// One x87 instruction (never a transcendental: those are computed in software and differ between Intel and
+// AMD), as raw bytes: memory operands are [r15 + disp32].
+bool Generator::emit_x87(Sequence& seq, std::vector<uint8_t>& b, uint64_t& reads, uint64_t& defines, const char*& cls) {
+  bool uses_memory = false;
+  auto memory = [&](uint8_t opcode, unsigned reg, unsigned size) {
+    const uint32_t disp = static_cast<uint32_t>(rng_() % ((0x700 - size) / 8)) * 8;
+    b.insert(b.end(), {0x41, opcode, static_cast<uint8_t>(0x80 | (reg << 3) | 7)});
+    for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(disp >> (8 * i)));
+    uses_memory = true;
+  };
+  auto registers = [&](uint8_t opcode, uint8_t modrm) { b.insert(b.end(), {opcode, modrm}); };
+  const unsigned sti = static_cast<unsigned>(rng_() % 8);
+  bool control = false;
+  bool vendor_pointers = false;  // an instruction AMD does not record in FIP/FOP
+  bool stores_status = false;    // FNSTSW, FNSTENV, FNSAVE
+  cls = "x87";
+  switch (rng_() % 16) {
+    case 0:  // loads
+      switch (rng_() % 7) {
+        case 0: memory(0xd9, 0, 4); break;                                // FLD m32fp
+        case 1: memory(0xdd, 0, 8); break;                                // FLD m64fp
+        case 2: memory(0xdb, 5, 10); break;                               // FLD m80fp
+        case 3: registers(0xd9, static_cast<uint8_t>(0xc0 + sti)); break;  // FLD ST(i)
+        case 4: memory(rng_() % 2 ? 0xdf : 0xdb, 0, 4); break;           // FILD m16int / m32int
+        case 5: memory(0xdf, 5, 8); break;                                // FILD m64int
+        default: registers(0xd9, static_cast<uint8_t>(0xe8 + rng_() % 7)); break;  // FLD1 ... FLDZ
+      }
+      cls = "x87-load";
+      break;
+    case 1:  // stores
+      switch (rng_() % 8) {
+        case 0: memory(0xd9, 2 + rng_() % 2, 4); break;  // FST/FSTP m32fp
+        case 1: memory(0xdd, 2 + rng_() % 2, 8); break;  // FST/FSTP m64fp
+        case 2: memory(0xdb, 7, 10); break;              // FSTP m80fp
+        case 3: registers(0xdd, static_cast<uint8_t>((rng_() % 2 ? 0xd0 : 0xd8) + sti)); break;  // FST/FSTP ST(i)
+        case 4: memory(0xdf, 2 + rng_() % 2, 2); break;  // FIST/FISTP m16int
+        case 5: memory(0xdb, 2 + rng_() % 2, 4); break;  // FIST/FISTP m32int
+        case 6: memory(0xdf, 7, 8); break;               // FISTP m64int
+        default: memory(0xdf, 6, 10); break;             // FBSTP
+      }
+      cls = "x87-store";
+      break;
+    case 2:
+    case 3:
+    case 4: {  // arithmetic: m32fp, m64fp, m32int, m16int; ST(0) op ST(i); ST(i) op ST(0) with and without pop
+      static constexpr unsigned kOps[] = {0, 1, 4, 5, 6, 7};
+      const unsigned op = kOps[rng_() % 6];
+      switch (rng_() % 7) {
+        case 0: memory(0xd8, op, 4); break;
+        case 1: memory(0xdc, op, 8); break;
+        case 2: memory(0xda, op, 4); break;
+        case 3: memory(0xde, op, 2); break;
+        case 4: registers(0xd8, static_cast<uint8_t>(0xc0 | (op << 3) | sti)); break;
+        case 5: registers(0xdc, static_cast<uint8_t>(0xc0 | (op << 3) | sti)); break;
+        default: registers(0xde, static_cast<uint8_t>(0xc0 | (op << 3) | sti)); break;
+      }
+      cls = "x87-arith";
+      break;
+    }
+    case 5:  // compares into the condition codes
+      switch (rng_() % 8) {
+        case 0: memory(0xd8, 2 + rng_() % 2, 4); break;                                     // FCOM(P) m32fp
+        case 1: memory(0xdc, 2 + rng_() % 2, 8); break;                                     // FCOM(P) m64fp
+        case 2: memory(rng_() % 2 ? 0xda : 0xde, 2 + rng_() % 2, rng_() % 2 ? 4 : 2); break;  // FICOM(P)
+        case 3: registers(0xd8, static_cast<uint8_t>((rng_() % 2 ? 0xd0 : 0xd8) + sti)); break;  // FCOM(P) ST(i)
+        case 4: registers(0xdd, static_cast<uint8_t>((rng_() % 2 ? 0xe0 : 0xe8) + sti)); break;  // FUCOM(P) ST(i)
+        case 5: rng_() % 2 ? registers(0xde, 0xd9) : registers(0xda, 0xe9); break;        // FCOMPP, FUCOMPP
+        case 6: registers(0xd9, 0xe4); break;                                              // FTST
+        default: registers(0xd9, 0xe5); break;                                             // FXAM
+      }
+      cls = "x87-compare";
+      break;
+    case 6:  // FCOMI, FCOMIP, FUCOMI, FUCOMIP: ZF PF CF, and OF SF AF cleared
+      registers(rng_() % 2 ? 0xdb : 0xdf, static_cast<uint8_t>((rng_() % 2 ? 0xe8 : 0xf0) + sti));
+      defines = kAll;
+      // Intel clears C1 and points FIP/FOP at these (P6) instructions; AMD does neither.
+      seq.x87_undefined_status |= 0x200;
+      vendor_pointers = true;
+      cls = "x87-comi";
+      break;
+    case 7: {  // FCMOVcc
+      const unsigned cc = static_cast<unsigned>(rng_() % 4);
+      registers(rng_() % 2 ? 0xda : 0xdb, static_cast<uint8_t>(0xc0 | (cc << 3) | sti));
+      static constexpr uint64_t kReads[] = {kCf, kZf, kCf | kZf, kPf};
+      reads = kReads[cc];
+      vendor_pointers = true;
+      cls = "x87-fcmov";
+      break;
+    }
+    case 8:  // one-operand arithmetic on ST(0)
+    case 9: {
+      static constexpr uint8_t kOps[] = {0xe0, 0xe1, 0xfa, 0xfc, 0xfd, 0xf4, 0xf5, 0xf8};  // FCHS FABS FSQRT FRNDINT FSCALE FXTRACT FPREM1 FPREM
+      const uint8_t modrm = kOps[rng_() % std::size(kOps)];
+      if (modrm == 0xfd && !seq.fscale_allowed) return false;
+      registers(0xd9, modrm);
+      cls = "x87-unary";
+      break;
+    }
+    case 10:  // stack management
+      switch (rng_() % 5) {
+        case 0: registers(0xd9, static_cast<uint8_t>(0xc8 + sti)); break;  // FXCH
+        case 1: registers(0xdd, static_cast<uint8_t>(0xc0 + sti)); break;  // FFREE
+        case 2: registers(0xd9, rng_() % 2 ? 0xf6 : 0xf7); break;           // FDECSTP, FINCSTP
+        case 3: registers(0xd9, 0xd0); break;                               // FNOP
+        default: registers(0xdf, static_cast<uint8_t>(0xc0 + sti)); break;  // FFREEP
+      }
+      cls = "x87-stack";
+      break;
+    case 11:  // status and control words
+      control = true;
+      switch (rng_() % 5) {
+        case 0: registers(0xdf, 0xe0); stores_status = true; break;  // FNSTSW AX
+        case 1: memory(0xdd, 7, 2); stores_status = true; break;     // FNSTSW m16
+        case 2: memory(0xd9, 7, 2); break;     // FNSTCW m16
+        case 3: registers(0x9b, 0x90); break;  // FWAIT (then a NOP)
+        default: {                             // FLDCW of a known word: RC and PC vary, exceptions stay masked
+          const uint16_t word = static_cast<uint16_t>(0x037f | ((rng_() % 4) << 10) | ((rng_() % 4) << 8));
+          const uint32_t disp = 0x6f0;
+          b.insert(b.end(), {0x66, 0x41, 0xc7, 0x87});  // mov word ptr [r15 + disp32], imm16
+          for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(disp >> (8 * i)));
+          b.push_back(static_cast<uint8_t>(word));
+          b.push_back(static_cast<uint8_t>(word >> 8));
+          b.insert(b.end(), {0x41, 0xd9, 0xaf});  // fldcw [r15 + disp32]
+          for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(disp >> (8 * i)));
+          break;
+        }
+      }
+      cls = "x87-control";
+      break;
+    case 12: {  // FNSTENV + FLDENV or FNSAVE + FRSTOR of the same image; the selector fields (FCS, FDS: zero on
+                // deja, the real ones on hardware) and the pointers are cleared in between
+      const bool save = rng_() % 2;
+      const uint32_t disp = 0x500 + static_cast<uint32_t>(rng_() % 8) * 16;
+      auto with_disp = [&](std::initializer_list<uint8_t> prefix, uint32_t d) {
+        b.insert(b.end(), prefix);
+        for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(d >> (8 * i)));
+      };
+      with_disp({0x41, static_cast<uint8_t>(save ? 0xdd : 0xd9), 0xb7}, disp);  // FNSAVE / FNSTENV
+      with_disp({0x49, 0xc7, 0x87}, disp + 12);  // mov qword ptr [r15 + disp + 12], 0
+      with_disp({}, 0);
+      with_disp({0x49, 0xc7, 0x87}, disp + 20);  // mov qword ptr [r15 + disp + 20], 0
+      with_disp({}, 0);
+      with_disp({0x41, static_cast<uint8_t>(save ? 0xdd : 0xd9), 0xa7}, disp);  // FRSTOR / FLDENV
+      control = true;
+      stores_status = true;
+      seq.x87_ip_defined = seq.x87_dp_defined = false;
+      cls = "x87-env";
+      break;
+    }
+    case 13:  // FNCLEX, FNINIT
+      registers(0xdb, rng_() % 4 ? 0xe2 : 0xe3);
+      control = true;
+      if (b.back() == 0xe3) seq.x87_ip_defined = seq.x87_dp_defined = false;
+      cls = "x87-control";
+      break;
+    default: {  // a load followed by arithmetic, so that sequences compute on what they load
+      memory(0xdd, 0, 8);
+      registers(0xde, static_cast<uint8_t>(0xc1 | (static_cast<unsigned>(rng_() % 2) << 3)));  // FADDP / FMULP
+      cls = "x87-arith";
+      break;
+    }
+  }
+  if (stores_status && seq.x87_undefined_status) return false;
+  if (vendor_pointers) {
+    seq.x87_ip_defined = false;
+  } else if (!control) {
+    seq.x87_ip_defined = true;
+    if (uses_memory) seq.x87_dp_defined = true;
+  }
+  return true;
 }
 
 bool Generator::emit_one(Sequence& seq) {
@@ -171,8 +378,14 @@ bool Generator::emit_one(Sequence& seq) {
   Step step;
   std::vector<uint8_t>& b = step.bytes;
   bool ok = true;
-  const unsigned cls = static_cast<unsigned>(rng_() % 23);
+  const unsigned cls = static_cast<unsigned>(rng_() % 26);
   switch (cls) {
+    case 23:
+    case 24:
+    case 25: {  // x87
+      ok = emit_x87(seq, b, step.reads, step.defines, step.cls);
+      break;
+    }
     case 0: {  // two-operand ALU
       static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_ADD, ZYDIS_MNEMONIC_OR,  ZYDIS_MNEMONIC_ADC,
                                                ZYDIS_MNEMONIC_SBB, ZYDIS_MNEMONIC_AND, ZYDIS_MNEMONIC_SUB,
@@ -549,6 +762,10 @@ bool Generator::emit_one(Sequence& seq) {
     default: {  // Jcc over the next step: both paths must agree, so the next step is generated first
       Sequence inner;
       inner.undefined_flags = seq.undefined_flags;
+      inner.x87_undefined_status = seq.x87_undefined_status;
+      inner.x87_ip_defined = seq.x87_ip_defined;
+      inner.x87_dp_defined = seq.x87_dp_defined;
+      inner.fscale_allowed = seq.fscale_allowed;
       if (!emit_one(inner)) return false;
       const unsigned cc = static_cast<unsigned>(rng_() % 16);
       if (kCcReads[cc] & seq.undefined_flags) return false;
@@ -561,8 +778,14 @@ bool Generator::emit_one(Sequence& seq) {
       for (size_t i = 0; i < inner.code.size(); ++i) seq.code.push_back(inner.code[i]);
       for (auto& line : inner.listing) seq.listing.push_back("  " + line);
       for (auto& c : inner.classes) seq.classes.push_back(c);
-      // Taken or not, a flag is reliable only if it is reliable on both paths.
+      // Taken or not, a flag is reliable only if it is reliable on both paths; so are the x87 status bits and
+      // pointers (which the skipped step may have set).
       seq.undefined_flags |= inner.undefined_flags;
+      seq.x87_undefined_status |= inner.x87_undefined_status;
+      if (inner.x87_ip_defined != seq.x87_ip_defined || inner.x87_dp_defined != seq.x87_dp_defined ||
+          std::string_view(inner.classes.empty() ? "" : inner.classes.back()).starts_with("x87")) {
+        seq.x87_ip_defined = seq.x87_dp_defined = false;
+      }
       return true;
     }
   }
@@ -586,6 +809,11 @@ bool Generator::emit_one(Sequence& seq) {
 
 Sequence Generator::sequence(int length) {
   Sequence seq;
+  // The x87 control word registers() will load: RC and PC vary; #I stays masked (on an unmasked #IA, AMD
+  // sets the compare codes where the SDM says they stay); now and then other exceptions are unmasked.
+  x87_control_ = static_cast<uint16_t>(0x037f | ((rng_() % 4) << 10) | ((rng_() % 4) << 8));
+  if (rng_() % 8 == 0) x87_control_ = static_cast<uint16_t>(x87_control_ & ~(rng_() & 0x3f));
+  seq.fscale_allowed = (x87_control_ & 0x18) == 0x18;
   int attempts = 0;
   while (static_cast<int>(seq.listing.size()) < length && attempts++ < length * 20) emit_one(seq);
   return seq;

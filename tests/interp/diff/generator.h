@@ -15,6 +15,13 @@ struct Sequence {
   std::vector<std::string> listing;       // one line per instruction, for failure reports
   std::vector<std::string> classes;       // instruction class of each line (coverage accounting)
   uint64_t undefined_flags = 0;           // arithmetic flags the SDM leaves undefined at the end
+  // The x87 instruction and data pointers (FIP/FOP, FDP) are compared once an x87 instruction has set them.
+  bool x87_ip_defined = false;
+  bool x87_dp_defined = false;
+  bool fscale_allowed = true;             // FSCALE's unmasked overflow/underflow differs between vendors
+  // FSW bits that differ between vendors since an instruction: C1 after FCOMI & co. (Intel clears it, AMD
+  // leaves it). Compared at the end only if defined; never stored by FNSTSW/FNSTENV/FNSAVE while undefined.
+  uint16_t x87_undefined_status = 0;
 };
 
 class Generator {
@@ -35,6 +42,9 @@ class Generator {
 
  private:
   bool emit_one(Sequence& seq);
+  bool emit_x87(Sequence& seq, std::vector<uint8_t>& bytes, uint64_t& reads, uint64_t& defines, const char*& cls);
+  void x87_value(uint8_t* slot);
+  uint16_t x87_control_ = 0x037f;  // chosen with each sequence, loaded by registers()
   uint64_t interesting(unsigned width);
   std::mt19937_64 rng_;
   bool tzcnt_;

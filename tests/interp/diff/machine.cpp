@@ -27,6 +27,7 @@ deja_diff_enter:
   push %r14
   push %r15
   mov %rsp, 0x600090
+  fxrstor64 0x6001b0
   ldmxcsr 0x600088
   movdqu 0x6000b0, %xmm0
   movdqu 0x6000c0, %xmm1
@@ -104,6 +105,8 @@ deja_diff_exit:
   movdqu %xmm13, 0x600180
   movdqu %xmm14, 0x600190
   movdqu %xmm15, 0x6001a0
+  fxsave64 0x6001b0
+  fnstenv 0x6003b0
   mov 0x600090, %rsp
   pop %r15
   pop %r14
@@ -123,7 +126,7 @@ const char* ending_name(Ending ending) {
   switch (ending) {
     case Ending::kCompleted: return "completed";
     case Ending::kDivideError: return "#DE";
-    case Ending::kSimdFault: return "#XM";
+    case Ending::kSimdFault: return "#XM/#MF";
     case Ending::kInvalidOpcode: return "#UD";
     case Ending::kMemoryFault: return "#GP/#SS/#PF/#AC";
     case Ending::kOther: return "other stop";
@@ -168,6 +171,7 @@ void on_fault(int signal, siginfo_t* info, void*) {
 Ending ending_for_vector(int vector) {
   switch (vector) {
     case 0: return Ending::kDivideError;
+    case 16:
     case 19: return Ending::kSimdFault;
     case 6: return Ending::kInvalidOpcode;
     case 12: case 13: case 14: case 17: return Ending::kMemoryFault;
@@ -305,6 +309,8 @@ bool GuestMachine::prepare(const std::vector<uint8_t>& code, const RegisterFile&
   for (int i = 0; i < 16; ++i) s.gpr[i] = regs.gpr[i];
   s.rflags = regs.rflags;
   s.rip = kCodeAddr;
+  std::memcpy(&s.fxsave[0], regs.fx.data(), 24);     // FCW, FSW, FTW, FOP, FIP, FDP
+  std::memcpy(&s.fxsave[32], &regs.fx[32], 128);     // ST0-ST7
   std::memcpy(&s.fxsave[24], &regs.mxcsr, 4);
   for (int i = 0; i < 16; ++i) std::memcpy(&s.fxsave[160 + 16 * i], regs.xmm[i].data(), 16);
   return cpu_->set_state(s).has_value();
@@ -327,6 +333,12 @@ Outcome GuestMachine::run(const std::vector<uint8_t>& code, const RegisterFile& 
   out.regs.rflags = after->rflags;
   std::memcpy(&out.regs.mxcsr, &after->fxsave[24], 4);
   for (int i = 0; i < 16; ++i) std::memcpy(out.regs.xmm[i].data(), &after->fxsave[160 + 16 * i], 16);
+  std::memcpy(out.regs.fx.data(), after->fxsave.data(), 512);
+  // FNSTENV's view of the pointers: FIP, FOP (above FCS) and FDP, truncated to 32 bits.
+  std::memcpy(&out.regs.env[12], &after->fxsave[8], 4);
+  const uint32_t fop_field = uint32_t(after->fxsave[6] | (after->fxsave[7] << 8)) << 16;
+  std::memcpy(&out.regs.env[16], &fop_field, 4);
+  std::memcpy(&out.regs.env[20], &after->fxsave[16], 4);
   out.data.resize(kDataSize);
   (void)memory_->read(Gpa{kDataAddr}, out.data);
   const VcpuExit& e = **exit;

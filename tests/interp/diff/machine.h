@@ -34,7 +34,13 @@ struct RegisterFile {
   uint64_t code_entry = 0;  // trampoline scratch
   uint64_t exit_target = 0;  // trampoline scratch
   uint64_t pad2 = 0;
-  std::array<std::array<uint64_t, 2>, 16> xmm{};  // offset 160
+  std::array<std::array<uint64_t, 2>, 16> xmm{};  // offset 176
+  // The x87 state as FXSAVE64 stores it (the MXCSR and XMM parts are unused: the fields above rule): the
+  // trampoline loads it with FXRSTOR64 and stores it with FXSAVE64.
+  alignas(16) std::array<uint8_t, 512> fx{};  // offset 432
+  // FNSTENV's image at exit: the host's FXSAVE64 may omit FIP/FDP/FOP (AMD saves them only with an
+  // exception pending), so they are compared from here.
+  std::array<uint8_t, 28> env{};  // offset 944
 };
 static_assert(offsetof(RegisterFile, rflags) == 128);
 static_assert(offsetof(RegisterFile, mxcsr) == 136);
@@ -42,8 +48,12 @@ static_assert(offsetof(RegisterFile, host_rsp) == 144);
 static_assert(offsetof(RegisterFile, code_entry) == 152);
 static_assert(offsetof(RegisterFile, exit_target) == 160);
 static_assert(offsetof(RegisterFile, xmm) == 176);
+static_assert(offsetof(RegisterFile, fx) == 432);
+static_assert(offsetof(RegisterFile, env) == 944);
+static_assert(sizeof(RegisterFile) < 0xfe0);  // below the trampoline's scratch stack at 0x600ff0
 
 // How a run ended. Exceptions are compared by class, because the host only sees a signal.
+// #XM and #MF both reach the host as SIGFPE with the same codes, so they are one class.
 enum class Ending : uint8_t { kCompleted, kDivideError, kSimdFault, kInvalidOpcode, kMemoryFault, kOther, kHang };
 const char* ending_name(Ending ending);
 

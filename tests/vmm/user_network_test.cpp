@@ -1,0 +1,54 @@
+// The user-mode network outside the machine: --net option parsing, and libslirp answering a guest's ARP request.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "vmm/user_network.h"
+
+namespace deja {
+namespace {
+
+TEST(NetOption, Parses) {
+  auto o = parse_net_option("user,hostfwd=tcp::2222-:22,hostfwd=udp:127.0.0.1:5353-10.0.2.15:53");
+  ASSERT_TRUE(o) << o.error().message;
+  ASSERT_EQ(o->forwards.size(), 2u);
+  EXPECT_FALSE(o->forwards[0].udp);
+  EXPECT_EQ(o->forwards[0].host_port, 2222);
+  EXPECT_EQ(o->forwards[0].guest_port, 22);
+  EXPECT_TRUE(o->forwards[1].udp);
+  EXPECT_EQ(o->forwards[1].host_addr, "127.0.0.1");
+  EXPECT_EQ(o->forwards[1].guest_addr, "10.0.2.15");
+  EXPECT_EQ(o->forward_texts[0], "tcp::2222-:22");
+  EXPECT_TRUE(parse_net_option("user"));
+  EXPECT_FALSE(parse_net_option("tap"));
+  EXPECT_FALSE(parse_net_option("user,hostfwd=tcp::0-:22"));
+  EXPECT_FALSE(parse_net_option("user,hostfwd=sctp::1-:2"));
+  EXPECT_FALSE(parse_net_option("user,hostfwd=tcp:999.1.1.1:1-:2"));
+  EXPECT_FALSE(parse_net_option("user,foo=bar"));
+}
+
+TEST(UserNetwork, AnswersArpForTheGateway) {
+  uint64_t now = 0;
+  auto net = UserNetwork::create(NetOptions{}, [&now] { return now; });
+  ASSERT_TRUE(net) << net.error().message;
+  // Who has 10.0.2.2? Tell 10.0.2.15 (52:54:00:12:34:56).
+  std::vector<uint8_t> arp = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0x08, 0x06,
+                              0x00, 0x01, 0x08, 0x00, 0x06, 0x04, 0x00, 0x01, 0x52, 0x54, 0x00, 0x12, 0x34, 0x56,
+                              10,   0,    2,    15,   0,    0,    0,    0,    0,    0,    10,   0,    2,    2};
+  arp.resize(60, 0);
+  (*net)->input(arp);
+  (*net)->poll_now();
+  ASSERT_GE((*net)->pending(), 1u);
+  auto frames = (*net)->take(1);
+  ASSERT_EQ(frames.size(), 1u);
+  const auto& reply = frames[0];
+  ASSERT_GE(reply.size(), 42u);
+  EXPECT_EQ(reply[12], 0x08);
+  EXPECT_EQ(reply[13], 0x06);
+  EXPECT_EQ(reply[21], 2) << "an ARP reply";
+  EXPECT_EQ(std::vector<uint8_t>(reply.begin() + 28, reply.begin() + 32), (std::vector<uint8_t>{10, 0, 2, 2}));
+  EXPECT_EQ((*net)->pending(), 0u);
+}
+
+}  // namespace
+}  // namespace deja
