@@ -182,6 +182,19 @@ struct InterpBackend::Ops {
     if (c.watch_hit_) c.end_block_after_op_ = true;
   }
 
+  // A read-modify-write destination: read once (memory: `m` keeps the address), written back there.
+  template <unsigned N>
+  [[gnu::always_inline]] static uint64_t load_rmw(InterpBackend& c, const Op* op, const Operand& d, Mem& m) {
+    if (d.kind != OpKind::kMem) return get<N>(c, d);
+    m = mem_of(c, op, d);
+    return load<N>(c, op, m);
+  }
+  template <unsigned N>
+  [[gnu::always_inline]] static void store_rmw(InterpBackend& c, const Op* op, const Operand& d, const Mem& m, uint64_t v) {
+    if (d.kind == OpKind::kMem) store<N>(c, op, m, v);
+    else put<N>(c, d, v);
+  }
+
   // Operand access by kind, as read_operand/write_operand do (immediates come sign-extended).
   template <unsigned N>
   [[gnu::always_inline]] static uint64_t read(InterpBackend& c, const Op* op, int i) {
@@ -263,13 +276,7 @@ struct InterpBackend::Ops {
     constexpr uint64_t kMask = mask_of<N>();
     const Operand& d = op->insn.op[0];
     Mem m{};
-    uint64_t a;
-    if (d.kind == OpKind::kMem) {
-      m = mem_of(c, op, d);
-      a = load<N>(c, op, m);
-    } else {
-      a = get<N>(c, d);
-    }
+    const uint64_t a = load_rmw<N>(c, op, d, m);
     const uint64_t b = read<N>(c, op, 1);
     uint64_t r;
     interp::CcKind kind;
@@ -285,8 +292,7 @@ struct InterpBackend::Ops {
       default: r = a ^ b; kind = interp::kCcLogic; break;
     }
     if (Kind != BinaryOp::kCmp && Kind != BinaryOp::kTest) {
-      if (d.kind == OpKind::kMem) store<N>(c, op, m, r);
-      else put<N>(c, d, r);
+      store_rmw<N>(c, op, d, m, r);
     }
     set_flags(c, kind, N, r, a, b);
     return next(c, op);
@@ -298,13 +304,7 @@ struct InterpBackend::Ops {
     constexpr uint64_t kMask = mask_of<N>();
     const Operand& d = op->insn.op[0];
     Mem m{};
-    uint64_t a;
-    if (d.kind == OpKind::kMem) {
-      m = mem_of(c, op, d);
-      a = load<N>(c, op, m);
-    } else {
-      a = get<N>(c, d);
-    }
+    const uint64_t a = load_rmw<N>(c, op, d, m);
     uint64_t r;
     switch (Kind) {
       case Unary::kInc: r = (a + 1) & kMask; break;
@@ -314,8 +314,7 @@ struct InterpBackend::Ops {
     }
     // INC/DEC keep CF: read it before the store (which may fault and must leave flags alone anyway).
     const bool cf = (Kind == Unary::kInc || Kind == Unary::kDec) ? carry(c) : false;
-    if (d.kind == OpKind::kMem) store<N>(c, op, m, r);
-    else put<N>(c, d, r);
+    store_rmw<N>(c, op, d, m, r);
     if (Kind == Unary::kInc) set_flags(c, interp::kCcInc, N, r, a, cf ? interp::kCf : 0);
     if (Kind == Unary::kDec) set_flags(c, interp::kCcDec, N, r, a, cf ? interp::kCf : 0);
     if (Kind == Unary::kNeg) set_flags(c, interp::kCcSub, N, r, 0, a);
@@ -331,13 +330,7 @@ struct InterpBackend::Ops {
                                    ? read<1>(c, op, 1)
                                    : 1;
     Mem m{};
-    uint64_t a;
-    if (d.kind == OpKind::kMem) {
-      m = mem_of(c, op, d);
-      a = load<N>(c, op, m);
-    } else {
-      a = get<N>(c, d);
-    }
+    const uint64_t a = load_rmw<N>(c, op, d, m);
     const unsigned count = unsigned(raw_count & (N == 8 ? 63 : 31));
     uint64_t r = a;
     uint64_t cf_of = 0;
@@ -365,8 +358,7 @@ struct InterpBackend::Ops {
         cf_of = res.flags & (interp::kCf | interp::kOf | interp::kAf);
       }
     }
-    if (d.kind == OpKind::kMem) store<N>(c, op, m, r);
-    else put<N>(c, d, r);
+    store_rmw<N>(c, op, d, m, r);
     if (count != 0) set_flags(c, interp::kCcSzp, N, r, 0, cf_of);
     return next(c, op);
   }
@@ -378,17 +370,10 @@ struct InterpBackend::Ops {
                                    ? read<1>(c, op, 1)
                                    : 1;
     Mem m{};
-    uint64_t a;
-    if (d.kind == OpKind::kMem) {
-      m = mem_of(c, op, d);
-      a = load<N>(c, op, m);
-    } else {
-      a = get<N>(c, d);
-    }
+    const uint64_t a = load_rmw<N>(c, op, d, m);
     c.materialize_flags();
     const interp::AluResult res = interp::alu_shift(Kind, a, raw_count & 0xff, N * 8, c.s_.rflags);
-    if (d.kind == OpKind::kMem) store<N>(c, op, m, res.value);
-    else put<N>(c, d, res.value);
+    store_rmw<N>(c, op, d, m, res.value);
     c.s_.rflags = res.flags;
     return next(c, op);
   }

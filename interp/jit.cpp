@@ -531,19 +531,30 @@ struct InterpBackend::Jit {
     store_reg(o0, rax, w);
   }
 
+  // Operand `o` (w bytes, zero-extended) into host `dst`: a register, or memory through the software TLB
+  // (RSI keeps its host address for a store back; a miss jumps to the slow path returned). nullptr: a register.
+  Slow* load_operand(const Op& op, const interp::Operand& o, unsigned w, bool write, Reg dst) {
+    if (!is_mem(o)) {
+      load_reg(dst, o, w);
+      return nullptr;
+    }
+    Slow* s = &slow_path(op);
+    address(op, o);
+    translate(w, write, s->entry);
+    load_host(dst, w);
+    return s;
+  }
+  // Stores host `r` back into the operand load_operand read.
+  void store_operand(const interp::Operand& o, Reg r, unsigned w) {
+    if (is_mem(o)) a.store(w, x64::at(rsi), r);
+    else store_reg(o, r, w);
+  }
+
   void emit_extend(const Op& op) {
     const interp::Operand &o0 = op.insn.op[0], &o1 = op.insn.op[1];
     const unsigned w = o0.size, sw = o1.size;
     const bool sign = op.insn.mnemonic != ZYDIS_MNEMONIC_MOVZX;
-    Slow* s = nullptr;
-    if (is_mem(o1)) {
-      s = &slow_path(op);
-      address(op, o1);
-      translate(sw, false, s->entry);
-      load_host(rax, sw);
-    } else {
-      load_reg(rax, o1, sw);
-    }
+    Slow* s = load_operand(op, o1, sw, false, rax);
     if (sign) a.movsx(w == 8 ? 8 : 4, rax, sw, rax);  // 32-bit form for narrower destinations: upper half clear
     else if (sw == 4) a.mov(4, rax, rax);
     if (w == 2) a.movzx(rax, 2, rax);
@@ -563,26 +574,10 @@ struct InterpBackend::Jit {
     const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
     const unsigned w = o0.size;
     const bool writes = alu_writes_back(i);
-    Slow* s = nullptr;
-    // a -> RAX, b -> RCX (after the TLB check, which uses RCX and RDX), result -> RDX.
-    if (is_mem(o0)) {
-      s = &slow_path(op);
-      address(op, o0);
-      translate(w, writes, s->entry);
-      load_host(rax, w);
-    } else {
-      load_reg(rax, o0, w);
-    }
-    if (is_mem(o1)) {
-      s = &slow_path(op);
-      address(op, o1);
-      translate(w, false, s->entry);
-      load_host(rcx, w);
-    } else if (is_imm(o1)) {
-      a.mov_imm64(rcx, uint64_t(o1.disp) & (w >= 8 ? ~0ull : (1ull << (8 * w)) - 1));
-    } else {
-      load_reg(rcx, o1, w);
-    }
+    // a -> RAX, b -> RCX (after the TLB check, which uses RCX and RDX), result -> RDX. (At most one is memory.)
+    Slow* s = load_operand(op, o0, w, writes, rax);
+    if (is_imm(o1)) a.mov_imm64(rcx, uint64_t(o1.disp) & (w >= 8 ? ~0ull : (1ull << (8 * w)) - 1));
+    else if (Slow* s1 = load_operand(op, o1, w, false, rcx)) s = s1;
     a.mov(8, rdx, rax);
     x64::Alu op_code = x64::kAdd;
     interp::CcKind kind = interp::kCcLogic;
@@ -596,8 +591,7 @@ struct InterpBackend::Jit {
     a.alu(w == 8 ? 8 : 4, op_code, rdx, rcx);  // operands are zero-extended: the low w bytes are the result
     mask_to(rdx, w);
     if (writes) {
-      if (is_mem(o0)) a.store(w, x64::at(rsi), rdx);
-      else store_reg(o0, rdx, w);
+      store_operand(o0, rdx, w);
     }
     if (store) store_flags(kind, w, rdx, rax, rcx);
     now_known(kind, w);
@@ -614,15 +608,7 @@ struct InterpBackend::Jit {
       carry_to_rax();  // CF is kept: what it is now (a helper call may come first: before anything else)
       a.mov(8, r8, rax);
     }
-    Slow* s = nullptr;
-    if (is_mem(o0)) {
-      s = &slow_path(op);
-      address(op, o0);
-      translate(w, true, s->entry);
-      load_host(rax, w);
-    } else {
-      load_reg(rax, o0, w);
-    }
+    Slow* s = load_operand(op, o0, w, true, rax);
     a.mov(8, rdx, rax);
     switch (m) {
       case ZYDIS_MNEMONIC_INC: a.alu_imm(8, x64::kAdd, rdx, 1); break;
@@ -631,8 +617,7 @@ struct InterpBackend::Jit {
       default: a.not_(8, rdx); break;
     }
     mask_to(rdx, w);
-    if (is_mem(o0)) a.store(w, x64::at(rsi), rdx);
-    else store_reg(o0, rdx, w);
+    store_operand(o0, rdx, w);
     if (m == ZYDIS_MNEMONIC_INC || m == ZYDIS_MNEMONIC_DEC) {
       const interp::CcKind kind = m == ZYDIS_MNEMONIC_INC ? interp::kCcInc : interp::kCcDec;
       if (store) store_flags(kind, w, rdx, rax, r8);  // src2 = the kept CF (kCf is bit 0)
@@ -654,15 +639,7 @@ struct InterpBackend::Jit {
     const interp::Operand& o0 = i.op[0];
     const unsigned w = o0.size;
     const uint8_t count = uint8_t(uint64_t(i.op[1].disp) & (w == 8 ? 63 : 31));
-    Slow* s = nullptr;
-    if (is_mem(o0)) {
-      s = &slow_path(op);
-      address(op, o0);
-      translate(w, true, s->entry);
-      load_host(rax, w);
-    } else {
-      load_reg(rax, o0, w);
-    }
+    Slow* s = load_operand(op, o0, w, true, rax);
     a.mov(8, rdx, rax);
     const ZydisMnemonic m = ZydisMnemonic(i.mnemonic);
     a.shift_imm(w, m == ZYDIS_MNEMONIC_SHL ? x64::kShl : m == ZYDIS_MNEMONIC_SHR ? x64::kShr : x64::kSar, rdx, count);
@@ -683,8 +660,7 @@ struct InterpBackend::Jit {
     }
     a.shift_imm(4, x64::kShl, r9, 11);
     a.alu(4, x64::kOr, rcx, r9);
-    if (is_mem(o0)) a.store(w, x64::at(rsi), rdx);
-    else store_reg(o0, rdx, w);
+    store_operand(o0, rdx, w);
     if (store) store_flags(interp::kCcSzp, w, rdx, x64::kNoReg, rcx);
     now_known(interp::kCcSzp, w);
     if (s) a.bind(s->resume);
@@ -695,16 +671,8 @@ struct InterpBackend::Jit {
     const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
     const unsigned w = o0.size;
     const bool three = i.operand_count >= 3;
-    Slow* s = nullptr;
-    const interp::Operand& src = o1;  // a = op1 (three operands) or op0; b = imm or op1
-    if (is_mem(src)) {
-      s = &slow_path(op);
-      address(op, src);
-      translate(w, false, s->entry);
-      load_host(three ? rax : rcx, w);
-    } else {
-      load_reg(three ? rax : rcx, src, w);
-    }
+    // a = op1 (three operands) or op0; b = imm or op1
+    Slow* s = load_operand(op, o1, w, false, three ? rax : rcx);
     if (three) a.mov_imm64(rcx, uint64_t(i.op[2].disp));
     else load_reg(rax, o0, w);
     a.mov(8, rdx, rax);
