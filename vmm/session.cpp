@@ -568,7 +568,8 @@ Result<Outcome> Session::run() {
                                 if (guest_exits_ > exits || (counted && *n > instructions)) return Visit::kLater;
                                 if (guest_exits_ < exits || (counted && *n < instructions)) return Visit::kEarlier;
                                 return Visit::kTarget;
-                              }};
+                              },
+                              instructions};
         }
       }
       seeker_->set_target(target);
@@ -659,9 +660,10 @@ void Session::print_stats() {
   if (auto n = machine_->backend().branch_count()) say("conditional branches retired: {}", *n);
   if (seeker_) {
     const auto& st = seeker_->stats();
-    say("coordinate seeking ({}, skid {}): {} reached, {} counter overflows, {} breakpoint hits, {} single steps",
+    say("coordinate seeking ({}, skid {}): {} reached, {} counter overflows, {} breakpoint hits, {} single steps, "
+        "{} runs to an instruction count",
         counter_description(), machine_->backend().progress_counter()->skid(), st.reached, st.overflows,
-        st.breakpoint_hits, st.single_steps);
+        st.breakpoint_hits, st.single_steps, st.skips);
   }
   const auto& unknown = machine_->pio().unknown_accesses();
   if (unknown.empty()) {
