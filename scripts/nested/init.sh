@@ -12,6 +12,9 @@ mount -t devtmpfs dev /dev
 
 say() { echo "deja-nested: $*" > /dev/ttyS0; }
 
+# Loopback up: tests serve files on 127.0.0.1 to guests behind deja's user network (slirp connects there).
+ip link set lo up
+
 arg() {  # value of deja.NAME=... on the kernel command line
   for word in $(cat /proc/cmdline); do
     case "$word" in "deja.$1="*) echo "${word#deja.$1=}" ;; esac

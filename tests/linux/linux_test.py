@@ -263,6 +263,8 @@ def record_replay_workload(args, workdir, results):
     replay_s = time.monotonic() - t1
     if rep.returncode != 1 or "replay OK" not in rep.stderr:
         raise linux_guest.GuestError(f"replay ended with status {rep.returncode}:\n{rep.stderr[-3000:]}")
+    with open(os.path.join(workdir, "workload-recorded.out"), "wb") as f:
+        f.write(session.output)
     if open(replayed, "rb").read() != session.output:
         raise linux_guest.GuestError("the replayed serial output differs from the recorded one")
     if sha256(disk) != base_sha:
