@@ -92,6 +92,7 @@ struct InterpBackend::Jit {
     kIncDec,
     kNegNot,
     kShift,      // SHL/SHR/SAR r/m, imm (32/64-bit)
+    kRotate,     // ROL/ROR r, imm (32/64-bit)
     kImul,       // IMUL r, r/m[, imm] (32/64-bit)
     kPush,       // PUSH r64/imm (64-bit mode)
     kPop,        // POP r64
@@ -187,6 +188,11 @@ struct InterpBackend::Jit {
         if (wide && (is_reg(o0) || mem_ok(o0, i)) && i.operand_count >= 2 && is_imm(o1) &&
             (uint64_t(o1.disp) & (w == 8 ? 63 : 31)) != 0)
           return Form::kShift;
+        break;
+      case ZYDIS_MNEMONIC_ROL: case ZYDIS_MNEMONIC_ROR:
+        if (wide && o0.kind == interp::OpKind::kGpr && i.operand_count >= 2 && is_imm(o1) &&
+            (uint64_t(o1.disp) & (w == 8 ? 63 : 31)) != 0)
+          return Form::kRotate;
         break;
       case ZYDIS_MNEMONIC_IMUL:
         if (wide && o0.kind == interp::OpKind::kGpr && i.operand_count >= 2 && o1.kind != interp::OpKind::kNone &&
@@ -666,6 +672,71 @@ struct InterpBackend::Jit {
     if (s) a.bind(s->resume);
   }
 
+  // ROL/ROR change CF and OF only (interp/alu.cpp's values): the other flags stay what the last producer
+  // made them. Done inline when that producer's lazy state can take the two bits in place (flags already in
+  // RFLAGS, a logic operation, kCcSzp); otherwise, before any change, the handler does it all.
+  void emit_rotate(const Op& op) {
+    const interp::Operand& o0 = op.insn.op[0];
+    const unsigned w = o0.size, bits = w * 8;
+    const bool rol = op.insn.mnemonic == ZYDIS_MNEMONIC_ROL;
+    const uint8_t count = uint8_t(uint64_t(op.insn.op[1].disp) & (w == 8 ? 63 : 31));
+    Slow& s = slow_path(op);
+    x64::Label none, logic, done;
+    a.load(4, r8, lazy_cc());
+    a.test(4, r8, r8);
+    a.jcc(x64::kE, none);
+    a.mov(4, x64::r10, r8);
+    a.shift_imm(4, x64::kShr, x64::r10, 2);
+    a.alu_imm(4, x64::kCmp, x64::r10, int32_t(interp::kCcLogic));
+    a.jcc(x64::kE, logic);
+    a.alu_imm(4, x64::kCmp, x64::r10, int32_t(interp::kCcSzp));
+    a.jcc(x64::kNe, s.entry);
+    // The result (a 32-bit rotate clears the upper half) and the new bits: RCX = CF | OF.
+    auto rotate_and_store = [&] {
+      load_reg(rdx, o0, w);
+      a.shift_imm(w, rol ? x64::kRol : x64::kRor, rdx, count);
+      store_reg(o0, rdx, w);
+      a.mov(8, rcx, rdx);
+      a.mov(8, r9, rdx);
+      if (rol) {  // CF = LSB, OF = MSB ^ CF
+        a.alu_imm(4, x64::kAnd, rcx, 1);
+        a.shift_imm(8, x64::kShr, r9, uint8_t(bits - 1));
+      } else {    // CF = MSB, OF = MSB ^ the bit below it
+        a.shift_imm(8, x64::kShr, rcx, uint8_t(bits - 1));
+        a.shift_imm(8, x64::kShr, r9, uint8_t(bits - 2));
+      }
+      a.alu_imm(4, x64::kAnd, r9, 1);
+      a.alu(4, x64::kXor, r9, rcx);
+      a.shift_imm(4, x64::kShl, r9, 11);
+      a.alu(4, x64::kOr, rcx, r9);
+    };
+    constexpr int32_t kKeep = ~int32_t(interp::kCf | interp::kOf);
+    // kCcSzp: CF and OF of src2 replaced, AF kept.
+    rotate_and_store();
+    a.load(8, x64::r11, lazy_src2());
+    a.alu_imm(8, x64::kAnd, x64::r11, kKeep);
+    a.alu(8, x64::kOr, x64::r11, rcx);
+    a.store(8, lazy_src2(), x64::r11);
+    a.jmp(done);
+    // A logic operation (CF = OF = AF = 0): the same SF, ZF, PF from its result as kCcSzp, of its width.
+    a.bind(logic);
+    rotate_and_store();
+    a.alu_imm(4, x64::kAnd, r8, 3);
+    a.alu_imm(4, x64::kOr, r8, int32_t(interp::cc_code(interp::kCcSzp, 1)));
+    a.store(4, lazy_cc(), r8);
+    a.store(8, lazy_src2(), rcx);
+    a.jmp(done);
+    // The flags are in RFLAGS.
+    a.bind(none);
+    rotate_and_store();
+    a.load(8, x64::r11, field(&c.s_.rflags));
+    a.alu_imm(8, x64::kAnd, x64::r11, kKeep);
+    a.alu(8, x64::kOr, x64::r11, rcx);
+    a.store(8, field(&c.s_.rflags), x64::r11);
+    a.bind(done);
+    a.bind(s.resume);
+  }
+
   void emit_imul(const Op& op, bool store) {
     const DecodedInsn& i = op.insn;
     const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
@@ -701,12 +772,16 @@ struct InterpBackend::Jit {
     a.store(8, gpr(kRsp), r8);
     a.bind(s.resume);
   }
-  void emit_pop(const Op& op) {
-    Slow& s = slow_path(op);
+  // RAX = the 8 bytes at the guest's RSP, through the software TLB (a miss jumps to `s`); R8 = that RSP.
+  void load_stack_top(Slow& s) {
     a.load(8, rsi, gpr(kRsp));
     a.mov(8, r8, rsi);
     translate(8, false, s.entry);
     a.load(8, rax, x64::at(rsi));
+  }
+  void emit_pop(const Op& op) {
+    Slow& s = slow_path(op);
+    load_stack_top(s);
     a.alu_imm(8, x64::kAdd, r8, 8);
     a.store(8, gpr(kRsp), r8);
     a.store(8, gpr(op.insn.op[0].reg), rax);
@@ -757,10 +832,7 @@ struct InterpBackend::Jit {
   }
   void emit_ret(const Op& op) {
     Slow& s = slow_path(op);
-    a.load(8, rsi, gpr(kRsp));
-    a.mov(8, r8, rsi);
-    translate(8, false, s.entry);
-    a.load(8, rax, x64::at(rsi));
+    load_stack_top(s);
     canonical_or(rax, s.entry);
     const uint16_t extra = op.insn.operand_count >= 1 && is_imm(op.insn.op[0]) ? uint16_t(op.insn.op[0].disp) : 0;
     a.alu_imm(8, x64::kAdd, r8, 8 + extra);
@@ -798,6 +870,7 @@ struct InterpBackend::Jit {
         case Form::kAlu: emit_alu(op, keep_flags[k]); break;
         case Form::kIncDec: case Form::kNegNot: emit_incdec_negnot(op, keep_flags[k]); break;
         case Form::kShift: emit_shift(op, keep_flags[k]); break;
+        case Form::kRotate: emit_rotate(op); known = false; break;
         case Form::kImul: emit_imul(op, keep_flags[k]); break;
         case Form::kPush: emit_push(op); break;
         case Form::kPop: emit_pop(op); break;
