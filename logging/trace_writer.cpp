@@ -1,6 +1,8 @@
 // TraceWriter: frames events into hash-chained zstd chunks and writes them with write(2) as they fill.
 #include "logging/trace_writer.h"
 
+#include "logging/output_file.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -55,17 +57,9 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path
                 "name, is not valid UTF-8)",
                 path);
 
-  // 0600: traces carry guest input (keystrokes, network payloads) and must not be world-readable. O_EXCL and
-  // O_NOFOLLOW: a new file only, so no existing file, symlink target or device is ever opened for writing.
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    int err = errno;
-    if (err == EEXIST)
-      return fail(ErrorKind::kInvalidArgument, "cannot create trace file {}: it exists already (deja does not write "
-                  "over a file it did not create; move or remove it)", path);
-    return fail(ErrorKind::kHost, "cannot create trace file {}: {}", path, std::strerror(err));
-  }
-  std::unique_ptr<TraceWriter> writer(new TraceWriter(fd, path));
+  auto fd = create_new_file(path, "trace");
+  if (!fd) return std::unexpected(fd.error());
+  std::unique_ptr<TraceWriter> writer(new TraceWriter(*fd, path));
   if (writer->cctx_ == nullptr) return fail(ErrorKind::kHost, "cannot allocate a zstd compression context");
 
   std::string preamble(kFileMagic);
@@ -82,30 +76,8 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path
   return writer;
 }
 
-namespace {
-
-// What kind of non-regular file `st` is, for messages.
-const char* file_kind(const struct stat& st) {
-  if (S_ISLNK(st.st_mode)) return "a symbolic link";
-  if (S_ISDIR(st.st_mode)) return "a directory";
-  if (S_ISFIFO(st.st_mode)) return "a FIFO";
-  if (S_ISSOCK(st.st_mode)) return "a socket";
-  return "a device";
-}
-
-Result<> check_replaceable(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return {};  // nothing there (or unreachable: creating the .partial says so)
-  if (S_ISREG(st.st_mode)) return {};
-  return fail(ErrorKind::kInvalidArgument,
-              "refusing to write the trace to {}: it is {}; deja writes a trace only as a new or regular file", path,
-              file_kind(st));
-}
-
-}  // namespace
-
 Result<std::unique_ptr<TraceWriter>> TraceWriter::create_replacing(const std::string& path, const trace::Header& header) {
-  if (auto ok = check_replaceable(path); !ok) return std::unexpected(ok.error());
+  if (auto ok = check_replaceable(path, "trace"); !ok) return std::unexpected(ok.error());
   const std::string partial = partial_path(path);
   auto writer = create(partial, header);
   if (!writer) {
@@ -280,7 +252,7 @@ Result<> TraceWriter::finish(trace::Footer footer) {
   if (::close(fd) != 0) return fail(ErrorKind::kHost, "cannot close trace file {}: {}", path_, std::strerror(errno));
   if (!final_path_.empty()) {
     // Checked again right before: the target may have been replaced by a symlink or device meanwhile.
-    if (auto ok = check_replaceable(final_path_); !ok) {
+    if (auto ok = check_replaceable(final_path_, "trace"); !ok) {
       return fail(ErrorKind::kInvalidArgument, "{}; the complete trace is in {}", ok.error().message, path_);
     }
     if (::rename(path_.c_str(), final_path_.c_str()) != 0) {
