@@ -45,18 +45,22 @@ Result<> check_replaceable(const std::string& path, std::string_view what) {
               file_kind(st), what);
 }
 
-Result<std::unique_ptr<ReplacingFile>> ReplacingFile::create(const std::string& path, std::string what) {
+Result<int> create_partial_file(const std::string& path, std::string_view what) {
   if (auto ok = check_replaceable(path, what); !ok) return std::unexpected(ok.error());
   const std::string partial = path + ".partial";
   auto fd = create_new_file(partial, what);
-  if (!fd) {
-    if (fd.error().message.find("exists already") != std::string::npos)
-      return fail(ErrorKind::kInvalidArgument,
-                  "{} exists: the file of an earlier write to {} that was interrupted (or one still running); move "
-                  "or remove it",
-                  partial, path);
-    return std::unexpected(fd.error());
+  if (!fd && fd.error().message.find("exists already") != std::string::npos) {
+    return fail(ErrorKind::kInvalidArgument,
+                "{} exists: the prefix of an earlier {} written to {} that was interrupted (or one still being "
+                "written); move or remove it",
+                partial, what, path);
   }
+  return fd;
+}
+
+Result<std::unique_ptr<ReplacingFile>> ReplacingFile::create(const std::string& path, std::string what) {
+  auto fd = create_partial_file(path, what);
+  if (!fd) return std::unexpected(fd.error());
   return std::unique_ptr<ReplacingFile>(new ReplacingFile(*fd, path, std::move(what)));
 }
 

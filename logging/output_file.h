@@ -18,6 +18,11 @@ Result<int> create_new_file(const std::string& path, std::string_view what);
 // Whether a file may be renamed over `path`: nothing is there, or a regular file. `what` as above.
 Result<> check_replaceable(const std::string& path, std::string_view what);
 
+// The first half of writing PATH by renaming PATH.partial over it (the convention of `deja record -o`): `path` may be
+// replaced (check_replaceable), and PATH.partial is created (create_new_file). A .partial already there is named as
+// the prefix of an earlier write to PATH that was interrupted. Returns the .partial file's descriptor.
+Result<int> create_partial_file(const std::string& path, std::string_view what);
+
 // A file written as PATH.partial (create_new_file) and renamed over PATH by commit(), the convention of
 // `deja record -o`: an earlier file at PATH survives a failed write, and PATH, when it exists, must be a regular
 // file. Destroyed without commit(), it removes its .partial file (for derived files; a trace keeps its prefix).

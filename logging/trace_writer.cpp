@@ -41,7 +41,10 @@ TraceWriter::~TraceWriter() {
   ZSTD_freeCCtx(cctx_);
 }
 
-Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path, const trace::Header& header) {
+namespace {
+
+// The header as the trace will hold it, refused before any file is made when it would not read back.
+Result<std::string> serialize_header(const std::string& path, const trace::Header& header) {
   trace::Header h = header;
   h.set_format_version(kTraceFormatVersion);
   std::string header_bytes;
@@ -56,10 +59,21 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path
                 "the trace header for {} would not be readable (a text field, such as the command line or a file "
                 "name, is not valid UTF-8)",
                 path);
+  return header_bytes;
+}
 
+}  // namespace
+
+Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path, const trace::Header& header) {
+  auto header_bytes = serialize_header(path, header);
+  if (!header_bytes) return std::unexpected(header_bytes.error());
   auto fd = create_new_file(path, "trace");
   if (!fd) return std::unexpected(fd.error());
-  std::unique_ptr<TraceWriter> writer(new TraceWriter(*fd, path));
+  return start(*fd, path, *header_bytes);
+}
+
+Result<std::unique_ptr<TraceWriter>> TraceWriter::start(int fd, const std::string& path, const std::string& header_bytes) {
+  std::unique_ptr<TraceWriter> writer(new TraceWriter(fd, path));
   if (writer->cctx_ == nullptr) return fail(ErrorKind::kHost, "cannot allocate a zstd compression context");
 
   std::string preamble(kFileMagic);
@@ -77,18 +91,12 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path
 }
 
 Result<std::unique_ptr<TraceWriter>> TraceWriter::create_replacing(const std::string& path, const trace::Header& header) {
-  if (auto ok = check_replaceable(path, "trace"); !ok) return std::unexpected(ok.error());
-  const std::string partial = partial_path(path);
-  auto writer = create(partial, header);
-  if (!writer) {
-    if (writer.error().message.find("exists already") != std::string::npos)
-      return fail(ErrorKind::kInvalidArgument,
-                  "{} exists: the prefix of an earlier recording to {} that was interrupted (or one still running); "
-                  "move or remove it",
-                  partial, path);
-    return writer;
-  }
-  (*writer)->final_path_ = path;
+  auto header_bytes = serialize_header(path, header);
+  if (!header_bytes) return std::unexpected(header_bytes.error());
+  auto fd = create_partial_file(path, "trace");
+  if (!fd) return std::unexpected(fd.error());
+  auto writer = start(*fd, partial_path(path), *header_bytes);
+  if (writer) (*writer)->final_path_ = path;
   return writer;
 }
 

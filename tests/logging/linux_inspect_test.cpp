@@ -14,6 +14,7 @@
 namespace deja {
 namespace {
 
+using testing::capture;
 using testing::TempDir;
 using Bytes = std::vector<uint8_t>;
 
@@ -150,18 +151,6 @@ void write_linux_trace(const std::string& path, bool keep_sent = true) {
   ASSERT_TRUE(writer) << writer.error().message;
   for (const auto& e : linux_events(keep_sent)) ASSERT_TRUE((*writer)->append(e));
   ASSERT_TRUE((*writer)->finish(trace::Footer{}));
-}
-
-std::string capture(const std::string& path, const InspectOptions& options) {
-  char* buffer = nullptr;
-  size_t size = 0;
-  std::FILE* out = ::open_memstream(&buffer, &size);
-  Result<> r = inspect_trace(path, options, out);
-  std::fclose(out);
-  std::string text(buffer, size);
-  std::free(buffer);
-  EXPECT_TRUE(r.has_value()) << r.error().message;
-  return text;
 }
 
 void expect_contains(const std::string& text, std::initializer_list<const char*> wanted) {
