@@ -188,7 +188,7 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       uint64_t linear = effective_address(m, insn) + (mode64() && m.seg < 4 ? 0 : segment_base(m.seg));
       if (!mode64()) linear &= 0xffffffffu;
       for (auto& entry : tlb_) {
-        if (entry.tag == (linear >> 12)) entry.tag = ~0ull;
+        if (entry.tag == (linear >> 12)) entry = TlbEntry{};
       }
       invalidate_fetch();
       return;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "devices/state_codec.h"
+#include "interp/jit.h"
 
 namespace deja {
 
@@ -16,7 +17,7 @@ constexpr uint8_t kDb = 1;
 
 InterpBackend::InterpBackend(GuestMemory& memory, const CpuModel& model)
     : memory_(memory), model_(model), ram_(memory.host_base()), ram_size_(memory.size()), cache_(memory.size()),
-      dirty_bits_(memory.dirty_bitmap().data()) {
+      dirty_bits_(memory.dirty_bitmap().data()), blocks_(memory.size()) {
   // Architectural reset values for the x87/SSE control words (SDM 9.1.1).
   uint16_t fcw = 0x37f;
   uint32_t mxcsr = 0x1f80;
@@ -71,7 +72,12 @@ const interp::DecodedInsn& InterpBackend::fetch_decoded_slow(uint64_t linear, ui
   const uint64_t in_page = 4096 - (phys & 0xfff);
   const uint64_t available = std::min<uint64_t>({15, in_page, ram_size_ - phys});
   interp::DecodedInsn decoded;
-  if (interp::decode_bytes(ram_ + phys, available, mode, decoded)) return *cache_.insert(phys, decoded);
+  if (interp::decode_bytes(ram_ + phys, available, mode, decoded)) {
+    const bool was_code = is_code_page(phys >> 12);
+    interp::DecodedInsn* entry = cache_.insert(phys, decoded);
+    if (!was_code) revoke_fast_writes(phys >> 12);  // stores into the page must now check for code
+    return *entry;
+  }
   // The instruction continues on the next page: fetch through the MMU, decode without caching.
   uint8_t bytes[15];
   std::memcpy(bytes, ram_ + phys, available);
@@ -88,9 +94,8 @@ const interp::DecodedInsn& InterpBackend::fetch_decoded_slow(uint64_t linear, ui
   return scratch_;
 }
 
-void InterpBackend::step() {
-  cache_.release_retired();
-  insn_rip_ = s_.rip;
+void InterpBackend::begin_step(uint64_t rip) {
+  insn_rip_ = rip;
   response_cursor_ = 0;
   shadow_next_ = false;
   software_interrupt_ = -1;
@@ -98,6 +103,18 @@ void InterpBackend::step() {
   rep_continues_ = false;
   hlt_executed_ = false;
   watch_hit_.reset();
+}
+
+void InterpBackend::take_fault(const GuestException& fault) {
+  responses_.clear();
+  s_.interrupt_shadow = false;
+  ++faulted_;
+  deliver_event(fault.vector, fault.has_error_code, fault.error_code, false, insn_rip_);
+}
+
+void InterpBackend::step() {
+  cache_.release_retired();
+  begin_step(s_.rip);
   const bool single_step = s_.rflags & rflags::kTf;
   try {
     const interp::DecodedInsn& insn = fetch_decoded();
@@ -105,18 +122,14 @@ void InterpBackend::step() {
     if (insn.mode != interp::kMode64) next_rip_ &= insn.mode == interp::kMode16 ? 0xffff : 0xffffffffu;
     execute(insn);
   } catch (const GuestException& ex) {
-    responses_.clear();
-    s_.interrupt_shadow = false;
-    ++executed_;
-    deliver_event(ex.vector, ex.has_error_code, ex.error_code, false, insn_rip_);
+    take_fault(ex);
     return;
   }
   // Retired.
-  ++executed_;
   responses_.clear();
   s_.rip = next_rip_;
   ++steps_;
-  if (!rep_continues_) ++instructions_;
+  if (rep_continues_) ++rep_partial_;
   s_.interrupt_shadow = shadow_next_;
   if (hlt_executed_) {
     s_.halted = true;
@@ -132,11 +145,20 @@ void InterpBackend::step() {
 
 void InterpBackend::invalidate_vmm_writes() {
   // Page numbers (gpa / 4096), as GuestMemory::write records them.
-  for (uint64_t pfn : memory_.take_vmm_dirty_pages()) cache_.invalidate(pfn);
+  for (uint64_t pfn : memory_.take_vmm_dirty_pages()) {
+    cache_.invalidate(pfn);
+    blocks_.invalidate_page(pfn);
+  }
 }
 
 Result<VcpuExit*> InterpBackend::run() {
   invalidate_vmm_writes();
+  if (memory_.dirty_generation() != dirty_generation_) {
+    // The checkpoint dirty bitmap was cleared: fast stores (which do not mark) must find their pages
+    // marked again, so they take the slow path once per page.
+    dirty_generation_ = memory_.dirty_generation();
+    for (auto& entry : tlb_) fill_fast_tags(entry);
+  }
   if (exit_outstanding_) {
     exit_outstanding_ = false;
     uint64_t key = 0;
@@ -172,6 +194,10 @@ Result<VcpuExit*> InterpBackend::run() {
         out->rip = hlt_rip_;
         return out;
       }
+      if (block_step_done_) {
+        block_step_done_ = false;
+        return finish(ExitKind::kKicked);
+      }
       // Between instructions: the only points where events are taken and coordinates compared.
       if (pending_irq_ && (s_.rflags & rflags::kIf) && !s_.interrupt_shadow) {
         uint8_t vector = *pending_irq_;
@@ -180,8 +206,8 @@ Result<VcpuExit*> InterpBackend::run() {
         deliver_event(vector, false, 0, false, s_.rip);
         continue;
       }
-      if (debug_.single_step && executed_ != step_origin_) {
-        step_origin_ = executed_;
+      if (debug_.single_step && executed() != step_origin_) {
+        step_origin_ = executed();
         return finish(ExitKind::kDebug);
       }
       if (watch_hit_) {
@@ -193,7 +219,7 @@ Result<VcpuExit*> InterpBackend::run() {
         watch_hit_.reset();
         return out;
       }
-      if (debug_.stop_at_step && executed_ >= *debug_.stop_at_step) return finish(ExitKind::kDebug);
+      if (debug_.stop_at_step && executed() >= *debug_.stop_at_step) return finish(ExitKind::kDebug);
       if (debug_.breakpoint && !s_.halted && *debug_.breakpoint == current_linear_rip()) return finish(ExitKind::kDebug);
       if (!debug_.breakpoints.empty() && !s_.halted && user_breakpoint_here()) return finish(ExitKind::kDebug);
       if (overflow_at_ && branches_ >= *overflow_at_) {
@@ -216,7 +242,16 @@ Result<VcpuExit*> InterpBackend::run() {
       }
     }
     try {
-      step();
+      // The fast path only where nothing between two instructions can need the run loop: no answer
+      // of an exit pending, no single-step (the VMM's or the guest's TF), no interrupt shadow ending
+      // after the next instruction.
+      if (mode_ != InterpMode::kReference && responses_.empty() && !debug_.single_step &&
+          !(s_.rflags & rflags::kTf) && !s_.interrupt_shadow && !s_.halted) {
+        run_fast();
+        block_step_done_ = block_stepping_;
+      } else {
+        step();
+      }
     } catch (const ExitRequest&) {
       if (exit_.kind == ExitKind::kFault) {
         responses_.clear();
@@ -260,8 +295,12 @@ Result<> InterpBackend::inject_interrupt(uint8_t vector) {
 }
 
 Result<> InterpBackend::set_debug(const DebugControl& control) {
+  const bool watch_changed = control.watchpoints != debug_.watchpoints;
   debug_ = control;
-  step_origin_ = executed_;
+  // Pages with a watchpoint lose their fast tags (every access must be checked); pages without one get them back.
+  if (watch_changed)
+    for (auto& entry : tlb_) fill_fast_tags(entry);
+  step_origin_ = executed();
   return {};
 }
 
@@ -286,10 +325,10 @@ void InterpBackend::check_watch(uint64_t linear, unsigned size, bool write) {
 // Between run() calls with no exit outstanding, this and CpuState are the whole vCPU.
 std::vector<uint8_t> InterpBackend::save_internal() {
   StateWriter w("INTP", 1);
-  w.u64(instructions_);
+  w.u64(steps_ - rep_partial_);
   w.u64(steps_);
   w.u64(branches_);
-  w.u64(executed_);
+  w.u64(executed());
   w.boolean(pending_irq_.has_value());
   w.u8(pending_irq_.value_or(0));
   w.boolean(hlt_unreported_);
@@ -305,10 +344,10 @@ Result<> InterpBackend::restore_internal(std::span<const uint8_t> state) {
   bool hlt_unreported = r.boolean();
   uint64_t hlt_rip = r.u64();
   if (auto done = r.finish(); !done) return done;
-  instructions_ = instructions;
   steps_ = steps;
+  rep_partial_ = steps - instructions;
+  faulted_ = executed - steps;
   branches_ = branches;
-  executed_ = executed;
   step_origin_ = executed;
   budget_start_ = steps;
   pending_irq_ = has_irq ? std::optional<uint8_t>(irq) : std::nullopt;

@@ -11,12 +11,28 @@
 #include <string>
 #include <vector>
 
+#include "interp/block.h"
 #include "interp/decoded_insn.h"
+#include "interp/lazy_flags.h"
 #include "vmm/backend.h"
 #include "vmm/cpu_model.h"
 #include "vmm/guest_memory.h"
 
 namespace deja {
+
+namespace interp {
+class JitBuffer;
+}
+
+// How the software CPU executes (docs/interp.md): `reference` decodes and executes one instruction at a
+// time (the original executor, kept as the definition the fast path is tested against); `threaded`
+// runs translated blocks of pre-bound operations; `jit` compiles them to host code (the default).
+enum class InterpMode : uint8_t { kReference, kThreaded, kJit };
+std::string_view interp_mode_name(InterpMode mode);
+std::optional<InterpMode> parse_interp_mode(std::string_view name);
+// The mode a new InterpBackend starts in: kJit, or what the environment variable DEJA_INTERP_MODE names
+// (so that whole test suites can run on another mode without a flag on every command).
+InterpMode default_interp_mode();
 
 class InterpBackend : public Backend {
  public:
@@ -32,9 +48,9 @@ class InterpBackend : public Backend {
   void request_interrupt_window(bool enable) override { window_requested_ = enable; }
   void kick() override { kicked_.store(true, std::memory_order_relaxed); }
   ProgressCounter* progress_counter() override { return &counter_; }
-  std::optional<uint64_t> instruction_count() const override { return instructions_; }
+  std::optional<uint64_t> instruction_count() const override { return steps_ - rep_partial_; }
   Result<> set_debug(const DebugControl& control) override;
-  std::optional<uint64_t> step_count() const override { return executed_; }
+  std::optional<uint64_t> step_count() const override { return executed(); }
   std::vector<uint8_t> save_internal() override;
   Result<> restore_internal(std::span<const uint8_t> state) override;
   std::vector<std::string> cpu_quirks() const override;
@@ -49,9 +65,26 @@ class InterpBackend : public Backend {
     budget_ = n;
     budget_start_ = steps_;
   }
+  // Reference, threaded or JIT execution; may be changed between run() calls.
+  void set_mode(InterpMode mode);
+  InterpMode mode() const { return mode_; }
+  // Test control for the fast-vs-reference differential test: run() returns kKicked after every block
+  // (or step) the fast path runs, so the caller can compare the state with the reference at each block
+  // boundary.
+  void set_block_stepping(bool on) { block_stepping_ = on; }
+  // Instructions retired plus REP iterations that did not finish one: what set_instruction_budget counts.
+  uint64_t retired_steps() const { return steps_; }
+  // Fast-path statistics, for --stats and the benchmarks.
+  struct FastStats {
+    uint64_t blocks_translated = 0, block_invalidations = 0, block_cache_flushes = 0, block_cache_bytes = 0;
+    uint64_t blocks_entered = 0, chained = 0, fallback_steps = 0;
+  };
+  FastStats fast_stats() const;
+
   // Instructions that raised #UD because deja does not implement them, by mnemonic.
   std::map<std::string, uint64_t> unimplemented_counts() const { return unimplemented_; }
-  uint64_t decode_invalidations() const { return cache_.invalidations(); }
+  // Decoded code dropped because it was overwritten: decode-cache entries and translated blocks.
+  uint64_t decode_invalidations() const { return cache_.invalidations() + blocks_.invalidations(); }
 
   // Exceptions and exits unwind out of the executor as these (private to the implementation).
   struct GuestException {
@@ -60,18 +93,61 @@ class InterpBackend : public Backend {
     bool has_error_code;
   };
   struct ExitRequest {};
+  // JIT code cannot unwind: a handler it calls keeps the fault or exit here for the runner to rethrow.
+  static constexpr uint8_t kJitFault = 1, kJitExit = 2;
 
  private:
   enum class Access : uint8_t { kRead, kWrite, kExec };
   struct TlbEntry {
     uint64_t tag = ~0ull;  // linear page number; ~0 = empty
     uint64_t phys = 0;     // physical page base
+    // The fast path's view of the same translation (docs/interp.md, "Software TLB"): a read or write
+    // at privilege [0] supervisor / [1] user goes straight to host memory at linear + addend when its
+    // last byte's page number equals read_tag / write_tag (~0 = never: not RAM, not yet dirty, read-only,
+    // decoded code in the page, a watchpoint in the page). One compare also rejects page-crossing accesses.
+    uint64_t read_tag[2] = {~0ull, ~0ull};
+    uint64_t write_tag[2] = {~0ull, ~0ull};
+    uint64_t addend = 0;
     bool writable = false, user = false, nx = false, global = false, dirty = false;
   };
   static constexpr size_t kTlbSize = 256;
 
   // Execution.
   void step();
+  // Resets what one step tracks (the instruction's RIP, its shadow, software interrupt, REP state).
+  void begin_step(uint64_t rip);
+  // Delivers the fault an instruction raised (it did not retire): the end of a faulting step.
+  void take_fault(const GuestException& fault);
+  uint64_t executed() const { return steps_ + faulted_; }
+
+  // The fast path (interp/fast_exec.cpp): translated blocks, run one after another while no stop
+  // condition of the run loop can become due, so every stop still lands on its exact instruction.
+  struct Ops;  // the operation handlers (nested, so they reach the state)
+  struct Jit;  // the block compiler (interp/jit.cpp)
+  // Binds the handler of a decoded instruction (interp/fast_ops.cpp); `transfer`: it ends its block.
+  static void bind_op(interp::Op& op, bool transfer);
+  static void bind_block_end(interp::Op& op);
+  // Writes the lazy flags (interp/lazy_flags.h) into RFLAGS; everything outside the fast path's handlers
+  // sees RFLAGS only.
+  void materialize_flags() {
+    if (lazy_.cc != interp::kCcNone) [[likely]] {
+      s_.rflags = (s_.rflags & ~interp::kArithFlags) | interp::cc_compute(lazy_);
+      lazy_.cc = interp::kCcNone;
+    }
+  }
+  void run_fast();
+  // Runs one block's operations (its host code, or the handlers one after the other); returns the
+  // operation that ended it; faults and exits are thrown as from the reference executor.
+  const interp::Op* run_block(const interp::Block& block);
+  // Compiles `block` to host code (interp/jit.cpp); false when the code buffer is full.
+  bool compile_block(interp::Block& block);
+  uint32_t block_key() const;
+  interp::Block* lookup_block();
+  interp::Block* translate_block(uint64_t rip, uint64_t linear, uint64_t phys, uint32_t key);
+  bool breakpoint_in(uint64_t linear_begin, uint64_t linear_end) const;
+  // The step count at which the run loop must look again (budget, stop_at_step): blocks that would
+  // cross it are not entered.
+  uint64_t step_limit() const;
   void execute(const interp::DecodedInsn& insn);
   const interp::DecodedInsn& fetch_decoded();
   const interp::DecodedInsn& fetch_decoded_slow(uint64_t linear, uint64_t phys, uint8_t mode);
@@ -144,6 +220,13 @@ class InterpBackend : public Backend {
   uint64_t read_sys(uint64_t linear, unsigned size);
   void write_sys(uint64_t linear, unsigned size, uint64_t value);
   void flush_tlb(bool include_global);
+  // Recomputes the fast-path tags of `entry` (see TlbEntry) from its translation and what is known now.
+  void fill_fast_tags(TlbEntry& entry);
+  // Drops the fast write tags of every entry that maps guest page `pfn` (it now holds decoded code).
+  void revoke_fast_writes(uint64_t pfn);
+  // After a slow-path access to `linear` succeeded: gives its entry fast tags again (and, with paging
+  // off, an identity entry), so that the next access to the page is fast.
+  void refresh_fast_entry(uint64_t linear);
   bool is_user() const { return cpl() == 3; }
 
   // Stack.
@@ -201,6 +284,7 @@ class InterpBackend : public Backend {
   void triple_fault(const std::string& why);
 
   void invalidate_vmm_writes();
+  bool is_code_page(uint64_t pfn) const { return cache_.has_code(pfn) || blocks_.has_code(pfn); }
   // Data watchpoints (DebugControl::watchpoints): notes the first access of this step that hits one.
   void check_watch(uint64_t linear, unsigned size, bool write);
   bool user_breakpoint_here() const;
@@ -238,8 +322,12 @@ class InterpBackend : public Backend {
   size_t response_cursor_ = 0;
   bool exit_outstanding_ = false;  // exit_ was returned and its response is still to be collected
 
-  uint64_t instructions_ = 0;
-  uint64_t steps_ = 0;  // instructions plus extra REP iterations: what the budget counts
+  // Counts. The hot one is steps_ (retired instructions plus REP iterations that did not finish the
+  // instruction: what the budget counts); instructions = steps_ - rep_partial_, the debugger's step
+  // count (executed()) = steps_ + faulted_.
+  uint64_t steps_ = 0;
+  uint64_t rep_partial_ = 0;  // REP iterations that left the instruction unfinished
+  uint64_t faulted_ = 0;      // steps that ended in a fault (the instruction did not retire)
   uint64_t branches_ = 0;
   uint64_t budget_ = 0;
   uint64_t budget_start_ = 0;
@@ -274,8 +362,7 @@ class InterpBackend : public Backend {
   };
   std::optional<WatchHit> watch_hit_;  // set during a step that touched a watched range
   uint64_t* dirty_bits_;               // GuestMemory's checkpoint dirty bitmap: every store marks its page
-  uint64_t executed_ = 0;     // step() calls that finished (retired, faulted, or one REP iteration)
-  uint64_t step_origin_ = 0;  // executed_ when single-stepping last stopped
+  uint64_t step_origin_ = 0;  // executed() when single-stepping last stopped
   std::atomic<bool> kicked_{false};
   bool window_requested_ = false;
   std::optional<uint8_t> pending_irq_;
@@ -298,6 +385,26 @@ class InterpBackend : public Backend {
     bool fxsave_skips_reserved_bytes = false;
   } quirks_;
   std::map<std::string, uint64_t> unimplemented_;
+
+  // Fast path state.
+  InterpMode mode_ = default_interp_mode();
+  interp::LazyFlags lazy_;  // pending arithmetic flags, only while blocks run (cc == kCcNone otherwise)
+  interp::BlockCache blocks_;
+  interp::Block* running_block_ = nullptr;  // the block being executed, if any (JIT code moves it along a chain)
+  const interp::Op* running_op_ = nullptr;        // the operation being executed (what a fault names)
+  // Set during an operation when the block must end right after it: a store rewrote code of the running
+  // block, or an access hit a watchpoint.
+  bool end_block_after_op_ = false;
+  uint64_t fast_step_limit_ = ~0ull;  // step_limit() while blocks run (REP strings stop there between iterations)
+  uint64_t branch_limit_ = ~0ull;     // the armed counter overflow while blocks run
+  bool chain_ok_ = false;             // JIT code may jump from block to block (no breakpoints, no block stepping)
+  bool block_stepping_ = false;
+  uint64_t dirty_generation_ = 0;  // GuestMemory::dirty_generation() the fast write tags were made for
+  uint8_t jit_trap_ = 0;
+  GuestException jit_fault_{};
+  std::unique_ptr<interp::JitBuffer> jit_;  // host code of the JIT mode, created on first use
+  bool block_step_done_ = false;  // block stepping: a block ran, report it (after a HLT's own exit)
+  FastStats fast_stats_;
 };
 
 // The hardware features of vmm/cpu_model.h (by name) the software CPU implements. A model advertising any

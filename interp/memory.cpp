@@ -29,8 +29,49 @@ void InterpBackend::flush_tlb(bool include_global) {
   invalidate_fetch();
   bool keep_global = !include_global && (s_.cr4 & cr4::kPge);
   for (auto& entry : tlb_) {
-    if (!(keep_global && entry.global)) entry.tag = ~0ull;
+    if (!(keep_global && entry.global)) entry = TlbEntry{};
   }
+}
+
+void InterpBackend::fill_fast_tags(TlbEntry& entry) {
+  entry.read_tag[0] = entry.read_tag[1] = entry.write_tag[0] = entry.write_tag[1] = ~0ull;
+  if (entry.tag == ~0ull || entry.phys >= ram_size_) return;  // MMIO: every access exits
+  if (!debug_.watchpoints.empty()) {
+    const uint64_t page = entry.tag << 12;
+    for (const Watchpoint& w : debug_.watchpoints)
+      if (w.address < page + 4096 && page < w.address + w.length) return;  // every access is checked
+  }
+  entry.addend = uint64_t(ram_ + entry.phys) - (entry.tag << 12);
+  entry.read_tag[0] = entry.tag;
+  if (entry.user) entry.read_tag[1] = entry.tag;
+  // Writes: the dirty bit already set (else the walk must set it), allowed, no decoded code to drop, and
+  // the page already marked in the checkpoint dirty bitmap (so the fast store needs not mark it; the
+  // first store after GuestMemory::take_dirty_pages() takes the slow path, which marks it).
+  const uint64_t pfn = entry.phys >> 12;
+  if (entry.dirty && !is_code_page(pfn) && (dirty_bits_[pfn >> 6] >> (pfn & 63)) & 1) {
+    if (entry.writable || !(s_.cr0 & cr0::kWp)) entry.write_tag[0] = entry.tag;
+    if (entry.writable && entry.user) entry.write_tag[1] = entry.tag;
+  }
+}
+
+void InterpBackend::revoke_fast_writes(uint64_t pfn) {
+  for (auto& entry : tlb_)
+    if (entry.tag != ~0ull && (entry.phys >> 12) == pfn) entry.write_tag[0] = entry.write_tag[1] = ~0ull;
+}
+
+void InterpBackend::refresh_fast_entry(uint64_t linear) {
+  TlbEntry& entry = tlb_[(linear >> 12) % kTlbSize];
+  if (!(s_.cr0 & cr0::kPg)) {
+    // Without paging the reference never looks at the TLB: an identity entry serves the fast path
+    // alone (flush_tlb() clears it when paging comes on).
+    entry = TlbEntry{};
+    entry.tag = linear >> 12;
+    entry.phys = linear & ~0xfffull;
+    entry.writable = entry.user = entry.dirty = true;
+  } else if (entry.tag != (linear >> 12)) {
+    return;
+  }
+  fill_fast_tags(entry);
 }
 
 uint64_t InterpBackend::translate_slow(uint64_t linear, Access access, bool user) {
@@ -140,13 +181,27 @@ uint64_t InterpBackend::walk(uint64_t linear, Access access, bool user, TlbEntry
     if (value != levels[i].value) store(levels[i].gpa, value, wide);
   }
   bool dirty = access == Access::kWrite || (levels[depth - 1].value & kDirty);
-  entry = TlbEntry{linear >> 12, phys_page, writable, user_ok, nx && nxe, global, dirty};
+  entry = TlbEntry{};
+  entry.tag = linear >> 12;
+  entry.phys = phys_page;
+  entry.writable = writable;
+  entry.user = user_ok;
+  entry.nx = nx && nxe;
+  entry.global = global;
+  entry.dirty = dirty;
+  fill_fast_tags(entry);
   return phys_page | (linear & 0xfff);
 }
 
 void InterpBackend::note_code_write(uint64_t gpa, unsigned size) {
   // Callers pass ranges within one page, except page-table updates (4 or 8 aligned bytes).
   if (cache_.has_code(gpa >> 12)) cache_.invalidate_range(gpa, size);
+  if (blocks_.has_code(gpa >> 12) && blocks_.invalidate_range(gpa, size) && running_block_ && running_block_->dead) {
+    // The store rewrote code of the block being run: it ends after this instruction, and the next
+    // instruction is translated again from the new bytes (a store over the next instruction takes
+    // effect at once, as in the reference executor).
+    end_block_after_op_ = true;
+  }
 }
 
 void InterpBackend::probe_write(int seg_index, uint64_t offset, unsigned size) {
@@ -177,7 +232,7 @@ void InterpBackend::write_phys(uint64_t gpa, const void* data, unsigned size) {
     std::memcpy(ram_ + gpa, data, size);
     // Callers pass ranges within one page (write_linear splits at page boundaries).
     dirty_bits_[gpa >> 18] |= uint64_t{1} << ((gpa >> 12) & 63);
-    if (cache_.has_code(gpa >> 12)) [[unlikely]] cache_.invalidate_range(gpa, size);
+    if (is_code_page(gpa >> 12)) [[unlikely]] note_code_write(gpa, size);
     return;
   }
   uint64_t ignored = 0;

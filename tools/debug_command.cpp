@@ -333,6 +333,8 @@ Subcommand add_debug_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("debug", "serve a replayed trace to gdb, with reverse execution (target remote)");
   cmd->add_option("TRACE", o->replay.trace_path, "trace file")->required();
   cmd->add_option("--gdb", o->gdb_address, "HOST:PORT to listen on (default 127.0.0.1:1234; port 0 picks one)");
+  cmd->add_option("--interp-mode", o->replay.interp_mode, "the software CPU's executor: jit (default), threaded or reference")
+      ->check(CLI::IsMember({"reference", "threaded", "jit"}));
   cmd->add_option("--backend", o->replay.backend, "interp or kvm (default: the recording's, if usable here)")
       ->check(CLI::IsMember({"kvm", "interp"}));
   cmd->add_option("--image", o->replay.image_path, "guest image (default: the path in the trace; hash-checked)");

@@ -234,6 +234,8 @@ Subcommand add_query_command(CLI::App& app) {
   cmd->add_option("--checkpoint-interval", o->interval, "steps or events between automatic checkpoints");
   cmd->add_option("--checkpoint-memory", o->checkpoint_memory, "memory for checkpoints (0: none; default 512M)");
   cmd->add_option("--backend", o->replay.backend, "interp or kvm")->check(CLI::IsMember({"kvm", "interp"}));
+  cmd->add_option("--interp-mode", o->replay.interp_mode, "the software CPU's executor: jit (default), threaded or reference")
+      ->check(CLI::IsMember({"reference", "threaded", "jit"}));
   cmd->add_option("--image", o->replay.image_path, "guest image (default: the path in the trace)");
   return {cmd, [o] { return run_query(*o); }};
 }

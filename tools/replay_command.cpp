@@ -27,6 +27,7 @@ struct ReplayOptions {
   bool quiet = false;                 // no summary line
   std::string test_device_semantics;  // test-only: replay with perturbed device semantics
   std::string progress;               // "" = as recorded; "exact" or "emulated-pmu:SKID[:SEED]" to override the counter
+  std::string interp_mode;            // "" = the software CPU's default executor
 };
 
 int replay_trace(const ReplayOptions& options) {
@@ -38,7 +39,8 @@ int replay_trace(const ReplayOptions& options) {
                                               .disk_paths = options.disk_paths,
                                               .serial_out = options.serial_out,
                                               .progress = options.progress,
-                                              .test_device_semantics = options.test_device_semantics});
+                                              .test_device_semantics = options.test_device_semantics,
+                                              .interp_mode = options.interp_mode});
   if (!setup) return report_error(setup.error());
   Session& session = *setup->session;
   Engine& engine = session.engine();
@@ -112,6 +114,8 @@ Subcommand add_replay_command(CLI::App& app) {
   replay->add_option("--progress", o->progress,
                      "exact-mode traces: the counter to reach coordinates with: exact, or emulated-pmu:SKID[:SEED] "
                      "(interp; default: as recorded)");
+  replay->add_option("--interp-mode", o->interp_mode, "the software CPU's executor: jit (default), threaded or reference")
+      ->check(CLI::IsMember({"reference", "threaded", "jit"}));
   replay->add_option("--image,--kernel", o->image_path,
                      "guest image or Linux kernel (default: the path in the trace; hash-checked)");
   replay->add_option("--initrd", o->initrd_path, "the Linux kernel's initrd (default: the path in the trace; hash-checked)");

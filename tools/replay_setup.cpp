@@ -217,6 +217,7 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
   config.memory_bytes = rc.memory_bytes();
   config.cmdline = rc.cmdline();
   config.backend = backend;
+  config.interp_mode = options.interp_mode;
   config.machine = rc.machine().empty() ? std::string(kMachinePc) : rc.machine();  // traces before the field: pc
   config.cpu_model = model;
   config.device_model_version = header.device_model_version();

@@ -22,6 +22,7 @@ struct ReplaySetupOptions {
   std::string progress;               // "" = as recorded; "exact" or "emulated-pmu:SKID[:SEED]" to override the counter
   std::string test_device_semantics;  // test-only: replay with perturbed device semantics
   bool rewind = false;  // keep the trace in memory so that checkpoints can move the replay back (debug, query)
+  std::string interp_mode;  // "" = the software CPU's default executor
 };
 
 struct ReplaySetup {

@@ -23,6 +23,7 @@ namespace {
 
 struct RunArgs {
   std::string backend;
+  std::string interp_mode;
   std::string machine = std::string(kMachinePc);
   std::string mem = "256M";
   std::string cmdline;
@@ -67,6 +68,10 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
                   "vCPU backend: kvm or interp (default: kvm where this host's KVM passes deja's usability check, "
                   "see `deja selftest`; else interp)")
       ->check(CLI::IsMember({"kvm", "interp"}));
+  cmd->add_option("--interp-mode", a.interp_mode,
+                  "the software CPU's executor: jit (default), threaded, or reference (one instruction at a time, "
+                  "the definition the others are tested against)")
+      ->check(CLI::IsMember({"reference", "threaded", "jit"}));
   cmd->add_option("--machine", a.machine,
                   "machine type: pc (8259A PIC only, the default) or pc-apic (adds a local APIC, an I/O APIC and an "
                   "MP table; CPUID reports the APIC)")
@@ -122,6 +127,7 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   o.machine.memory_bytes = *mem;
   o.machine.cmdline = a.cmdline;
   o.machine.machine = a.machine;
+  o.machine.interp_mode = a.interp_mode;
   if (!a.progress.empty()) {
     auto progress = parse_progress(a.progress);
     if (!progress) return std::unexpected(progress.error());

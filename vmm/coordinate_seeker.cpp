@@ -1,6 +1,8 @@
 // CoordinateSeeker: skid-early overflow, then breakpoints and single steps, to the exact coordinate.
 #include "vmm/coordinate_seeker.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "vmm/digest.h"
@@ -12,7 +14,7 @@ Result<> CoordinateSeeker::apply(const DebugControl& own) {
   control.single_step |= user_.single_step;
   control.breakpoints = user_.breakpoints;
   control.watchpoints = user_.watchpoints;
-  control.stop_at_step = user_.stop_at_step;
+  if (user_.stop_at_step) control.stop_at_step = std::min(control.stop_at_step.value_or(UINT64_MAX), *user_.stop_at_step);
   if (control == debug_) return {};
   if (auto r = cpu_.set_debug(control); !r) return r;
   debug_ = control;
@@ -89,7 +91,13 @@ Result<VcpuExit*> CoordinateSeeker::run() {
     } else {
       // Close: an overflow one branch past the target says the guest went by it.
       arm_at = want.branches + 1;
-      if (state->rip == want.rip) {
+      const auto instructions = cpu_.instruction_count();
+      const auto steps = cpu_.step_count();
+      if (visit == Visit::kEarlier && target_->instructions != 0 && instructions && steps &&
+          *instructions < target_->instructions) {
+        // Short of the recorded instruction count: no visit before it can be the target.
+        control.stop_at_step = *steps + (target_->instructions - *instructions);
+      } else if (state->rip == want.rip) {
         // At the target RIP but not the target: step past this visit (a breakpoint would stop here
         // again at once), one REP iteration or one instruction at a time.
         control.single_step = true;
@@ -107,7 +115,7 @@ Result<VcpuExit*> CoordinateSeeker::run() {
     switch ((*exit)->kind) {
       case ExitKind::kDebug:
         if (caused_by_user(**exit)) return exit;
-        ++(control.single_step ? stats_.single_steps : stats_.breakpoint_hits);
+        ++(control.single_step ? stats_.single_steps : control.stop_at_step ? stats_.skips : stats_.breakpoint_hits);
         continue;
       case ExitKind::kKicked:
         ++stats_.overflows;

@@ -23,6 +23,11 @@ struct SeekTarget {
   // one means the target was passed (kCoordinateMissed). Checked at every breakpoint hit, so it
   // also catches a guest that loops past the target without ever branching.
   std::function<Visit()> visit;
+  // The instruction count the recording has there (0: not counted). On a backend that counts instructions
+  // and steps, an earlier visit is left by running straight to that count (never past it: a step retires
+  // at most one instruction) instead of stopping at every visit of the RIP: a spin without branches that
+  // a fast recording ran a billion times replays in one run.
+  uint64_t instructions = 0;
 };
 
 // The algorithm (docs/coordinates.md): while the target is more than skid() branches away, arm the
@@ -58,6 +63,7 @@ class CoordinateSeeker {
     uint64_t overflows = 0;         // runs ended by the armed counter
     uint64_t breakpoint_hits = 0;   // breakpoint stops at the target RIP
     uint64_t single_steps = 0;
+    uint64_t skips = 0;             // runs to the target's instruction count past earlier visits
     uint64_t reached = 0;
   };
   const Stats& stats() const { return stats_; }

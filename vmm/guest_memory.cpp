@@ -42,7 +42,8 @@ GuestMemory::GuestMemory(GuestMemory&& other) noexcept
       base_(other.base_),
       size_(other.size_),
       vmm_dirty_(std::move(other.vmm_dirty_)),
-      dirty_bits_(std::move(other.dirty_bits_)) {
+      dirty_bits_(std::move(other.dirty_bits_)),
+      dirty_generation_(other.dirty_generation_) {
   other.fd_ = -1;
   other.base_ = nullptr;
   other.size_ = 0;
@@ -56,6 +57,7 @@ GuestMemory& GuestMemory::operator=(GuestMemory&& other) noexcept {
     size_ = other.size_;
     vmm_dirty_ = std::move(other.vmm_dirty_);
     dirty_bits_ = std::move(other.dirty_bits_);
+    dirty_generation_ = other.dirty_generation_;
     other.fd_ = -1;
     other.base_ = nullptr;
     other.size_ = 0;
@@ -111,6 +113,7 @@ Result<> GuestMemory::read(Gpa gpa, std::span<uint8_t> out) const {
 std::vector<uint64_t> GuestMemory::take_vmm_dirty_pages() { return std::exchange(vmm_dirty_, {}); }
 
 std::vector<uint64_t> GuestMemory::take_dirty_pages() {
+  ++dirty_generation_;
   std::vector<uint64_t> pages;
   const uint64_t page_count = size_ / kPageSize;
   for (size_t w = 0; w < dirty_bits_.size(); ++w) {

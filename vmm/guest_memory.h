@@ -63,6 +63,9 @@ class GuestMemory {
   std::span<uint64_t> dirty_bitmap() { return dirty_bits_; }
   // Page numbers marked since the last call, ascending; clears the bitmap.
   std::vector<uint64_t> take_dirty_pages();
+  // Counts take_dirty_pages() calls: a backend that skips marking pages it knows are marked (the software
+  // CPU's fast stores) must mark again after the bitmap was cleared.
+  uint64_t dirty_generation() const { return dirty_generation_; }
   // Marks every page (checkpoint tracking starts from an unknown base).
   void mark_all_dirty();
   // A checkpoint restore rewrote these pages behind everyone's back: they go on the VMM-write list
@@ -79,6 +82,7 @@ class GuestMemory {
   uint64_t size_ = 0;
   std::vector<uint64_t> vmm_dirty_;
   std::vector<uint64_t> dirty_bits_;
+  uint64_t dirty_generation_ = 0;
 };
 
 // Parses a size such as "256M", "1G", "65536", "512K" (binary units).

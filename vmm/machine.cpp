@@ -253,6 +253,14 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
   auto backend = make_backend(config.backend, m->memory_, cpu_model, config.trap_rdtsc);
   if (!backend) return std::unexpected(backend.error());
   m->backend_ = std::move(*backend);
+  if (!config.interp_mode.empty()) {
+    auto mode = parse_interp_mode(config.interp_mode);
+    if (!mode) {
+      return fail(ErrorKind::kInvalidArgument, "unknown interp mode '{}' (use reference, threaded or jit)",
+                  config.interp_mode);
+    }
+    if (auto* interp = dynamic_cast<InterpBackend*>(m->backend_.get())) interp->set_mode(*mode);
+  }
   return m;
 }
 

@@ -68,6 +68,9 @@ struct MachineConfig {
   std::string device_semantics;
   // KVM: use the kvm-deja module's RDTSC exits when present (replay: only if the recording used them).
   bool trap_rdtsc = true;
+  // The software CPU's execution mode (reference, threaded or jit; docs/interp.md); "" = its default.
+  // Not part of the machine model: every mode computes the same guest execution.
+  std::string interp_mode;
   // Virtio PCI devices (device model 3), placed on bus 0 in this order: disks, NICs, the entropy device.
   std::vector<VirtioDiskSetup> disks;
   unsigned nics = 0;

@@ -346,6 +346,13 @@ std::optional<Outcome> Session::replay_end_here() {
   // state, output) is check_replay_end()'s question.
   const Position here = position();
   if (!same_coordinate(end.at(), here, engine_.progress())) return std::nullopt;
+  if (engine_.progress() == ProgressMode::kExact && end.instructions() != 0 && here.instructions &&
+      *here.instructions < end.instructions()) {
+    // An earlier visit of the End's coordinate (a loop that neither branches nor changes a register:
+    // `1: incq mem; jmp 1b`): the seeker, whose target is the End, stops at the visit with the recorded
+    // instruction count.
+    return std::nullopt;
+  }
   if (engine_.progress() == ProgressMode::kExitSync && end.instructions() != 0 && here.instructions &&
       *here.instructions < end.instructions()) {
     // Exit-sync on the software CPU: the recording stopped between guest exits (interrupted, or a
@@ -561,7 +568,8 @@ Result<Outcome> Session::run() {
                                 if (guest_exits_ > exits || (counted && *n > instructions)) return Visit::kLater;
                                 if (guest_exits_ < exits || (counted && *n < instructions)) return Visit::kEarlier;
                                 return Visit::kTarget;
-                              }};
+                              },
+                              instructions};
         }
       }
       seeker_->set_target(target);
@@ -652,9 +660,10 @@ void Session::print_stats() {
   if (auto n = machine_->backend().branch_count()) say("conditional branches retired: {}", *n);
   if (seeker_) {
     const auto& st = seeker_->stats();
-    say("coordinate seeking ({}, skid {}): {} reached, {} counter overflows, {} breakpoint hits, {} single steps",
+    say("coordinate seeking ({}, skid {}): {} reached, {} counter overflows, {} breakpoint hits, {} single steps, "
+        "{} runs to an instruction count",
         counter_description(), machine_->backend().progress_counter()->skid(), st.reached, st.overflows,
-        st.breakpoint_hits, st.single_steps);
+        st.breakpoint_hits, st.single_steps, st.skips);
   }
   const auto& unknown = machine_->pio().unknown_accesses();
   if (unknown.empty()) {
@@ -693,6 +702,14 @@ void Session::print_stats() {
     if (pci->refused_mappings()) say("  {} BAR placements overlapped other devices", pci->refused_mappings());
   }
   if (auto* interp = dynamic_cast<const InterpBackend*>(&machine_->backend())) {
+    const InterpBackend::FastStats fast = interp->fast_stats();
+    say("interp executor: {}", interp_mode_name(interp->mode()));
+    if (interp->mode() != InterpMode::kReference) {
+      say("  blocks translated {}, entered {} (chained {}), instructions left to the reference executor {}",
+          fast.blocks_translated, fast.blocks_entered, fast.chained, fast.fallback_steps);
+      say("  blocks dropped by code writes {}, cache flushes {}, cache bytes {}", fast.block_invalidations,
+          fast.block_cache_flushes, fast.block_cache_bytes);
+    }
     auto counts = interp->unimplemented_counts();
     if (counts.empty()) {
       say("unimplemented instructions: none executed");

@@ -53,6 +53,10 @@ def main():
     ap.add_argument("--mode", choices=["run", "record-replay", "cross", "digest-vs-interp"], default="run")
     ap.add_argument("--backend", default="interp")
     ap.add_argument("--replay-backend", default=None)
+    ap.add_argument("--interp-mode", default=None, help="the software CPU's executor for run and record")
+    ap.add_argument("--replay-interp-modes", default=None,
+                    help="comma-separated executors to replay the trace on, one replay each (the trace must not "
+                         "depend on the mode it was recorded in)")
     ap.add_argument("--progress", default=None)
     ap.add_argument("--machine", default=None, help="--machine for run and record (replay takes the trace's)")
     ap.add_argument("--cmdline", default=None)
@@ -73,6 +77,8 @@ def main():
         opts += ["--progress", args.progress]
     if args.machine:
         opts += ["--machine", args.machine]
+    if args.interp_mode:
+        opts += ["--interp-mode", args.interp_mode]
 
     if args.mode == "run":
         p = run([args.deja, "run", *opts, args.image], args.timeout)
@@ -112,15 +118,21 @@ def main():
         if v.returncode != 0:
             fail(f"verify failed: {v.stdout.decode()}")
         replay_backend = args.replay_backend or args.backend
-        # Replay never attaches serial input: every input byte must come from the trace.
-        r = run([args.deja, "replay", "--backend", replay_backend, trace], args.timeout)
-        if r.returncode != args.status:
-            fail(f"replay on {replay_backend}: exit status {r.returncode}, expected {args.status}")
-        if r.stdout != recorded:
-            fail(f"replayed serial output differs from the recording:\n--- recorded\n{recorded.decode(errors='replace')}"
-                 f"\n--- replayed\n{r.stdout.decode(errors='replace')}")
-        if b"deja: replay OK" not in r.stderr:
-            fail("replay printed no 'replay OK' summary")
+        modes = args.replay_interp_modes.split(",") if args.replay_interp_modes else [None]
+        for interp_mode in modes:
+            # Replay never attaches serial input: every input byte must come from the trace.
+            cmd = [args.deja, "replay", "--backend", replay_backend]
+            if interp_mode:
+                cmd += ["--interp-mode", interp_mode]
+            where = replay_backend + (f" ({interp_mode})" if interp_mode else "")
+            r = run(cmd + [trace], args.timeout)
+            if r.returncode != args.status:
+                fail(f"replay on {where}: exit status {r.returncode}, expected {args.status}")
+            if r.stdout != recorded:
+                fail(f"replayed serial output on {where} differs from the recording:\n--- recorded\n"
+                     f"{recorded.decode(errors='replace')}\n--- replayed\n{r.stdout.decode(errors='replace')}")
+            if b"deja: replay OK" not in r.stderr:
+                fail(f"replay on {where} printed no 'replay OK' summary")
         print("PASS")
 
 

@@ -25,7 +25,27 @@ if(TARGET deja_interp AND EXISTS ${DEJA_ALU_ROOT}/interp/interp_backend.h)
   target_link_libraries(interp_fuzz PRIVATE deja_difftest CLI11::CLI11)
   # Fixed seeds keep CI reproducible; run the binaries without --seed to explore new ones.
   # --avoid-xadd-same-register: a known interp defect (see docs/interp-alu.md); drop the flag once it is fixed.
-  add_test(NAME interp_diff COMMAND interp_diff --seed 1 --count 2000 --avoid-xadd-same-register)
+  # --avoid-unmasked-underflow: the SSE approximation documented in docs/interp-alu.md (20,000 sequences meet it).
+  add_test(NAME interp_diff COMMAND interp_diff --seed 1 --count 20000 --avoid-xadd-same-register
+                                   --avoid-unmasked-underflow)
   add_test(NAME interp_fuzz COMMAND interp_fuzz --seed 1 --count 200000 --seconds 20)
-  set_tests_properties(interp_diff interp_fuzz PROPERTIES TIMEOUT 120)
+  set_tests_properties(interp_fuzz PROPERTIES TIMEOUT 120)
+  set_tests_properties(interp_diff PROPERTIES TIMEOUT 900)
+  # The fast path (threaded blocks and the JIT) against the reference executor, compared at every block
+  # boundary: random sequences, random code and the guest images.
+  add_executable(interp_fastdiff ${CMAKE_CURRENT_LIST_DIR}/diff/fastdiff_main.cpp)
+  target_link_libraries(interp_fastdiff PRIVATE deja_difftest deja_vmm CLI11::CLI11)
+  set(fastdiff_guests)
+  if(DEFINED DEJA_GUEST_DIR AND TARGET guests)
+    foreach(guest hello exceptions paging cpu-bound memory)
+      list(APPEND fastdiff_guests --guest ${DEJA_GUEST_DIR}/${guest}.elf)
+    endforeach()
+    add_dependencies(interp_fastdiff guests)
+  endif()
+  foreach(mode threaded jit)
+    add_test(NAME interp_fastdiff_${mode}
+             COMMAND interp_fastdiff --mode ${mode} --seed 1 --sequences 3000 --fuzz 3000 ${fastdiff_guests}
+                     --cmdline n=100000 --max-steps 30000000)
+    set_tests_properties(interp_fastdiff_${mode} PROPERTIES TIMEOUT 600)
+  endforeach()
 endif()

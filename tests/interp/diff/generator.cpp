@@ -141,6 +141,7 @@ RegisterFile Generator::registers() {
   r.mxcsr = 0x1f80;
   if (rng_() % 4 == 0) r.mxcsr |= static_cast<uint32_t>(rng_() & 0xe040);  // RC, FTZ, DAZ
   if (rng_() % 16 == 0) r.mxcsr &= ~static_cast<uint32_t>(rng_() & 0x1f80);  // some exceptions unmasked
+  if (avoid_unmasked_underflow) r.mxcsr |= 0x800;
   const std::vector<uint8_t> lanes = data();
   for (int i = 0; i < 16; ++i) std::memcpy(r.xmm[i].data(), &lanes[(rng_() % (kDataSize / 16)) * 16], 16);
   // x87: the sequence's control word, a random TOP, tags, condition codes and (now and then) flags, with ES

@@ -255,7 +255,7 @@ bool write64(GuestMemory& memory, uint64_t gpa, uint64_t value) { return memory.
 
 }  // namespace
 
-std::unique_ptr<GuestMachine> GuestMachine::create() {
+std::unique_ptr<GuestMachine> GuestMachine::create(std::optional<InterpMode> mode) {
   auto memory = GuestMemory::create(kRamSize);
   if (!memory) {
     std::fprintf(stderr, "diff: guest memory: %s\n", memory.error().message.c_str());
@@ -280,6 +280,7 @@ std::unique_ptr<GuestMachine> GuestMachine::create() {
   }
   if (!ok) return nullptr;
   machine->cpu_ = std::make_unique<InterpBackend>(m, CpuModel::deja_v1());
+  if (mode) machine->cpu_->set_mode(*mode);
   auto state = machine->cpu_->get_state();
   if (!state) return nullptr;
   CpuState& s = *state;
@@ -301,11 +302,9 @@ std::unique_ptr<GuestMachine> GuestMachine::create() {
   return machine;
 }
 
-Outcome GuestMachine::run(const std::vector<uint8_t>& code, const RegisterFile& regs, const std::vector<uint8_t>& data,
-                          uint64_t budget) {
-  Outcome out;
-  out.ending = Ending::kOther;
-  if (!memory_->write(Gpa{kCodeAddr}, code) || !memory_->write(Gpa{kDataAddr}, data)) return out;
+bool GuestMachine::prepare(const std::vector<uint8_t>& code, const RegisterFile& regs,
+                           const std::vector<uint8_t>& data) {
+  if (!memory_->write(Gpa{kCodeAddr}, code) || !memory_->write(Gpa{kDataAddr}, data)) return false;
   CpuState s = base_;
   for (int i = 0; i < 16; ++i) s.gpr[i] = regs.gpr[i];
   s.rflags = regs.rflags;
@@ -314,7 +313,14 @@ Outcome GuestMachine::run(const std::vector<uint8_t>& code, const RegisterFile& 
   std::memcpy(&s.fxsave[32], &regs.fx[32], 128);     // ST0-ST7
   std::memcpy(&s.fxsave[24], &regs.mxcsr, 4);
   for (int i = 0; i < 16; ++i) std::memcpy(&s.fxsave[160 + 16 * i], regs.xmm[i].data(), 16);
-  if (!cpu_->set_state(s)) return out;
+  return cpu_->set_state(s).has_value();
+}
+
+Outcome GuestMachine::run(const std::vector<uint8_t>& code, const RegisterFile& regs, const std::vector<uint8_t>& data,
+                          uint64_t budget) {
+  Outcome out;
+  out.ending = Ending::kOther;
+  if (!prepare(code, regs, data)) return out;
   cpu_->set_instruction_budget(budget);
   auto exit = cpu_->run();
   if (!exit) {

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,11 +74,15 @@ Outcome run_native(const std::vector<uint8_t>& code, const RegisterFile& regs, c
 // A 64-bit ring-0 guest with identity paging, a GDT, and an IDT whose gates all halt at kHandlerAddr + 16*vector.
 class GuestMachine {
  public:
-  static std::unique_ptr<GuestMachine> create();
+  // `mode`: how the interpreter executes (its default, or the one a differential test compares).
+  static std::unique_ptr<GuestMachine> create(std::optional<InterpMode> mode = std::nullopt);
   // Runs `code` (which should end in guest_tail()) for at most `budget` instructions.
   Outcome run(const std::vector<uint8_t>& code, const RegisterFile& regs, const std::vector<uint8_t>& data,
               uint64_t budget);
+  // Loads code, data and registers and points the CPU at the code, without running it.
+  bool prepare(const std::vector<uint8_t>& code, const RegisterFile& regs, const std::vector<uint8_t>& data);
   InterpBackend& cpu() { return *cpu_; }
+  GuestMemory& memory() { return *memory_; }
 
  private:
   std::unique_ptr<GuestMemory> memory_;

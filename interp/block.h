@@ -1,0 +1,146 @@
+// Translated blocks of the software CPU's fast path: pre-bound operations per guest basic block, and the bounded cache that holds them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "interp/decoded_insn.h"
+
+namespace deja {
+class InterpBackend;
+}
+
+namespace deja::interp {
+
+struct Op;
+// Runs one operation; returns the next one to run, or nullptr when the block is over (its end, a
+// control transfer, or an early exit the handler asked for).
+using OpHandler = const Op* (*)(InterpBackend& cpu, const Op* op);
+
+// What the JIT knows how to emit inline (docs/interp.md, "The fast path"); everything else is a call
+// to `fn`. The threaded interpreter ignores it.
+enum class OpForm : uint8_t {
+  kCall,  // no inline template: call the handler
+};
+
+// One guest instruction, decoded once, with its handler bound.
+struct Op {
+  OpHandler fn = nullptr;
+  OpHandler jit_fn = nullptr;  // the same handler as JIT code calls it (faults and exits kept, not thrown)
+  uint64_t rip = 0;       // this instruction's RIP (CS-relative, as the guest sees it)
+  uint64_t next_rip = 0;  // RIP of the instruction after it, masked to the code size
+  uint64_t target = 0;    // direct control transfers: the target RIP, masked like next_rip
+  uint16_t index = 0;     // position in its block: instructions before it retire if it faults
+  uint8_t width = 0;      // operand width in bytes (op[0]), for the handlers
+  uint8_t cond = 0;       // Jcc/SETcc/CMOVcc condition (low nibble of the opcode)
+  bool target_ok = false; // `target` is valid: a direct transfer whose target needs no canonical check at run time
+  bool self_counting = false;  // counts its own steps (a REP string instruction: one per iteration)
+  OpForm form = OpForm::kCall;
+  DecodedInsn insn;       // the whole decode, for handlers that need more and for the reference executor
+};
+
+// A guest basic block: instructions that run one after the other with no control transfer, decoded
+// from one guest-physical page, ending at a control transfer, before an instruction the fast path
+// leaves to the reference executor, at the page's end or at kMaxInstructions.
+struct Block {
+  static constexpr unsigned kMaxInstructions = 64;
+
+  uint64_t rip = 0;     // first instruction (CS-relative)
+  uint64_t linear = 0;  // its linear address
+  uint64_t phys = 0;    // its guest-physical address
+  uint32_t key = 0;     // the CPU mode the operations were bound for (InterpBackend::block_key())
+  uint32_t bytes = 0;   // guest code bytes covered: [phys, phys + bytes), all in one page
+  uint32_t count = 0;   // instructions; 0 = the first one is not on the fast path (run it with step())
+  bool dead = false;    // invalidated (self-modifying code, a VMM write, a flush): never entered again
+  std::vector<Op> ops;  // `count` instructions, then the block's end (a synthetic fall-through op if needed)
+
+  // Chaining: the blocks that followed this one last time (0: branch taken / jump target; 1: fall
+  // through), valid while `link_epoch` equals the cache's epoch (any invalidation bumps it).
+  Block* link[2] = {nullptr, nullptr};
+  uint64_t link_epoch = 0;
+
+  Block* next_in_bucket = nullptr;  // hash chain by physical address
+
+  // The block compiled to host code (interp/jit.cpp), or nullptr: runs the operations, returns the one
+  // that ended the block (a fault or exit is left in the backend's jit_trap_).
+  using Code = const Op* (*)(InterpBackend* cpu);
+  Code code = nullptr;
+  const void* body = nullptr;  // the code after its prologue: where a chained block jumps to
+  uint32_t code_bytes = 0;
+
+  uint64_t end_linear() const { return linear + bytes; }
+  uint64_t memory_bytes() const { return sizeof(Block) + ops.capacity() * sizeof(Op) + code_bytes; }
+};
+
+// All translated blocks, by guest-physical address, with the same bound as the decode cache: past
+// `capacity_bytes` everything is dropped and translation starts again, as QEMU flushes its
+// translation buffer. Dropped blocks go to a graveyard freed only at safe points (release_retired),
+// because the block being executed may be the one a store invalidates.
+class BlockCache {
+ public:
+  static constexpr uint64_t kDefaultCapacityBytes = uint64_t{64} << 20;
+
+  explicit BlockCache(uint64_t ram_bytes, uint64_t capacity_bytes = kDefaultCapacityBytes);
+  ~BlockCache();
+
+  Block* find(uint64_t phys, uint64_t rip, uint32_t key) {
+    // A direct-mapped cache by RIP in front of the hash table: most lookups are a return or a call to
+    // code that ran before.
+    Block*& hot = recent_[recent_slot(phys, rip)];
+    if (hot && hot->phys == phys && hot->rip == rip && hot->key == key) return hot;
+    for (Block* b = buckets_[bucket(phys)]; b; b = b->next_in_bucket) {
+      if (b->phys == phys && b->rip == rip && b->key == key) {
+        hot = b;
+        return b;
+      }
+    }
+    return nullptr;
+  }
+  // Takes ownership; returns the block. May flush everything first when the cache is full.
+  Block* insert(std::unique_ptr<Block> block);
+
+  bool has_code(uint64_t pfn) const { return pfn < has_code_.size() && has_code_[pfn]; }
+  // Drops the blocks that overlap guest-physical [gpa, gpa + size) (one page). Returns true when any was dropped.
+  bool invalidate_range(uint64_t gpa, uint64_t size);
+  // Drops every block of page `pfn`.
+  bool invalidate_page(uint64_t pfn);
+  void clear();
+  // Frees dropped blocks; only between blocks, when none is being executed.
+  void release_retired() {
+    if (!graveyard_.empty()) graveyard_.clear();
+  }
+
+  uint64_t epoch() const { return epoch_; }  // bumps whenever a block is dropped: links made before are stale
+  const uint64_t* epoch_address() const { return &epoch_; }  // for JIT code checking links
+  uint64_t bytes() const { return bytes_; }
+  uint64_t flushes() const { return flushes_; }
+  uint64_t invalidations() const { return invalidations_; }
+  uint64_t translations() const { return translations_; }
+
+ private:
+  static constexpr unsigned kBucketBits = 16;
+  static constexpr size_t kRecent = 4096;  // (recent_slot() takes the top 12 bits of a hash)
+  static size_t bucket(uint64_t phys) { return (phys * 0x9e3779b97f4a7c15ull) >> (64 - kBucketBits); }
+  static size_t recent_slot(uint64_t phys, uint64_t rip) {
+    // (Mixing the physical address in would cancel the page offset, which RIP and it share.)
+    (void)phys;
+    return (rip * 0x9e3779b97f4a7c15ull) >> (64 - 12);
+  }
+  void drop(Block* block);
+
+  std::vector<Block*> buckets_;
+  std::vector<Block*> recent_ = std::vector<Block*>(kRecent, nullptr);  // never holds a dropped block
+  std::vector<uint8_t> has_code_;  // per guest page: it holds blocks (checked on every slow-path store)
+  std::unordered_map<uint64_t, std::vector<std::unique_ptr<Block>>> page_blocks_;  // the owners, by page
+  std::vector<std::unique_ptr<Block>> graveyard_;
+  uint64_t capacity_;
+  uint64_t bytes_ = 0;
+  uint64_t epoch_ = 1;
+  uint64_t flushes_ = 0;
+  uint64_t invalidations_ = 0;
+  uint64_t translations_ = 0;
+};
+
+}  // namespace deja::interp

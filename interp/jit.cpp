@@ -1,0 +1,884 @@
+// The software CPU's JIT: translated blocks compiled to host code (docs/interp.md, "The fast path").
+//
+// A block's code calls each operation's handler in turn (the guarded version, which cannot throw),
+// with the operation's address as an immediate: no dispatch, every call predicted. Host register use:
+// RBX holds the InterpBackend; everything else is scratch between operations.
+#include "interp/jit.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <Zydis/Zydis.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "interp/interp_backend.h"
+#include "interp/x64_asm.h"
+
+namespace deja {
+
+namespace interp {
+
+JitBuffer::JitBuffer(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p != MAP_FAILED) {
+    base_ = static_cast<uint8_t*>(p);
+    capacity_ = bytes;
+  }
+  if (std::getenv("DEJA_PERF_MAP")) {
+    const std::string path = fmt::format("/tmp/perf-{}.map", getpid());
+    perf_map_ = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  }
+}
+
+JitBuffer::~JitBuffer() {
+  if (base_) munmap(base_, capacity_);
+  if (perf_map_ >= 0) close(perf_map_);
+}
+
+void* JitBuffer::add(std::span<const uint8_t> code) {
+  const size_t start = (used_ + 15) & ~size_t{15};
+  if (!base_ || start + code.size() > capacity_) return nullptr;
+  std::memcpy(base_ + start, code.data(), code.size());
+  used_ = start + code.size();
+  return base_ + start;
+}
+
+void JitBuffer::note_for_perf(const void* start, size_t size, uint64_t guest_rip) {
+  if (perf_map_ < 0) return;
+  const std::string line = fmt::format("{:x} {:x} deja-block-{:x}\n", reinterpret_cast<uintptr_t>(start), size, guest_rip);
+  (void)!write(perf_map_, line.data(), line.size());
+}
+
+}  // namespace interp
+
+using interp::Block;
+using interp::DecodedInsn;
+using interp::Op;
+namespace x64 = interp::x64;
+
+namespace {
+// Displacement of a member from the object's start, computed at run time (InterpBackend is not
+// standard-layout, so offsetof does not apply).
+template <typename T>
+int32_t member_offset(const InterpBackend* self, const T* member) {
+  return int32_t(reinterpret_cast<const char*>(member) - reinterpret_cast<const char*>(self));
+}
+}  // namespace
+
+// The block compiler. Operations with a template are emitted inline: their fast path (guest registers
+// in memory, RAM through the software TLB's fast tags, lazy flags) checks everything it relies on
+// before it changes any state, and jumps to an out-of-line call of the operation's handler otherwise,
+// which then does the whole instruction. Every other operation is a call of its handler.
+struct InterpBackend::Jit {
+  using Reg = x64::Reg;
+  static constexpr Reg rax = x64::rax, rcx = x64::rcx, rdx = x64::rdx, rbx = x64::rbx, rsi = x64::rsi,
+                       rdi = x64::rdi, r8 = x64::r8, r9 = x64::r9;
+
+  // What an operation's inline code is, if it has one.
+  enum class Form : uint8_t {
+    kCall,       // the handler
+    kMov,        // MOV r/m, r/m/imm
+    kExtend,     // MOVZX/MOVSX/MOVSXD r, r/m
+    kLea,
+    kAlu,        // ADD/OR/AND/SUB/XOR/CMP/TEST
+    kIncDec,
+    kNegNot,
+    kShift,      // SHL/SHR/SAR r/m, imm (32/64-bit)
+    kImul,       // IMUL r, r/m[, imm] (32/64-bit)
+    kPush,       // PUSH r64/imm (64-bit mode)
+    kPop,        // POP r64
+    kJcc,
+    kJmp,        // JMP rel
+    kJmpReg,     // JMP r64
+    kCallRel,    // CALL rel
+    kRet,        // RET [imm16]
+    kNop,
+    kFallThrough,  // the synthetic block end
+  };
+  // The flags an operation leaves, for conditions compiled from them and for dropping dead flag stores.
+  struct FlagUse {
+    bool reads = false;     // needs the flags as they were (conditions, INC/DEC's CF)
+    bool writes = false;    // sets all six
+    bool can_exit = false;  // may leave the block before writing (a slow path, a handler, the block end)
+  };
+
+  InterpBackend& c;
+  const Block& block;
+  x64::Assembler a;
+  x64::Label ended;  // after a handler ended the block: return running_op_
+  struct Slow {
+    x64::Label entry, resume;
+    const Op* op;
+  };
+  std::vector<std::unique_ptr<Slow>> slows;
+  const bool user;
+  // The lazy-flags producer earlier in this block whose operands are stored, if known.
+  bool known = false;
+  uint32_t known_kind = 0, known_width = 0;
+
+  Jit(InterpBackend& cpu, const Block& b) : c(cpu), block(b), user(((b.key >> 2) & 3) == 3) {}
+
+  // ---- offsets into the backend ----------------------------------------------------------------------
+  template <typename T>
+  int32_t off(const T* member) const {
+    return int32_t(reinterpret_cast<const char*>(member) - reinterpret_cast<const char*>(&c));
+  }
+  x64::Mem gpr(int r, int byte = 0) const { return x64::at(rbx, off(&c.s_.gpr[size_t(r)]) + byte); }
+  x64::Mem field(const uint64_t* member) const { return x64::at(rbx, off(member)); }
+  x64::Mem lazy_cc() const { return x64::at(rbx, off(&c.lazy_.cc)); }
+  x64::Mem lazy_dst() const { return field(&c.lazy_.dst); }
+  x64::Mem lazy_src1() const { return field(&c.lazy_.src1); }
+  x64::Mem lazy_src2() const { return field(&c.lazy_.src2); }
+  x64::Mem tlb(int32_t field_offset, int32_t extra = 0) const {
+    return x64::at(rbx, rcx, 1, off(&c.tlb_[0]) + field_offset + extra);
+  }
+
+  // ---- classification ---------------------------------------------------------------------------------
+  static bool is_reg(const interp::Operand& o) { return o.kind == interp::OpKind::kGpr || o.kind == interp::OpKind::kGprHigh8; }
+  static bool is_mem(const interp::Operand& o) { return o.kind == interp::OpKind::kMem; }
+  static bool is_imm(const interp::Operand& o) { return o.kind == interp::OpKind::kImm; }
+  static bool fits32(int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; }
+  static bool mem_ok(const interp::Operand& o, const DecodedInsn& insn) {
+    // 64-bit mode addressing with a 32- or 64-bit address size and a 32-bit displacement (or RIP-relative).
+    return is_mem(o) && insn.mode == interp::kMode64 && (insn.addrsize == 64 || insn.addrsize == 32) &&
+           (o.base == interp::kRipBase || fits32(o.disp)) && (o.index == interp::kNoReg || o.base != interp::kRipBase);
+  }
+
+  Form form_of(const Op& op) const {
+    if (op.index >= block.count) return Form::kFallThrough;
+    const DecodedInsn& i = op.insn;
+    if (i.mode != interp::kMode64) return Form::kCall;  // (other modes: segment bases and masks; the handlers do them)
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    const unsigned w = o0.size;
+    const bool wide = w == 4 || w == 8;
+    auto operand_ok = [&](const interp::Operand& o) { return is_reg(o) || is_imm(o) || mem_ok(o, i); };
+    switch (ZydisMnemonic(i.mnemonic)) {
+      case ZYDIS_MNEMONIC_MOV:
+        if (op.fn == nullptr || !operand_ok(o0) || !operand_ok(o1) || is_imm(o0) || (is_mem(o0) && is_mem(o1))) break;
+        if (!is_imm(o1) && o0.size != o1.size) break;
+        if (is_imm(o1) && !fits32(o1.disp) && w != 8) break;
+        return Form::kMov;
+      case ZYDIS_MNEMONIC_MOVZX: case ZYDIS_MNEMONIC_MOVSX: case ZYDIS_MNEMONIC_MOVSXD:
+        if (o0.kind == interp::OpKind::kGpr && (is_reg(o1) || mem_ok(o1, i)) && w >= 2) return Form::kExtend;
+        break;
+      case ZYDIS_MNEMONIC_LEA:
+        if (o0.kind == interp::OpKind::kGpr && wide && mem_ok(o1, i) && o1.seg == 3) return Form::kLea;
+        break;
+      case ZYDIS_MNEMONIC_ADD: case ZYDIS_MNEMONIC_OR: case ZYDIS_MNEMONIC_AND: case ZYDIS_MNEMONIC_SUB:
+      case ZYDIS_MNEMONIC_XOR: case ZYDIS_MNEMONIC_CMP: case ZYDIS_MNEMONIC_TEST:
+        if (!operand_ok(o0) || is_imm(o0) || !operand_ok(o1) || (is_mem(o0) && is_mem(o1))) break;
+        if (is_imm(o1) && !fits32(o1.disp)) break;
+        return Form::kAlu;
+      case ZYDIS_MNEMONIC_INC: case ZYDIS_MNEMONIC_DEC:
+        if (is_reg(o0) || mem_ok(o0, i)) return Form::kIncDec;
+        break;
+      case ZYDIS_MNEMONIC_NEG: case ZYDIS_MNEMONIC_NOT:
+        if (is_reg(o0) || mem_ok(o0, i)) return Form::kNegNot;
+        break;
+      case ZYDIS_MNEMONIC_SHL: case ZYDIS_MNEMONIC_SHR: case ZYDIS_MNEMONIC_SAR:
+        if (wide && (is_reg(o0) || mem_ok(o0, i)) && i.operand_count >= 2 && is_imm(o1) &&
+            (uint64_t(o1.disp) & (w == 8 ? 63 : 31)) != 0)
+          return Form::kShift;
+        break;
+      case ZYDIS_MNEMONIC_IMUL:
+        if (wide && o0.kind == interp::OpKind::kGpr && i.operand_count >= 2 && o1.kind != interp::OpKind::kNone &&
+            operand_ok(o1) && !is_imm(o1) && (i.operand_count < 3 || (is_imm(i.op[2]) && fits32(i.op[2].disp))))
+          return Form::kImul;
+        break;
+      case ZYDIS_MNEMONIC_PUSH:
+        if (i.opsize == 64 && (o0.kind == interp::OpKind::kGpr || (is_imm(o0) && fits32(o0.disp)))) return Form::kPush;
+        break;
+      case ZYDIS_MNEMONIC_POP:
+        if (i.opsize == 64 && o0.kind == interp::OpKind::kGpr) return Form::kPop;
+        break;
+      case ZYDIS_MNEMONIC_JO: case ZYDIS_MNEMONIC_JNO: case ZYDIS_MNEMONIC_JB: case ZYDIS_MNEMONIC_JNB:
+      case ZYDIS_MNEMONIC_JZ: case ZYDIS_MNEMONIC_JNZ: case ZYDIS_MNEMONIC_JBE: case ZYDIS_MNEMONIC_JNBE:
+      case ZYDIS_MNEMONIC_JS: case ZYDIS_MNEMONIC_JNS: case ZYDIS_MNEMONIC_JP: case ZYDIS_MNEMONIC_JNP:
+      case ZYDIS_MNEMONIC_JL: case ZYDIS_MNEMONIC_JNL: case ZYDIS_MNEMONIC_JLE: case ZYDIS_MNEMONIC_JNLE:
+        if (op.target_ok) return Form::kJcc;
+        break;
+      case ZYDIS_MNEMONIC_JMP:
+        if (is_imm(o0) && op.target_ok) return Form::kJmp;
+        if (o0.kind == interp::OpKind::kGpr && o0.size == 8) return Form::kJmpReg;
+        break;
+      case ZYDIS_MNEMONIC_CALL:
+        if (is_imm(o0) && op.target_ok && i.opsize == 64) return Form::kCallRel;
+        break;
+      case ZYDIS_MNEMONIC_RET:
+        if (i.opsize == 64 && (i.opcode == 0xc3 || i.opcode == 0xc2)) return Form::kRet;
+        break;
+      case ZYDIS_MNEMONIC_NOP: case ZYDIS_MNEMONIC_ENDBR64: case ZYDIS_MNEMONIC_PAUSE:
+        return Form::kNop;
+      default:
+        break;
+    }
+    return Form::kCall;
+  }
+
+  static bool alu_writes_back(const DecodedInsn& i) {
+    return i.mnemonic != ZYDIS_MNEMONIC_CMP && i.mnemonic != ZYDIS_MNEMONIC_TEST;
+  }
+  bool touches_memory(const Op& op) const {
+    for (int k = 0; k < op.insn.operand_count; ++k)
+      if (is_mem(op.insn.op[k]) && op.insn.mnemonic != ZYDIS_MNEMONIC_LEA) return true;
+    return false;
+  }
+
+  FlagUse flag_use(const Op& op, Form f) const {
+    FlagUse u;
+    switch (f) {
+      case Form::kMov: case Form::kExtend: case Form::kLea: case Form::kNop:
+        u.can_exit = touches_memory(op);
+        return u;
+      case Form::kAlu: case Form::kNegNot: case Form::kShift: case Form::kImul:
+        u.writes = !(f == Form::kNegNot && op.insn.mnemonic == ZYDIS_MNEMONIC_NOT);
+        u.can_exit = touches_memory(op);
+        return u;
+      case Form::kIncDec:
+        u.reads = u.writes = true;  // (CF is kept: read)
+        u.can_exit = touches_memory(op);
+        return u;
+      case Form::kPush: case Form::kPop:
+        u.can_exit = true;
+        return u;
+      default:  // handlers, transfers, the block's end: anything may follow
+        u.reads = u.can_exit = true;
+        return u;
+    }
+  }
+
+  // ---- pieces ------------------------------------------------------------------------------------------
+  void call_handler(const Op& op) {
+    a.mov(8, rdi, rbx);
+    a.mov_imm64(rsi, reinterpret_cast<uint64_t>(&op));
+    a.call_abs(reinterpret_cast<uint64_t>(op.jit_fn));
+    a.test(8, rax, rax);
+    a.jcc(x64::kE, ended);
+  }
+  Slow& slow_path(const Op& op) {
+    slows.push_back(std::make_unique<Slow>());
+    slows.back()->op = &op;
+    return *slows.back();
+  }
+  void end_block(const Op& op) {  // a transfer done inline: return the operation
+    a.mov_imm64(rax, reinterpret_cast<uint64_t>(&op));
+    a.pop(rbx);
+    a.ret();
+  }
+  // After a transfer done inline (RIP set, its branch counted): jump straight to the block linked in
+  // `slot` when the runner would enter it now (the same checks run_fast makes between blocks: it fits
+  // in the step limit, no counter overflow, no kick, chaining allowed), else return `op` to the runner,
+  // which links blocks. `dynamic`: the target varies (RET, JMP r64): the linked block must start at RIP.
+  void chain_exit(const Op& op, int slot, bool dynamic) {
+    static const Block probe;
+    const auto boff = [](const auto* member) {
+      return int32_t(reinterpret_cast<const char*>(member) - reinterpret_cast<const char*>(&probe));
+    };
+    x64::Label out;
+    a.mov_imm64(rax, reinterpret_cast<uint64_t>(&block.link[slot]));
+    a.load(8, rax, x64::at(rax));
+    a.test(8, rax, rax);
+    a.jcc(x64::kE, out);
+    a.mov_imm64(rcx, reinterpret_cast<uint64_t>(&block.link_epoch));
+    a.load(8, rcx, x64::at(rcx));
+    a.mov_imm64(rdx, reinterpret_cast<uint64_t>(c.blocks_.epoch_address()));
+    a.alu(8, x64::kCmp, rcx, x64::at(rdx));
+    a.jcc(x64::kNe, out);
+    if (dynamic) {
+      a.load(8, rcx, x64::at(rax, boff(&probe.rip)));
+      a.alu(8, x64::kCmp, rcx, field(&c.s_.rip));
+      a.jcc(x64::kNe, out);
+    }
+    a.load(8, rcx, field(&c.steps_));
+    a.alu_imm(8, x64::kAdd, rcx, int32_t(block.count));  // the steps once this block has retired
+    a.load(4, rdx, x64::at(rax, boff(&probe.count)));
+    a.alu(8, x64::kAdd, rdx, rcx);
+    a.alu(8, x64::kCmp, rdx, field(&c.fast_step_limit_));
+    a.jcc(x64::kA, out);
+    a.load(8, rdx, field(&c.branches_));
+    a.alu(8, x64::kCmp, rdx, field(&c.branch_limit_));
+    a.jcc(x64::kAe, out);
+    a.movzx(rdx, 1, x64::at(rbx, off(&c.chain_ok_)));
+    a.test(4, rdx, rdx);
+    a.jcc(x64::kE, out);
+    a.movzx(rdx, 1, x64::at(rbx, off(&c.kicked_)));
+    a.test(4, rdx, rdx);
+    a.jcc(x64::kNe, out);
+    a.store(8, field(&c.steps_), rcx);
+    a.store(8, x64::at(rbx, off(&c.running_block_)), rax);
+    a.inc_mem64(field(&c.fast_stats_.chained));
+    a.jmp_mem(x64::at(rax, boff(&probe.body)));
+    a.bind(out);
+    // Not linked (another page, another target): the cache may have the block all the same.
+    x64::Label back;
+    a.mov(8, rdi, rbx);
+    a.mov_imm64(rsi, block.count);
+    a.mov_imm64(rdx, uint64_t(slot));
+    a.call_abs(reinterpret_cast<uint64_t>(&next_body));
+    a.test(8, rax, rax);
+    a.jcc(x64::kE, back);
+    a.jmp_reg(rax);
+    a.bind(back);
+    end_block(op);
+  }
+  // The block at RIP, when the runner would go on into it now and it is translated already: its body,
+  // with this block's steps counted and it the running block; else nullptr (the runner takes over).
+  // Looks things up only: no translation, no page walk (a walk can fault or set accessed bits, which
+  // only the fetch the reference would make may do), nothing freed.
+  // Links the block found into `slot` of the running one when both are in one linear page (the link is
+  // then taken inline next time; another page needs this lookup's translation every time).
+  static const void* next_body(InterpBackend* cpu, uint64_t retired, uint64_t slot) noexcept {
+    InterpBackend& c = *cpu;
+    const uint64_t steps = c.steps_ + retired;
+    if (!c.chain_ok_ || steps >= c.fast_step_limit_ || c.branches_ >= c.branch_limit_ ||
+        c.kicked_.load(std::memory_order_relaxed))
+      return nullptr;
+    const uint32_t key = c.running_block_->key;
+    const uint64_t linear = (key & 3) == interp::kMode64 ? c.s_.rip : ((c.s_.cs.base + c.s_.rip) & 0xffffffffu);
+    uint64_t phys;
+    if (c.s_.cr0 & cr0::kPg) {
+      // The reference's fetch translation on a TLB hit (which has no side effects).
+      const TlbEntry& e = c.tlb_[(linear >> 12) % kTlbSize];
+      if (e.tag != (linear >> 12) || (((key >> 2) & 3) == 3 && !e.user) || e.nx) return nullptr;
+      phys = e.phys | (linear & 0xfff);
+    } else {
+      phys = c.long_mode() ? linear : (linear & 0xffffffffu);
+    }
+    Block* next = c.blocks_.find(phys, c.s_.rip, key);
+    if (!next || !next->body || steps + next->count > c.fast_step_limit_) return nullptr;
+    Block* from = c.running_block_;
+    if ((next->linear >> 12) == (from->linear >> 12)) {
+      if (from->link_epoch != c.blocks_.epoch()) {
+        from->link[0] = from->link[1] = nullptr;
+        from->link_epoch = c.blocks_.epoch();
+      }
+      from->link[slot] = next;
+    }
+    c.steps_ = steps;
+    c.running_block_ = next;
+    ++c.fast_stats_.chained;
+    return next->body;
+  }
+  int slot_for(const Op& op, uint64_t target) const { return target == op.next_rip ? 1 : 0; }
+  void set_rip(uint64_t rip) {
+    a.mov_imm64(rax, rip);
+    a.store(8, field(&c.s_.rip), rax);
+  }
+
+  // Loads guest register operand `o` (w bytes, zero-extended) into host `r`.
+  void load_reg(Reg r, const interp::Operand& o, unsigned w) {
+    const int byte = o.kind == interp::OpKind::kGprHigh8 ? 1 : 0;
+    if (w == 8) a.load(8, r, gpr(o.reg));
+    else if (w == 4) a.load(4, r, gpr(o.reg));
+    else a.movzx(r, w, gpr(o.reg, byte));
+  }
+  // Stores host `r` into guest register operand `o` with the width's merge rules: 4 bytes zero-extend
+  // (r's upper half is clear: every 32-bit host operation leaves it so), 1 and 2 bytes merge.
+  void store_reg(const interp::Operand& o, Reg r, unsigned w) {
+    const int byte = o.kind == interp::OpKind::kGprHigh8 ? 1 : 0;
+    if (w >= 4) a.store(8, gpr(o.reg), r);
+    else a.store(w, gpr(o.reg, byte), r);
+  }
+  void mask_to(Reg r, unsigned w) {
+    if (w == 4) a.mov(4, r, r);
+    else if (w < 4) a.movzx(r, w, r);
+  }
+
+  // Linear address of memory operand `o` into RSI (64-bit mode).
+  void address(const Op& op, const interp::Operand& o) {
+    if (o.base == interp::kRipBase) {
+      uint64_t linear = op.next_rip + uint64_t(o.disp);
+      if (op.insn.addrsize == 32) linear &= 0xffffffffu;
+      a.mov_imm64(rsi, linear);
+    } else {
+      if (o.base != interp::kNoReg) a.load(8, rsi, gpr(o.base));
+      else a.mov_imm64(rsi, 0);
+      if (o.index != interp::kNoReg) {
+        a.load(8, rdx, gpr(o.index));
+        a.lea(rsi, x64::at(rsi, rdx, o.scale, int32_t(o.disp)));
+      } else if (o.disp != 0) {
+        a.lea(rsi, x64::at(rsi, int32_t(o.disp)));
+      }
+      if (op.insn.addrsize == 32) a.mov(4, rsi, rsi);
+    }
+    if (o.seg == 4 || o.seg == 5) a.alu(8, x64::kAdd, rsi, x64::at(rbx, off(o.seg == 4 ? &c.s_.fs.base : &c.s_.gs.base)));
+  }
+  // RSI = linear address of an n-byte access: jumps to `miss` unless its page has the fast tag (read
+  // or write, at the block's privilege); else RSI becomes the host address. Clobbers RCX, RDX.
+  void translate(unsigned n, bool write, x64::Label& miss) {
+    a.lea(rdx, x64::at(rsi, int32_t(n - 1)));
+    a.shift_imm(8, x64::kShr, rdx, 12);
+    a.mov(4, rcx, rsi);
+    a.shift_imm(4, x64::kShr, rcx, 12);
+    a.alu_imm(4, x64::kAnd, rcx, int32_t(kTlbSize - 1));
+    a.shift_imm(4, x64::kShl, rcx, 6);
+    const int32_t tag = write ? int32_t(offsetof(TlbEntry, write_tag)) : int32_t(offsetof(TlbEntry, read_tag));
+    a.alu(8, x64::kCmp, rdx, tlb(tag, user ? 8 : 0));
+    a.jcc(x64::kNe, miss);
+    a.alu(8, x64::kAdd, rsi, tlb(int32_t(offsetof(TlbEntry, addend))));
+  }
+  void load_host(Reg r, unsigned w) {
+    if (w >= 4) a.load(w, r, x64::at(rsi));
+    else a.movzx(r, w, x64::at(rsi));
+  }
+
+  void store_flags(interp::CcKind kind, unsigned w, Reg dst, Reg src1, Reg src2) {
+    a.store_imm(4, lazy_cc(), int32_t(interp::cc_code(kind, w)));
+    a.store(8, lazy_dst(), dst);
+    if (src1 != x64::kNoReg) a.store(8, lazy_src1(), src1);
+    if (src2 != x64::kNoReg) a.store(8, lazy_src2(), src2);
+  }
+  void now_known(interp::CcKind kind, unsigned w) {
+    known = true;
+    known_kind = kind;
+    known_width = w;
+  }
+
+  // Jumps to `taken` when guest condition `cc` holds.
+  void condition_jump(unsigned cc, x64::Label& taken) {
+    const unsigned pair = (cc >> 1) & 7;
+    const bool uses_cf = pair == 1 || pair == 3;
+    const bool szp_only = pair == 2 || pair == 4 || pair == 5;
+    const unsigned w = known_width;
+    if (known && known_kind == interp::kCcSub) {
+      a.load(8, rax, lazy_src1());
+      a.alu(w, x64::kCmp, rax, lazy_src2());
+    } else if (known && known_kind == interp::kCcAdd) {
+      a.load(8, rax, lazy_src1());
+      a.alu(w, x64::kAdd, rax, lazy_src2());
+    } else if (known && known_kind == interp::kCcLogic) {
+      a.load(8, rax, lazy_dst());
+      a.test(w, rax, rax);
+    } else if (known && (known_kind == interp::kCcInc || known_kind == interp::kCcDec) && !uses_cf) {
+      a.load(8, rax, lazy_src1());
+      a.alu_imm(w, known_kind == interp::kCcInc ? x64::kAdd : x64::kSub, rax, 1);
+    } else if (known && known_kind == interp::kCcSzp && szp_only) {
+      a.load(8, rax, lazy_dst());
+      a.test(w, rax, rax);
+    } else {
+      a.mov(8, rdi, rbx);
+      a.mov_imm64(rsi, cc);
+      a.call_abs(reinterpret_cast<uint64_t>(&condition_helper));
+      a.test(1, rax, rax);
+      a.jcc(x64::kNe, taken);
+      return;
+    }
+    a.jcc(x64::Cond(cc), taken);
+  }
+  // RAX = CF (0 or 1) of the flags as they are now.
+  void carry_to_rax() {
+    if (known && known_kind == interp::kCcLogic) {
+      a.mov_imm64(rax, 0);
+    } else if (known && known_kind == interp::kCcSub) {
+      a.load(8, rax, lazy_src1());
+      a.alu(8, x64::kCmp, rax, lazy_src2());  // (stored masked: the full-width compare is the width's)
+      a.setcc(x64::kB, rax);
+      a.movzx(rax, 1, rax);
+    } else if (known && (known_kind == interp::kCcInc || known_kind == interp::kCcDec || known_kind == interp::kCcSzp)) {
+      a.load(8, rax, lazy_src2());
+      a.alu_imm(4, x64::kAnd, rax, 1);
+    } else {
+      a.mov(8, rdi, rbx);
+      a.call_abs(reinterpret_cast<uint64_t>(&carry_helper));
+    }
+  }
+  static bool condition_helper(InterpBackend* cpu, uint64_t cc) noexcept {
+    return interp::cc_condition(cpu->lazy_, unsigned(cc), cpu->s_.rflags);
+  }
+  static uint64_t carry_helper(InterpBackend* cpu) noexcept { return interp::cc_carry(cpu->lazy_, cpu->s_.rflags) ? 1 : 0; }
+
+  // ---- templates -----------------------------------------------------------------------------------------
+  void emit_mov(const Op& op) {
+    const interp::Operand &o0 = op.insn.op[0], &o1 = op.insn.op[1];
+    const unsigned w = o0.size;
+    if (is_mem(o0)) {
+      Slow& s = slow_path(op);
+      address(op, o0);
+      translate(w, true, s.entry);
+      if (is_imm(o1)) {
+        if (w == 8 && !fits32(o1.disp)) {
+          a.mov_imm64(rax, uint64_t(o1.disp));
+          a.store(8, x64::at(rsi), rax);
+        } else {
+          a.store_imm(w, x64::at(rsi), int32_t(o1.disp));
+        }
+      } else {
+        load_reg(rax, o1, w);
+        a.store(w, x64::at(rsi), rax);
+      }
+      a.bind(s.resume);
+      return;
+    }
+    if (is_mem(o1)) {
+      Slow& s = slow_path(op);
+      address(op, o1);
+      translate(w, false, s.entry);
+      load_host(rax, w);
+      store_reg(o0, rax, w);
+      a.bind(s.resume);
+      return;
+    }
+    if (is_imm(o1)) a.mov_imm64(rax, uint64_t(o1.disp) & (w >= 8 ? ~0ull : (1ull << (8 * w)) - 1));
+    else load_reg(rax, o1, w);
+    store_reg(o0, rax, w);
+  }
+
+  // Operand `o` (w bytes, zero-extended) into host `dst`: a register, or memory through the software TLB
+  // (RSI keeps its host address for a store back; a miss jumps to the slow path returned). nullptr: a register.
+  Slow* load_operand(const Op& op, const interp::Operand& o, unsigned w, bool write, Reg dst) {
+    if (!is_mem(o)) {
+      load_reg(dst, o, w);
+      return nullptr;
+    }
+    Slow* s = &slow_path(op);
+    address(op, o);
+    translate(w, write, s->entry);
+    load_host(dst, w);
+    return s;
+  }
+  // Stores host `r` back into the operand load_operand read.
+  void store_operand(const interp::Operand& o, Reg r, unsigned w) {
+    if (is_mem(o)) a.store(w, x64::at(rsi), r);
+    else store_reg(o, r, w);
+  }
+
+  void emit_extend(const Op& op) {
+    const interp::Operand &o0 = op.insn.op[0], &o1 = op.insn.op[1];
+    const unsigned w = o0.size, sw = o1.size;
+    const bool sign = op.insn.mnemonic != ZYDIS_MNEMONIC_MOVZX;
+    Slow* s = load_operand(op, o1, sw, false, rax);
+    if (sign) a.movsx(w == 8 ? 8 : 4, rax, sw, rax);  // 32-bit form for narrower destinations: upper half clear
+    else if (sw == 4) a.mov(4, rax, rax);
+    if (w == 2) a.movzx(rax, 2, rax);
+    store_reg(o0, rax, w);
+    if (s) a.bind(s->resume);
+  }
+
+  void emit_lea(const Op& op) {
+    const unsigned w = op.insn.op[0].size;
+    address(op, op.insn.op[1]);
+    if (w == 4) a.mov(4, rsi, rsi);
+    a.store(8, gpr(op.insn.op[0].reg), rsi);
+  }
+
+  void emit_alu(const Op& op, bool store) {
+    const DecodedInsn& i = op.insn;
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    const unsigned w = o0.size;
+    const bool writes = alu_writes_back(i);
+    // a -> RAX, b -> RCX (after the TLB check, which uses RCX and RDX), result -> RDX. (At most one is memory.)
+    Slow* s = load_operand(op, o0, w, writes, rax);
+    if (is_imm(o1)) a.mov_imm64(rcx, uint64_t(o1.disp) & (w >= 8 ? ~0ull : (1ull << (8 * w)) - 1));
+    else if (Slow* s1 = load_operand(op, o1, w, false, rcx)) s = s1;
+    a.mov(8, rdx, rax);
+    x64::Alu op_code = x64::kAdd;
+    interp::CcKind kind = interp::kCcLogic;
+    switch (ZydisMnemonic(i.mnemonic)) {
+      case ZYDIS_MNEMONIC_ADD: op_code = x64::kAdd; kind = interp::kCcAdd; break;
+      case ZYDIS_MNEMONIC_OR: op_code = x64::kOr; break;
+      case ZYDIS_MNEMONIC_AND: case ZYDIS_MNEMONIC_TEST: op_code = x64::kAnd; break;
+      case ZYDIS_MNEMONIC_XOR: op_code = x64::kXor; break;
+      default: op_code = x64::kSub; kind = interp::kCcSub; break;  // SUB, CMP
+    }
+    a.alu(w == 8 ? 8 : 4, op_code, rdx, rcx);  // operands are zero-extended: the low w bytes are the result
+    mask_to(rdx, w);
+    if (writes) {
+      store_operand(o0, rdx, w);
+    }
+    if (store) store_flags(kind, w, rdx, rax, rcx);
+    now_known(kind, w);
+    if (s) a.bind(s->resume);
+  }
+
+  void emit_incdec_negnot(const Op& op, bool store) {
+    const DecodedInsn& i = op.insn;
+    const interp::Operand& o0 = i.op[0];
+    const unsigned w = o0.size;
+    const ZydisMnemonic m = ZydisMnemonic(i.mnemonic);
+    const bool incdec = m == ZYDIS_MNEMONIC_INC || m == ZYDIS_MNEMONIC_DEC;
+    if (incdec) {
+      carry_to_rax();  // CF is kept: what it is now (a helper call may come first: before anything else)
+      a.mov(8, r8, rax);
+    }
+    Slow* s = load_operand(op, o0, w, true, rax);
+    a.mov(8, rdx, rax);
+    switch (m) {
+      case ZYDIS_MNEMONIC_INC: a.alu_imm(8, x64::kAdd, rdx, 1); break;
+      case ZYDIS_MNEMONIC_DEC: a.alu_imm(8, x64::kSub, rdx, 1); break;
+      case ZYDIS_MNEMONIC_NEG: a.neg(8, rdx); break;
+      default: a.not_(8, rdx); break;
+    }
+    mask_to(rdx, w);
+    store_operand(o0, rdx, w);
+    if (m == ZYDIS_MNEMONIC_INC || m == ZYDIS_MNEMONIC_DEC) {
+      const interp::CcKind kind = m == ZYDIS_MNEMONIC_INC ? interp::kCcInc : interp::kCcDec;
+      if (store) store_flags(kind, w, rdx, rax, r8);  // src2 = the kept CF (kCf is bit 0)
+      now_known(kind, w);
+    } else if (m == ZYDIS_MNEMONIC_NEG) {
+      if (store) {
+        a.store_imm(4, lazy_cc(), int32_t(interp::cc_code(interp::kCcSub, w)));
+        a.store(8, lazy_dst(), rdx);
+        a.store_imm(8, lazy_src1(), 0);
+        a.store(8, lazy_src2(), rax);
+      }
+      now_known(interp::kCcSub, w);
+    }
+    if (s) a.bind(s->resume);
+  }
+
+  void emit_shift(const Op& op, bool store) {
+    const DecodedInsn& i = op.insn;
+    const interp::Operand& o0 = i.op[0];
+    const unsigned w = o0.size;
+    const uint8_t count = uint8_t(uint64_t(i.op[1].disp) & (w == 8 ? 63 : 31));
+    Slow* s = load_operand(op, o0, w, true, rax);
+    a.mov(8, rdx, rax);
+    const ZydisMnemonic m = ZydisMnemonic(i.mnemonic);
+    a.shift_imm(w, m == ZYDIS_MNEMONIC_SHL ? x64::kShl : m == ZYDIS_MNEMONIC_SHR ? x64::kShr : x64::kSar, rdx, count);
+    // CF is the host's (the last bit out); OF as docs/interp-alu.md fixes it for every count.
+    a.setcc(x64::kB, rcx);
+    a.movzx(rcx, 1, rcx);
+    if (m == ZYDIS_MNEMONIC_SHL) {
+      a.mov(8, r9, rdx);
+      a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
+      a.alu_imm(4, x64::kAnd, r9, 1);
+      a.alu(4, x64::kXor, r9, rcx);
+    } else if (m == ZYDIS_MNEMONIC_SHR) {
+      a.mov(8, r9, rax);
+      a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
+      a.alu_imm(4, x64::kAnd, r9, 1);
+    } else {
+      a.mov_imm64(r9, 0);
+    }
+    a.shift_imm(4, x64::kShl, r9, 11);
+    a.alu(4, x64::kOr, rcx, r9);
+    store_operand(o0, rdx, w);
+    if (store) store_flags(interp::kCcSzp, w, rdx, x64::kNoReg, rcx);
+    now_known(interp::kCcSzp, w);
+    if (s) a.bind(s->resume);
+  }
+
+  void emit_imul(const Op& op, bool store) {
+    const DecodedInsn& i = op.insn;
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    const unsigned w = o0.size;
+    const bool three = i.operand_count >= 3;
+    // a = op1 (three operands) or op0; b = imm or op1
+    Slow* s = load_operand(op, o1, w, false, three ? rax : rcx);
+    if (three) a.mov_imm64(rcx, uint64_t(i.op[2].disp));
+    else load_reg(rax, o0, w);
+    a.mov(8, rdx, rax);
+    a.imul(w, rdx, rcx);
+    a.setcc(x64::kO, rcx);
+    a.movzx(rcx, 1, rcx);
+    a.neg(4, rcx);  // 0 or all ones
+    a.alu_imm(4, x64::kAnd, rcx, int32_t(interp::kCf | interp::kOf));
+    mask_to(rdx, w);
+    store_reg(o0, rdx, w);
+    if (store) store_flags(interp::kCcSzp, w, rdx, x64::kNoReg, rcx);
+    now_known(interp::kCcSzp, w);
+    if (s) a.bind(s->resume);
+  }
+
+  void emit_push(const Op& op) {
+    Slow& s = slow_path(op);
+    a.load(8, r8, gpr(kRsp));
+    a.lea(rsi, x64::at(r8, -8));
+    a.mov(8, r8, rsi);
+    translate(8, true, s.entry);
+    const interp::Operand& o0 = op.insn.op[0];
+    if (is_imm(o0)) a.mov_imm64(rax, uint64_t(o0.disp));
+    else a.load(8, rax, gpr(o0.reg));
+    a.store(8, x64::at(rsi), rax);
+    a.store(8, gpr(kRsp), r8);
+    a.bind(s.resume);
+  }
+  void emit_pop(const Op& op) {
+    Slow& s = slow_path(op);
+    a.load(8, rsi, gpr(kRsp));
+    a.mov(8, r8, rsi);
+    translate(8, false, s.entry);
+    a.load(8, rax, x64::at(rsi));
+    a.alu_imm(8, x64::kAdd, r8, 8);
+    a.store(8, gpr(kRsp), r8);
+    a.store(8, gpr(op.insn.op[0].reg), rax);
+    a.bind(s.resume);
+  }
+
+  void count_branch() { a.inc_mem64(field(&c.branches_)); }
+
+  void emit_jcc(const Op& op) {
+    x64::Label taken;
+    condition_jump(op.cond, taken);
+    set_rip(op.next_rip);
+    count_branch();
+    chain_exit(op, 1, false);
+    a.bind(taken);
+    set_rip(op.target);
+    count_branch();
+    chain_exit(op, slot_for(op, op.target), false);
+  }
+  // 64-bit targets from registers or the stack: #GP when not canonical, which the handler raises.
+  void canonical_or(Reg r, x64::Label& bad) {
+    a.mov(8, rcx, r);
+    a.shift_imm(8, x64::kShl, rcx, 16);
+    a.shift_imm(8, x64::kSar, rcx, 16);
+    a.alu(8, x64::kCmp, rcx, r);
+    a.jcc(x64::kNe, bad);
+  }
+  void emit_jmp_reg(const Op& op) {
+    Slow& s = slow_path(op);
+    a.load(8, rax, gpr(op.insn.op[0].reg));
+    canonical_or(rax, s.entry);
+    a.store(8, field(&c.s_.rip), rax);
+    chain_exit(op, 0, true);
+    a.bind(s.resume);  // (the handler ended the block: its slow path goes to `ended`)
+  }
+  void emit_call(const Op& op) {
+    Slow& s = slow_path(op);
+    a.load(8, r8, gpr(kRsp));
+    a.lea(rsi, x64::at(r8, -8));
+    a.mov(8, r8, rsi);
+    translate(8, true, s.entry);
+    a.mov_imm64(rax, op.next_rip);
+    a.store(8, x64::at(rsi), rax);
+    a.store(8, gpr(kRsp), r8);
+    set_rip(op.target);
+    chain_exit(op, slot_for(op, op.target), false);
+    a.bind(s.resume);
+  }
+  void emit_ret(const Op& op) {
+    Slow& s = slow_path(op);
+    a.load(8, rsi, gpr(kRsp));
+    a.mov(8, r8, rsi);
+    translate(8, false, s.entry);
+    a.load(8, rax, x64::at(rsi));
+    canonical_or(rax, s.entry);
+    const uint16_t extra = op.insn.operand_count >= 1 && is_imm(op.insn.op[0]) ? uint16_t(op.insn.op[0].disp) : 0;
+    a.alu_imm(8, x64::kAdd, r8, 8 + extra);
+    a.store(8, gpr(kRsp), r8);
+    a.store(8, field(&c.s_.rip), rax);
+    chain_exit(op, 0, true);
+    a.bind(s.resume);
+  }
+
+  // ---- the block -------------------------------------------------------------------------------------------
+  size_t body_offset = 0;
+  void compile() {
+    a.push(rbx);  // also aligns the stack for calls
+    a.mov(8, rbx, rdi);
+    body_offset = a.size();  // chained blocks come in here, with RBX set and RBX's push on the stack
+    const size_t n = block.ops.size();
+    std::vector<Form> forms(n);
+    std::vector<bool> keep_flags(n, true);
+    for (size_t k = 0; k < n; ++k) forms[k] = form_of(block.ops[k]);
+    // Flag stores nothing can see are dropped: a producer's flags are needed when, before the next
+    // operation that sets all of them, something reads them or the block may be left.
+    bool needed = true;
+    for (size_t k = n; k-- > 0;) {
+      const FlagUse u = flag_use(block.ops[k], forms[k]);
+      keep_flags[k] = needed;
+      if (u.reads || u.can_exit) needed = true;
+      else if (u.writes) needed = false;
+    }
+    for (size_t k = 0; k < n; ++k) {
+      const Op& op = block.ops[k];
+      switch (forms[k]) {
+        case Form::kMov: emit_mov(op); break;
+        case Form::kExtend: emit_extend(op); break;
+        case Form::kLea: emit_lea(op); break;
+        case Form::kAlu: emit_alu(op, keep_flags[k]); break;
+        case Form::kIncDec: case Form::kNegNot: emit_incdec_negnot(op, keep_flags[k]); break;
+        case Form::kShift: emit_shift(op, keep_flags[k]); break;
+        case Form::kImul: emit_imul(op, keep_flags[k]); break;
+        case Form::kPush: emit_push(op); break;
+        case Form::kPop: emit_pop(op); break;
+        case Form::kJcc: emit_jcc(op); break;
+        case Form::kJmp: set_rip(op.target); chain_exit(op, slot_for(op, op.target), false); break;
+        case Form::kJmpReg: emit_jmp_reg(op); break;
+        case Form::kCallRel: emit_call(op); break;
+        case Form::kRet: emit_ret(op); break;
+        case Form::kNop: break;
+        case Form::kFallThrough: set_rip(op.rip); chain_exit(op, 1, false); break;
+        default:
+          call_handler(op);
+          // What the handler left in the flags is not known here (unless it cannot touch them).
+          if (!(op.insn.mnemonic == ZYDIS_MNEMONIC_MOV || op.insn.mnemonic == ZYDIS_MNEMONIC_LEA ||
+                op.insn.mnemonic == ZYDIS_MNEMONIC_PUSH || op.insn.mnemonic == ZYDIS_MNEMONIC_POP ||
+                op.insn.mnemonic == ZYDIS_MNEMONIC_MOVZX || op.insn.mnemonic == ZYDIS_MNEMONIC_MOVSX ||
+                op.insn.mnemonic == ZYDIS_MNEMONIC_MOVSXD || op.insn.mnemonic == ZYDIS_MNEMONIC_XCHG))
+            known = false;
+          break;
+      }
+    }
+    // The handlers' out-of-line calls: the whole instruction, then on with the block (or out of it).
+    for (auto& s : slows) {
+      a.bind(s->entry);
+      call_handler(*s->op);
+      a.jmp(s->resume);
+    }
+    a.bind(ended);
+    a.load(8, rax, x64::at(rbx, off(&c.running_op_)));
+    a.pop(rbx);
+    a.ret();
+  }
+};
+
+bool InterpBackend::compile_block(Block& block) {
+  if (!jit_) jit_ = std::make_unique<interp::JitBuffer>();
+  if (!jit_->ok()) return false;
+  static_assert(sizeof(TlbEntry) == 64, "the JIT indexes the software TLB by shifting");
+  Jit jit(*this, block);
+  jit.compile();
+  // Room first: a full buffer drops every block (their code with it) before this one joins the cache.
+  if (jit_->used() + jit.a.size() + 16 > jit_->capacity()) {
+    blocks_.clear();
+    jit_->reset();
+  }
+  void* code = jit_->add(jit.a.code);
+  if (!code) return false;
+  block.code = reinterpret_cast<Block::Code>(code);
+  block.body = static_cast<const uint8_t*>(code) + jit.body_offset;
+  block.code_bytes = uint32_t(jit.a.size());
+  jit_->note_for_perf(code, jit.a.size(), block.rip);
+  if (const char* dir = std::getenv("DEJA_JIT_DUMP")) {
+    // For reading the generated code: objdump -D -b binary -mi386:x86-64 DIR/block-RIP.bin
+    const std::string path = fmt::format("{}/block-{:x}.bin", dir, block.rip);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      (void)!write(fd, jit.a.code.data(), jit.a.size());
+      close(fd);
+    }
+  }
+  return true;
+}
+
+
+const Op* InterpBackend::run_block(const Block& block) {
+  if (block.code) {
+    const Op* last = block.code(this);
+    if (jit_trap_) [[unlikely]] {
+      const uint8_t trap = jit_trap_;
+      jit_trap_ = 0;
+      if (trap == kJitFault) throw jit_fault_;
+      throw ExitRequest{};
+    }
+    return last;
+  }
+  const Op* op = block.ops.data();
+  do {
+    running_op_ = op;
+    op = op->fn(*this, op);
+  } while (op);
+  return running_op_;
+}
+
+}  // namespace deja

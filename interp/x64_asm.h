@@ -1,0 +1,273 @@
+// A small x86-64 assembler for the software CPU's JIT: the instructions its templates emit, with labels and rel32 fixups.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace deja::interp::x64 {
+
+// Host registers by encoding number.
+enum Reg : uint8_t { rax, rcx, rdx, rbx, rsp, rbp, rsi, rdi, r8, r9, r10, r11, r12, r13, r14, r15, kNoReg = 0xff };
+
+// A memory operand [base + index * scale + disp] (base required; index optional).
+struct Mem {
+  Reg base;
+  int32_t disp = 0;
+  Reg index = kNoReg;
+  uint8_t scale = 1;
+};
+inline Mem at(Reg base, int32_t disp = 0) { return Mem{base, disp}; }
+inline Mem at(Reg base, Reg index, uint8_t scale, int32_t disp = 0) { return Mem{base, disp, index, scale}; }
+
+// Condition codes (the low nibble of Jcc/SETcc), as the guest's.
+enum Cond : uint8_t { kO, kNo, kB, kAe, kE, kNe, kBe, kA, kS, kNs, kP, kNp, kL, kGe, kLe, kG };
+
+// ALU operations by their /digit in opcodes 0x81/0x83 (and *8 + 1 / + 3 for the r/m forms).
+enum Alu : uint8_t { kAdd = 0, kOr = 1, kAdc = 2, kSbb = 3, kAnd = 4, kSub = 5, kXor = 6, kCmp = 7 };
+// Shifts and rotates by their /digit in 0xC1/0xD3.
+enum Shift : uint8_t { kRol = 0, kRor = 1, kShl = 4, kShr = 5, kSar = 7 };
+
+struct Label {
+  int position = -1;            // byte offset once bound
+  std::vector<int> uses;        // rel32 fields to patch
+};
+
+class Assembler {
+ public:
+  std::vector<uint8_t> code;
+
+  size_t size() const { return code.size(); }
+  void u8(uint8_t v) { code.push_back(v); }
+  void u32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) u8(uint8_t(v >> (8 * i)));
+  }
+  void u64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) u8(uint8_t(v >> (8 * i)));
+  }
+
+  // ---- encoding -------------------------------------------------------------------------------------
+  // REX prefix for an operation of `bytes` width with ModRM.reg = `reg` and r/m (or SIB base/index).
+  void rex(unsigned bytes, unsigned reg, unsigned index, unsigned base, bool force = false) {
+    uint8_t r = 0x40;
+    if (bytes == 8) r |= 8;
+    if (reg & 8) r |= 4;
+    if (index != kNoReg && (index & 8)) r |= 2;
+    if (base != kNoReg && (base & 8)) r |= 1;
+    if (r != 0x40 || force) u8(r);
+  }
+  // Operand-size prefix and REX for `bytes` wide operations on registers `reg`/`rm` (byte ops on SPL..DIL
+  // need a REX even without extension bits).
+  void prefix_rr(unsigned bytes, unsigned reg, unsigned rm) {
+    if (bytes == 2) u8(0x66);
+    rex(bytes, reg, kNoReg, rm, bytes == 1 && (reg >= 4 || rm >= 4));
+  }
+  void prefix_rm(unsigned bytes, unsigned reg, const Mem& m) {
+    if (bytes == 2) u8(0x66);
+    rex(bytes, reg, m.index, m.base, bytes == 1 && reg >= 4 && reg < 8);
+  }
+  void modrm_rr(unsigned reg, unsigned rm) { u8(uint8_t(0xc0 | ((reg & 7) << 3) | (rm & 7))); }
+  void modrm_mem(unsigned reg, const Mem& m) {
+    const unsigned base = m.base & 7;
+    const bool need_sib = m.index != kNoReg || base == rsp;
+    unsigned mod = m.disp == 0 && base != rbp ? 0 : (m.disp >= -128 && m.disp <= 127 ? 1 : 2);
+    u8(uint8_t((mod << 6) | ((reg & 7) << 3) | (need_sib ? 4 : base)));
+    if (need_sib) {
+      const unsigned scale_bits = m.scale == 8 ? 3 : m.scale == 4 ? 2 : m.scale == 2 ? 1 : 0;
+      const unsigned index = m.index == kNoReg ? 4 : (m.index & 7);
+      u8(uint8_t((scale_bits << 6) | (index << 3) | base));
+    }
+    if (mod == 1) u8(uint8_t(int8_t(m.disp)));
+    if (mod == 2) u32(uint32_t(m.disp));
+  }
+  // op reg, r/m or op r/m, reg with a one- or two-byte opcode.
+  void op_rr(unsigned bytes, uint8_t opcode, unsigned reg, unsigned rm) {
+    prefix_rr(bytes, reg, rm);
+    u8(opcode);
+    modrm_rr(reg, rm);
+  }
+  void op_rm(unsigned bytes, uint8_t opcode, unsigned reg, const Mem& m) {
+    prefix_rm(bytes, reg, m);
+    u8(opcode);
+    modrm_mem(reg, m);
+  }
+  void op2_rr(unsigned bytes, uint8_t opcode2, unsigned reg, unsigned rm) {
+    prefix_rr(bytes, reg, rm);
+    u8(0x0f);
+    u8(opcode2);
+    modrm_rr(reg, rm);
+  }
+  void op2_rm(unsigned bytes, uint8_t opcode2, unsigned reg, const Mem& m) {
+    prefix_rm(bytes, reg, m);
+    u8(0x0f);
+    u8(opcode2);
+    modrm_mem(reg, m);
+  }
+
+  // ---- moves ----------------------------------------------------------------------------------------
+  void mov(unsigned bytes, Reg dst, Reg src) { op_rr(bytes, bytes == 1 ? 0x88 : 0x89, src, dst); }
+  void load(unsigned bytes, Reg dst, const Mem& m) { op_rm(bytes, bytes == 1 ? 0x8a : 0x8b, dst, m); }
+  void store(unsigned bytes, const Mem& m, Reg src) { op_rm(bytes, bytes == 1 ? 0x88 : 0x89, src, m); }
+  // Zero- and sign-extending loads to 32/64 bits.
+  void movzx(Reg dst, unsigned src_bytes, const Mem& m) { op2_rm(4, src_bytes == 1 ? 0xb6 : 0xb7, dst, m); }
+  void movzx(Reg dst, unsigned src_bytes, Reg src) { op2_rr(4, src_bytes == 1 ? 0xb6 : 0xb7, dst, src); }
+  void movsx(unsigned bytes, Reg dst, unsigned src_bytes, Reg src) {
+    if (src_bytes == 4) {
+      op_rr(bytes, 0x63, dst, src);  // MOVSXD
+    } else {
+      prefix_rr(bytes, dst, src);
+      u8(0x0f);
+      u8(src_bytes == 1 ? 0xbe : 0xbf);
+      modrm_rr(dst, src);
+    }
+  }
+  void mov_imm64(Reg dst, uint64_t value) {
+    if (value <= 0xffffffffu) {  // mov r32, imm32 zero-extends
+      rex(4, 0, kNoReg, dst);
+      u8(uint8_t(0xb8 + (dst & 7)));
+      u32(uint32_t(value));
+    } else if (int64_t(value) >= INT32_MIN && int64_t(value) <= INT32_MAX) {
+      rex(8, 0, kNoReg, dst);
+      u8(0xc7);
+      modrm_rr(0, dst);
+      u32(uint32_t(value));
+    } else {
+      rex(8, 0, kNoReg, dst);
+      u8(uint8_t(0xb8 + (dst & 7)));
+      u64(value);
+    }
+  }
+  // mov r/m, imm32 (sign-extended for 8 bytes).
+  void store_imm(unsigned bytes, const Mem& m, int32_t value) {
+    prefix_rm(bytes, 0, m);
+    u8(bytes == 1 ? 0xc6 : 0xc7);
+    modrm_mem(0, m);
+    if (bytes == 1) u8(uint8_t(value));
+    else if (bytes == 2) { u8(uint8_t(value)); u8(uint8_t(value >> 8)); }
+    else u32(uint32_t(value));
+  }
+  void lea(Reg dst, const Mem& m) { op_rm(8, 0x8d, dst, m); }
+
+  // ---- arithmetic -----------------------------------------------------------------------------------
+  void alu(unsigned bytes, Alu op, Reg dst, Reg src) { op_rr(bytes, uint8_t(op * 8 + (bytes == 1 ? 0 : 1)), src, dst); }
+  void alu(unsigned bytes, Alu op, Reg dst, const Mem& src) { op_rm(bytes, uint8_t(op * 8 + (bytes == 1 ? 2 : 3)), dst, src); }
+  void alu_imm(unsigned bytes, Alu op, Reg dst, int32_t imm) {
+    prefix_rr(bytes, 0, dst);
+    if (bytes == 1) {
+      u8(0x80);
+      modrm_rr(op, dst);
+      u8(uint8_t(imm));
+    } else if (imm >= -128 && imm <= 127) {
+      u8(0x83);
+      modrm_rr(op, dst);
+      u8(uint8_t(int8_t(imm)));
+    } else {
+      u8(0x81);
+      modrm_rr(op, dst);
+      if (bytes == 2) { u8(uint8_t(imm)); u8(uint8_t(imm >> 8)); }
+      else u32(uint32_t(imm));
+    }
+  }
+  void alu_imm(unsigned bytes, Alu op, const Mem& dst, int32_t imm) {
+    prefix_rm(bytes, 0, dst);
+    if (bytes == 1) {
+      u8(0x80);
+      modrm_mem(op, dst);
+      u8(uint8_t(imm));
+    } else if (imm >= -128 && imm <= 127) {
+      u8(0x83);
+      modrm_mem(op, dst);
+      u8(uint8_t(int8_t(imm)));
+    } else {
+      u8(0x81);
+      modrm_mem(op, dst);
+      if (bytes == 2) { u8(uint8_t(imm)); u8(uint8_t(imm >> 8)); }
+      else u32(uint32_t(imm));
+    }
+  }
+  void test(unsigned bytes, Reg a, Reg b) { op_rr(bytes, bytes == 1 ? 0x84 : 0x85, b, a); }
+  void shift_imm(unsigned bytes, Shift op, Reg dst, uint8_t count) {
+    prefix_rr(bytes, 0, dst);
+    u8(bytes == 1 ? 0xc0 : 0xc1);
+    modrm_rr(op, dst);
+    u8(count);
+  }
+  void shift_cl(unsigned bytes, Shift op, Reg dst) {
+    prefix_rr(bytes, 0, dst);
+    u8(bytes == 1 ? 0xd2 : 0xd3);
+    modrm_rr(op, dst);
+  }
+  void setcc(Cond c, Reg dst) {
+    rex(1, 0, kNoReg, dst, dst >= 4);
+    u8(0x0f);
+    u8(uint8_t(0x90 + c));
+    modrm_rr(0, dst);
+  }
+  void inc_mem64(const Mem& m) { op_rm(8, 0xff, 0, m); }
+  void add_mem64_imm(const Mem& m, int32_t imm) { alu_imm(8, kAdd, m, imm); }
+  void imul(unsigned bytes, Reg dst, Reg src) { op2_rr(bytes, 0xaf, dst, src); }
+  void neg(unsigned bytes, Reg r) {
+    prefix_rr(bytes, 0, r);
+    u8(bytes == 1 ? 0xf6 : 0xf7);
+    modrm_rr(3, r);
+  }
+  void not_(unsigned bytes, Reg r) {
+    prefix_rr(bytes, 0, r);
+    u8(bytes == 1 ? 0xf6 : 0xf7);
+    modrm_rr(2, r);
+  }
+
+  // ---- control ----------------------------------------------------------------------------------------
+  void push(Reg r) {
+    if (r & 8) u8(0x41);
+    u8(uint8_t(0x50 + (r & 7)));
+  }
+  void pop(Reg r) {
+    if (r & 8) u8(0x41);
+    u8(uint8_t(0x58 + (r & 7)));
+  }
+  void ret() { u8(0xc3); }
+  void call_abs(uint64_t target) {  // through RAX (clobbered anyway by the call)
+    mov_imm64(rax, target);
+    u8(0xff);
+    u8(0xd0);
+  }
+  void jmp_mem(const Mem& m) {
+    rex(4, 4, m.index, m.base);
+    u8(0xff);
+    modrm_mem(4, m);
+  }
+  void jmp_reg(Reg r) {
+    if (r & 8) u8(0x41);
+    u8(0xff);
+    modrm_rr(4, r);
+  }
+  void jmp(Label& l) {
+    u8(0xe9);
+    use(l);
+  }
+  void jcc(Cond c, Label& l) {
+    u8(0x0f);
+    u8(uint8_t(0x80 + c));
+    use(l);
+  }
+  void bind(Label& l) {
+    l.position = int(code.size());
+    for (int at : l.uses) patch(at, l.position);
+    l.uses.clear();
+  }
+
+ private:
+  void use(Label& l) {
+    const int at = int(code.size());
+    u32(0);
+    if (l.position >= 0) patch(at, l.position);
+    else l.uses.push_back(at);
+  }
+  void patch(int at, int target) {
+    const int32_t rel = target - (at + 4);
+    std::memcpy(&code[size_t(at)], &rel, 4);
+  }
+};
+
+}  // namespace deja::interp::x64
