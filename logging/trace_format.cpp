@@ -96,6 +96,7 @@ std::string trace_detail::kind_name_of_case(size_t kind_case) {
     case trace::Event::kEntropy: return "entropy";
     case trace::Event::kNetTransmit: return "net_transmit";
     case trace::Event::kDiskBlock: return "disk_block";
+    case trace::Event::kDiskIo: return "disk_io";
     case trace::Event::KIND_NOT_SET: return "none";
   }
   // A kind added to trace.proto by a newer deja, read by this one.
@@ -188,11 +189,17 @@ std::string describe_event(const trace::Event& e) {
     case trace::Event::kEntropy: return fmt::format("{} {} bytes", head, e.entropy().data().size());
     case trace::Event::kNetTransmit: {
       const auto& t = e.net_transmit();
-      return fmt::format("{} nic={} length={} hash={:016x}", head, t.nic(), t.length(), t.hash());
+      return fmt::format("{} nic={} length={} hash={:016x}{}", head, t.nic(), t.length(), t.hash(),
+                         t.data().empty() ? "" : " (frame kept)");
     }
     case trace::Event::kDiskBlock: {
       const auto& d = e.disk_block();
       return fmt::format("{} disk={} block={} hash={:016x}", head, d.disk(), d.block(), d.hash());
+    }
+    case trace::Event::kDiskIo: {
+      const auto& d = e.disk_io();
+      return fmt::format("{} disk={} {} offset={} length={}", head, d.disk(),
+                         !d.write() ? "read" : d.zeroes() ? "write-zeroes" : "write", d.offset(), d.length());
     }
     case trace::Event::KIND_NOT_SET: break;
   }

@@ -8,6 +8,8 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include "logging/linux_trace.h"
+#include "logging/pcap_writer.h"
 #include "logging/trace_reader.h"
 
 namespace deja {
@@ -81,9 +83,9 @@ struct Survey {
   uint64_t events = 0;
   uint64_t chunks = 0;
   uint64_t serial_bytes = 0;
-  // Per NIC: frames and bytes received (in Async events) and sent (net_transmit).
-  std::map<uint32_t, std::array<uint64_t, 4>> nic_traffic;
   uint64_t entropy_bytes = 0;
+  uint64_t pcap_in = 0, pcap_out = 0;  // frames written to the pcap, received and sent
+  std::optional<Error> pcap_error;
   std::optional<trace::End> end;
   uint64_t last_digest_instructions = 0;
   uint64_t last_branches = 0;
@@ -126,7 +128,12 @@ Duration duration_of(const Survey& s) {
   return d;
 }
 
-Result<Survey> survey(const std::string& path) {
+std::span<const uint8_t> as_bytes(const std::string& s) {
+  return std::span(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+}
+
+// One pass over the events: counts, the Linux view, and the frames into `pcap` (when given) at their guest time.
+Result<Survey> survey(const std::string& path, LinuxTraceView& view, PcapWriter* pcap) {
   auto opened = TraceReader::open(path);
   if (!opened) return std::unexpected(opened.error());
   TraceReader& reader = **opened;
@@ -139,19 +146,22 @@ Result<Survey> survey(const std::string& path) {
     }
     if (!*event) break;
     const trace::Event& e = **event;
+    view.add(reader.events_read() - 1, e);
     ++s.by_kind[event_kind_name(e)];
     if (e.has_serial_output()) s.serial_bytes += e.serial_output().data().size();
-    if (e.has_async()) {
-      for (const auto& f : e.async().net_frames()) {
-        auto& t = s.nic_traffic[f.nic()];
-        ++t[0];
-        t[1] += f.data().size();
+    if (pcap && !s.pcap_error) {
+      Result<> r;
+      if (e.has_async()) {
+        for (const auto& f : e.async().net_frames()) {
+          if (r) r = pcap->add(view.unix_ns(), as_bytes(f.data()));
+          ++s.pcap_in;
+        }
       }
-    }
-    if (e.has_net_transmit()) {
-      auto& t = s.nic_traffic[e.net_transmit().nic()];
-      ++t[2];
-      t[3] += e.net_transmit().length();
+      if (e.has_net_transmit() && !e.net_transmit().data().empty()) {
+        r = pcap->add(view.unix_ns(), as_bytes(e.net_transmit().data()));
+        ++s.pcap_out;
+      }
+      if (!r) s.pcap_error = r.error();
     }
     if (e.has_entropy()) s.entropy_bytes += e.entropy().data().size();
     if (e.has_end()) s.end = e.end();
@@ -180,7 +190,39 @@ Result<> for_each_event(const std::string& path, Visit visit) {
   }
 }
 
-void print_text(const std::string& path, const trace::Header& h, const Survey& s, std::FILE* out) {
+// What inspect says about a Linux trace (or any trace with virtio devices) beyond the header and the counts.
+struct GuestStory {
+  std::optional<KernelVersion> kernel;  // Linux traces only
+  std::vector<TimelineEntry> timeline;
+};
+
+GuestStory tell(const trace::Header& h, const LinuxTraceView& view) {
+  GuestStory story;
+  if (view.is_linux()) {
+    KernelVersion k = kernel_version_from_image(*linux_kernel_input(h));
+    if (k.version.empty()) {
+      if (auto banner = linux_banner_version(view.serial_head())) {
+        k = KernelVersion{*banner, "the kernel's banner in the serial output (" + k.source + ")"};
+      } else {
+        k.source += "; the serial output has no \"Linux version\" banner (a `quiet` boot prints none)";
+      }
+    }
+    story.kernel = std::move(k);
+  }
+  story.timeline = view.timeline();
+  return story;
+}
+
+bool has_devices(const trace::Header& h) {
+  return h.config().disks_size() > 0 || h.config().nets_size() > 0;
+}
+
+std::string guest_time(uint64_t ns) { return fmt::format("+{}.{:06} s", ns / 1'000'000'000, ns % 1'000'000'000 / 1000); }
+
+constexpr size_t kTextListLimit = 40;  // text output lists at most this many connections, and disk / net entries each
+
+void print_text(const std::string& path, const trace::Header& h, const Survey& s, const LinuxTraceView& view,
+                const GuestStory& story, std::FILE* out) {
   fmt::print(out, "trace        {} ({} bytes)\n", path, s.file_size);
   if (s.error) fmt::print(out, "status       CORRUPT: {}\n", s.error->message);
   else if (s.complete) fmt::print(out, "status       complete ({} chunks, verified)\n", s.chunks);
@@ -204,18 +246,26 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
     fmt::print(out, "input        {} {} ({} bytes) sha256={}\n", in.role(), in.path(), in.size(), hex(in.sha256()));
   for (int i = 0; i < c.disks_size(); ++i) {
     const auto& d = c.disks(i);
-    fmt::print(out, "disk         {} {} ({} bytes) {}{}{}\n", i, d.path(), d.size(),
+    std::string traffic = ": traffic not in this trace (format 3 records it)";
+    if (view.disk_io_recorded()) {
+      auto it = view.disks().find(uint32_t(i));
+      DiskTraffic t = it == view.disks().end() ? DiskTraffic{} : it->second;
+      traffic = fmt::format(": read {} bytes ({} reads), wrote {} bytes ({} writes)", t.read_bytes, t.reads,
+                            t.written_bytes, t.writes);
+    }
+    fmt::print(out, "disk         {} {} ({} bytes) {}{}{}{}\n", i, d.path(), d.size(),
                d.hash_block() ? fmt::format("hashed per {}-byte block at first read", d.hash_block())
                               : "sha256=" + hex(d.sha256()),
-               d.read_only() ? ", read-only" : "", d.overlay().empty() ? "" : ", overlay " + d.overlay());
+               d.read_only() ? ", read-only" : "", d.overlay().empty() ? "" : ", overlay " + d.overlay(), traffic);
   }
   for (int i = 0; i < c.nets_size(); ++i) {
     const auto& n = c.nets(i);
     std::string forwards;
     for (const auto& f : n.host_forwards()) forwards += " hostfwd=" + f;
-    auto t = s.nic_traffic.count(uint32_t(i)) ? s.nic_traffic.at(uint32_t(i)) : std::array<uint64_t, 4>{};
+    auto it = view.nics().find(uint32_t(i));
+    NicTraffic t = it == view.nics().end() ? NicTraffic{} : it->second;
     fmt::print(out, "net          {} {} mac={}{}: received {} frames ({} bytes), sent {} frames ({} bytes)\n", n.mode(),
-               i, hex(n.mac()), forwards, t[0], t[1], t[2], t[3]);
+               i, hex(n.mac()), forwards, t.frames_in, t.bytes_in, t.frames_out, t.bytes_out);
   }
   if (c.rng()) fmt::print(out, "rng          yes: {} bytes of entropy\n", s.entropy_bytes);
 
@@ -231,20 +281,152 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
   fmt::print(out, "events       {} total{}\n", s.events, s.complete ? "" : " (up to where the trace ends)");
   for (const auto& [kind, count] : s.by_kind) fmt::print(out, "  {:<16} {}\n", kind, count);
   fmt::print(out, "serial       {} bytes of guest output\n", s.serial_bytes);
+
+  if (story.kernel) {
+    if (story.kernel->version.empty()) fmt::print(out, "kernel       unknown: {}\n", story.kernel->source);
+    else fmt::print(out, "kernel       {}\n             from {}\n", story.kernel->version, story.kernel->source);
+    if (const auto& u = view.first_user_space()) {
+      fmt::print(out, "user space   event {} at {}: {}\n", u->event, guest_time(u->guest_ns),
+                 view.first_user_space_detail());
+    } else {
+      fmt::print(out, "user space   not located: no event at a user address after the kernel ran in its upper half\n");
+    }
+  }
+  if (!story.kernel && !has_devices(h)) return;
+  if (c.nets_size() > 0) {
+    bool kept = true;
+    for (const auto& [nic, t] : view.nics()) kept = kept && t.frames_out_kept == t.frames_out;
+    fmt::print(out, "connections  {}{}\n", view.connections().size(),
+               kept ? "" : " (seen in the received frames only: this trace does not keep the frames the guest sent)");
+    size_t shown = 0;
+    for (const Connection& k : view.connections()) {
+      if (++shown > kTextListLimit) {
+        fmt::print(out, "  ... {} more (--json lists them all)\n", view.connections().size() - kTextListLimit);
+        break;
+      }
+      const bool in = k.opened_by == "remote";
+      fmt::print(out, "  {} {} {} {}  {}{} at {} (event {}): {}; {} bytes from the guest, {} bytes to it\n", k.protocol,
+                 in ? k.remote : k.guest, in ? "->" : k.opened_by.empty() ? "<->" : "->", in ? k.guest : k.remote,
+                 k.opened_by.empty() ? "first seen" : "opened by the ", k.opened_by, guest_time(k.guest_ns), k.event,
+                 k.state(), k.bytes_out, k.bytes_in);
+    }
+  }
+  fmt::print(out, "timeline     guest time since boot, event numbers as --events counts them\n");
+  std::map<std::string, size_t> shown, left;
+  for (const TimelineEntry& t : story.timeline) {
+    if ((t.kind == "net" || t.kind == "disk") && ++shown[t.kind] > kTextListLimit) {
+      ++left[t.kind];
+      continue;
+    }
+    fmt::print(out, "  {:>16}  {:>10}  {}\n", guest_time(t.guest_ns), t.event, t.text);
+  }
+  for (const auto& [kind, n] : left)
+    fmt::print(out, "  ... and {} more {} entries (--json lists them all)\n", n, kind == "net" ? "network" : "disk");
+}
+
+void print_json_extras(const trace::Header& h, const Survey& s, const LinuxTraceView& view, const GuestStory& story,
+                       const InspectOptions& options, std::FILE* out) {
+  if (story.kernel) {
+    fmt::print(out, ",\n  \"linux\": {{\"kernel_version\": {}, \"kernel_version_source\": {}, \"cmdline\": {}, "
+                    "\"first_user_space\": ",
+               story.kernel->version.empty() ? "null" : json_string(story.kernel->version),
+               json_string(story.kernel->source), json_string(h.config().cmdline()));
+    if (const auto& u = view.first_user_space()) {
+      fmt::print(out, "{{\"event\": {}, \"guest_ns\": {}, \"text\": {}}}}}", u->event, u->guest_ns, json_string(u->text));
+    } else {
+      fmt::print(out, "null}}");
+    }
+  } else {
+    fmt::print(out, ",\n  \"linux\": null");
+  }
+  fmt::print(out, ",\n  \"disk_traffic\": ");
+  if (!view.disk_io_recorded()) {
+    fmt::print(out, "null");
+  } else {
+    fmt::print(out, "[");
+    for (int i = 0; i < h.config().disks_size(); ++i) {
+      auto it = view.disks().find(uint32_t(i));
+      DiskTraffic t = it == view.disks().end() ? DiskTraffic{} : it->second;
+      fmt::print(out, "{}{{\"disk\": {}, \"reads\": {}, \"read_bytes\": {}, \"writes\": {}, \"written_bytes\": {}}}",
+                 i ? ", " : "", i, t.reads, t.read_bytes, t.writes, t.written_bytes);
+    }
+    fmt::print(out, "]");
+  }
+  fmt::print(out, ",\n  \"nic_traffic\": [");
+  for (int i = 0; i < h.config().nets_size(); ++i) {
+    auto it = view.nics().find(uint32_t(i));
+    NicTraffic t = it == view.nics().end() ? NicTraffic{} : it->second;
+    fmt::print(out,
+               "{}{{\"nic\": {}, \"frames_received\": {}, \"bytes_received\": {}, \"frames_sent\": {}, "
+               "\"bytes_sent\": {}, \"sent_frames_kept\": {}}}",
+               i ? ", " : "", i, t.frames_in, t.bytes_in, t.frames_out, t.bytes_out, t.frames_out_kept);
+  }
+  fmt::print(out, "],\n  \"connections\": [");
+  bool first = true;
+  for (const Connection& k : view.connections()) {
+    fmt::print(out,
+               "{}\n    {{\"protocol\": \"{}\", \"guest\": {}, \"remote\": {}, \"opened_by\": {}, \"event\": {}, "
+               "\"guest_ns\": {}, \"state\": {}, \"frames_from_guest\": {}, \"frames_to_guest\": {}, "
+               "\"bytes_from_guest\": {}, \"bytes_to_guest\": {}}}",
+               first ? "" : ",", k.protocol, json_string(k.guest), json_string(k.remote),
+               k.opened_by.empty() ? "null" : json_string(k.opened_by), k.event, k.guest_ns, json_string(k.state()),
+               k.frames_out, k.frames_in, k.bytes_out, k.bytes_in);
+    first = false;
+  }
+  fmt::print(out, "{}],\n  \"timeline\": [", first ? "" : "\n  ");
+  first = true;
+  for (const TimelineEntry& t : story.timeline) {
+    fmt::print(out, "{}\n    {{\"event\": {}, \"guest_ns\": {}, \"kind\": \"{}\", \"text\": {}}}", first ? "" : ",",
+               t.event, t.guest_ns, t.kind, json_string(t.text));
+    first = false;
+  }
+  fmt::print(out, "\n  ]");
+  if (!options.pcap.empty()) {
+    fmt::print(out, ",\n  \"pcap\": {{\"path\": {}, \"frames_received\": {}, \"frames_sent\": {}, \"error\": {}}}",
+               json_string(options.pcap), s.pcap_in, s.pcap_out,
+               s.pcap_error ? json_string(s.pcap_error->message) : "null");
+  }
 }
 
 }  // namespace
 
 Result<> inspect_trace(const std::string& path, const InspectOptions& options, std::FILE* out) {
-  auto surveyed = survey(path);
-  if (!surveyed) return std::unexpected(surveyed.error());
-  const Survey& s = *surveyed;
   auto opened = TraceReader::open(path);
   if (!opened) return std::unexpected(opened.error());
   const trace::Header& h = (*opened)->header();
+  LinuxTraceView view(h);
+  std::unique_ptr<PcapWriter> pcap;
+  if (!options.pcap.empty()) {
+    auto created = PcapWriter::create(options.pcap);
+    if (!created) return std::unexpected(created.error());
+    pcap = std::move(*created);
+  }
+  auto surveyed = survey(path, view, pcap.get());
+  if (!surveyed) return std::unexpected(surveyed.error());
+  Survey& s = *surveyed;
+  if (pcap && !s.pcap_error) {
+    if (auto r = pcap->finish(); !r) s.pcap_error = r.error();
+  }
+  const GuestStory story = tell(h, view);
 
   if (!options.json) {
-    print_text(path, h, s, out);
+    print_text(path, h, s, view, story, out);
+    if (pcap) {
+      if (s.pcap_error) {
+        fmt::print(out, "pcap         not written: {}\n", s.pcap_error->message);
+      } else {
+        uint64_t sent = 0, kept = 0;
+        for (const auto& [nic, t] : view.nics()) {
+          sent += t.frames_out;
+          kept += t.frames_out_kept;
+        }
+        fmt::print(out, "pcap         {}: {} frames received and {} sent{}{}\n", options.pcap, s.pcap_in, s.pcap_out,
+                   kept < sent ? fmt::format(" ({} sent frames are not in this trace, which keeps only their length "
+                                             "and hash)", sent - kept)
+                               : "",
+                   s.complete ? "" : ", up to where the trace ends");
+      }
+    }
     if (options.serial) {
       fmt::print(out, "--- serial output ({} bytes) ---\n", s.serial_bytes);
       auto r = for_each_event(path, [&](uint64_t, const trace::Event& e) {
@@ -287,6 +469,7 @@ Result<> inspect_trace(const std::string& path, const InspectOptions& options, s
       first = false;
     }
     fmt::print(out, "}},\n  \"serial_bytes\": {}", s.serial_bytes);
+    print_json_extras(h, s, view, story, options, out);
     if (options.serial) {
       fmt::print(out, ",\n  \"serial\": \"");
       auto r = for_each_event(path, [&](uint64_t, const trace::Event& e) {
@@ -309,6 +492,7 @@ Result<> inspect_trace(const std::string& path, const InspectOptions& options, s
     fmt::print(out, "\n}}\n");
   }
   if (s.error) return std::unexpected(*s.error);
+  if (s.pcap_error) return std::unexpected(*s.pcap_error);
   return {};
 }
 

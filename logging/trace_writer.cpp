@@ -1,6 +1,8 @@
 // TraceWriter: frames events into hash-chained zstd chunks and writes them with write(2) as they fill.
 #include "logging/trace_writer.h"
 
+#include "logging/output_file.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -39,7 +41,10 @@ TraceWriter::~TraceWriter() {
   ZSTD_freeCCtx(cctx_);
 }
 
-Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path, const trace::Header& header) {
+namespace {
+
+// The header as the trace will hold it, refused before any file is made when it would not read back.
+Result<std::string> serialize_header(const std::string& path, const trace::Header& header) {
   trace::Header h = header;
   h.set_format_version(kTraceFormatVersion);
   std::string header_bytes;
@@ -54,17 +59,20 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path
                 "the trace header for {} would not be readable (a text field, such as the command line or a file "
                 "name, is not valid UTF-8)",
                 path);
+  return header_bytes;
+}
 
-  // 0600: traces carry guest input (keystrokes, network payloads) and must not be world-readable. O_EXCL and
-  // O_NOFOLLOW: a new file only, so no existing file, symlink target or device is ever opened for writing.
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    int err = errno;
-    if (err == EEXIST)
-      return fail(ErrorKind::kInvalidArgument, "cannot create trace file {}: it exists already (deja does not write "
-                  "over a file it did not create; move or remove it)", path);
-    return fail(ErrorKind::kHost, "cannot create trace file {}: {}", path, std::strerror(err));
-  }
+}  // namespace
+
+Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path, const trace::Header& header) {
+  auto header_bytes = serialize_header(path, header);
+  if (!header_bytes) return std::unexpected(header_bytes.error());
+  auto fd = create_new_file(path, "trace");
+  if (!fd) return std::unexpected(fd.error());
+  return start(*fd, path, *header_bytes);
+}
+
+Result<std::unique_ptr<TraceWriter>> TraceWriter::start(int fd, const std::string& path, const std::string& header_bytes) {
   std::unique_ptr<TraceWriter> writer(new TraceWriter(fd, path));
   if (writer->cctx_ == nullptr) return fail(ErrorKind::kHost, "cannot allocate a zstd compression context");
 
@@ -82,41 +90,13 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path
   return writer;
 }
 
-namespace {
-
-// What kind of non-regular file `st` is, for messages.
-const char* file_kind(const struct stat& st) {
-  if (S_ISLNK(st.st_mode)) return "a symbolic link";
-  if (S_ISDIR(st.st_mode)) return "a directory";
-  if (S_ISFIFO(st.st_mode)) return "a FIFO";
-  if (S_ISSOCK(st.st_mode)) return "a socket";
-  return "a device";
-}
-
-Result<> check_replaceable(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return {};  // nothing there (or unreachable: creating the .partial says so)
-  if (S_ISREG(st.st_mode)) return {};
-  return fail(ErrorKind::kInvalidArgument,
-              "refusing to write the trace to {}: it is {}; deja writes a trace only as a new or regular file", path,
-              file_kind(st));
-}
-
-}  // namespace
-
 Result<std::unique_ptr<TraceWriter>> TraceWriter::create_replacing(const std::string& path, const trace::Header& header) {
-  if (auto ok = check_replaceable(path); !ok) return std::unexpected(ok.error());
-  const std::string partial = partial_path(path);
-  auto writer = create(partial, header);
-  if (!writer) {
-    if (writer.error().message.find("exists already") != std::string::npos)
-      return fail(ErrorKind::kInvalidArgument,
-                  "{} exists: the prefix of an earlier recording to {} that was interrupted (or one still running); "
-                  "move or remove it",
-                  partial, path);
-    return writer;
-  }
-  (*writer)->final_path_ = path;
+  auto header_bytes = serialize_header(path, header);
+  if (!header_bytes) return std::unexpected(header_bytes.error());
+  auto fd = create_partial_file(path, "trace");
+  if (!fd) return std::unexpected(fd.error());
+  auto writer = start(*fd, partial_path(path), *header_bytes);
+  if (writer) (*writer)->final_path_ = path;
   return writer;
 }
 
@@ -280,7 +260,7 @@ Result<> TraceWriter::finish(trace::Footer footer) {
   if (::close(fd) != 0) return fail(ErrorKind::kHost, "cannot close trace file {}: {}", path_, std::strerror(errno));
   if (!final_path_.empty()) {
     // Checked again right before: the target may have been replaced by a symlink or device meanwhile.
-    if (auto ok = check_replaceable(final_path_); !ok) {
+    if (auto ok = check_replaceable(final_path_, "trace"); !ok) {
       return fail(ErrorKind::kInvalidArgument, "{}; the complete trace is in {}", ok.error().message, path_);
     }
     if (::rename(path_.c_str(), final_path_.c_str()) != 0) {

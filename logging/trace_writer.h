@@ -51,6 +51,8 @@ class TraceWriter {
 
  private:
   TraceWriter(int fd, std::string path);
+  // Writes magic and header to `fd`, a file just created at `path`.
+  static Result<std::unique_ptr<TraceWriter>> start(int fd, const std::string& path, const std::string& header_bytes);
   Result<> write_all(const void* data, size_t size);
   Result<> seal();
 

@@ -24,6 +24,8 @@ PACKAGES=(
   clang-16 libclang-rt-16-dev
   # deja debug is tested through Debian's stock gdb (tests/debug)
   gdb
+  # `deja inspect --pcap` is checked by reading the capture back with tshark (tests/linux)
+  tshark
 )
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

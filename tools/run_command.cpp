@@ -302,7 +302,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     if (mode == Mode::kRecord) {
       auto id = (*disk)->identity(options.disks[i].hash);
       if (!id) return report_error(id.error());
-      if (id->hash_block) (*disk)->set_block_checker(&engine, unsigned(i), id->hash_block);
+      (*disk)->set_block_checker(&engine, unsigned(i), id->hash_block);  // disk_io events; lazy checks if hashed so
       identities.push_back(*id);
     }
     config.disks.push_back(VirtioDiskSetup{disk->get(), fmt::format("deja-disk{}", i)});

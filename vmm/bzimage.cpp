@@ -73,6 +73,11 @@ Result<BzImage> parse_bzimage(std::span<const uint8_t> bytes, const std::string&
                 name);
   }
   image.kernel = bytes.subspan(kernel_offset, syssize);
+  if (const uint64_t pointer = get_le(bytes, kKernelVersion, 2); pointer != 0) {
+    for (uint64_t at = kJump + pointer; at < kernel_offset && bytes[at] >= 0x20 && bytes[at] < 0x7f; ++at) {
+      image.kernel_version.push_back(char(bytes[at]));
+    }
+  }
   const uint64_t payload_offset = get_le(bytes, kPayloadOffset, 4);
   const uint64_t payload_length = get_le(bytes, kPayloadLength, 4);
   if (payload_offset > image.kernel.size() || payload_length > image.kernel.size() - payload_offset) {

@@ -16,7 +16,8 @@ namespace deja {
 namespace bzimage {
 // Setup header offsets (from the start of the file, which is where the zero page keeps them too).
 constexpr uint64_t kSetupSects = 0x1f1, kSyssize = 0x1f4, kVidMode = 0x1fa, kBootFlag = 0x1fe, kJump = 0x200,
-                   kHeaderMagic = 0x202, kVersion = 0x206, kTypeOfLoader = 0x210, kLoadflags = 0x211,
+                   kHeaderMagic = 0x202, kVersion = 0x206, kKernelVersion = 0x20e, kTypeOfLoader = 0x210,
+                   kLoadflags = 0x211,
                    kCode32Start = 0x214, kRamdiskImage = 0x218, kRamdiskSize = 0x21c, kHeapEndPtr = 0x224,
                    kCmdLinePtr = 0x228, kInitrdAddrMax = 0x22c, kKernelAlignment = 0x230, kRelocatable = 0x234,
                    kXloadflags = 0x236, kCmdlineSize = 0x238, kHardwareSubarch = 0x23c, kPayloadOffset = 0x248,
@@ -45,6 +46,9 @@ struct BzImage {
   uint32_t cmdline_size = 0;
   uint64_t pref_address = 0;
   uint32_t init_size = 0;
+  // The string kernel_version points to (0x200 + the pointer, in the setup code): "6.1.0-18-amd64 (debian-kernel@...)
+  // #1 SMP ..."; empty when the pointer is 0 or leads outside the setup sectors.
+  std::string kernel_version;
   std::span<const uint8_t> setup_header;  // file bytes [0x1f1, end of header), copied into the zero page
   std::span<const uint8_t> kernel;        // the protected-mode kernel, after the setup sectors
   std::span<const uint8_t> payload;       // the compressed vmlinux inside it (payload_offset/payload_length)

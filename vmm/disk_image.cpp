@@ -345,6 +345,7 @@ Result<> DiskImage::read(uint64_t offset, std::span<uint8_t> out) {
   if (offset > size_ || out.size() > size_ - offset) {
     return fail(ErrorKind::kGuest, "read of {} bytes at {} past the end of {}", out.size(), offset, path_);
   }
+  if (checker_) checker_->disk_io(index_, false, false, offset, out.size());
   uint8_t block[kBlockSize];
   for (uint64_t done = 0; done < out.size();) {
     const uint64_t at = offset + done, b = at / kBlockSize, within = at % kBlockSize;
@@ -428,6 +429,7 @@ Result<> DiskImage::write(uint64_t offset, std::span<const uint8_t> data) {
   if (offset > size_ || data.size() > size_ - offset) {
     return fail(ErrorKind::kGuest, "write of {} bytes at {} past the end of {}", data.size(), offset, path_);
   }
+  if (checker_) checker_->disk_io(index_, true, false, offset, data.size());
   ++writes_;
   chain_write(offset, data.size(), data);
   bytes_written_ += data.size();
@@ -452,6 +454,7 @@ Result<> DiskImage::write_zeroes(uint64_t offset, uint64_t length) {
   if (offset > size_ || length > size_ - offset) {
     return fail(ErrorKind::kGuest, "zeroing {} bytes at {} past the end of {}", length, offset, path_);
   }
+  if (checker_) checker_->disk_io(index_, true, true, offset, length);
   ++writes_;
   chain_write(offset, length, {});
   if (seen_write()) return {};

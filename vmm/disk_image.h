@@ -38,12 +38,15 @@ struct DiskIdentity {
   uint32_t hash_block = 0;           // lazy mode: the block size (0 = full mode)
 };
 
-// The engine's choke point for lazily hashed images: record logs the hash of each block the first time it is read,
-// replay compares it with the recording (a difference is reported as divergence and fails the read).
+// The engine's choke point for disk images. Lazily hashed images: record logs the hash of each block the first time
+// it is read, replay compares it with the recording (a difference is reported as divergence and fails the read).
+// Every image: each read and write of the guest's (at most 64 KiB, as the device hands them over), which a
+// recording logs for inspect.
 class DiskBlockChecker {
  public:
   virtual ~DiskBlockChecker() = default;
   virtual Result<> check_disk_block(unsigned disk, uint64_t block, uint64_t hash) = 0;
+  virtual void disk_io(unsigned /*disk*/, bool /*write*/, bool /*zeroes*/, uint64_t /*offset*/, uint64_t /*length*/) {}
 };
 
 // The guest sees the base image with its own writes on top, in kBlockSize blocks (a partial-block write reads the
@@ -79,7 +82,8 @@ class DiskImage : public BlockStore {
   const std::string& path() const { return path_; }
   const std::string& overlay_path() const { return overlay_path_; }
 
-  // Lazy mode: where first reads of each block are checked (record and replay); `index` names this disk.
+  // Where reads and writes are reported and, in lazy mode (hash_block > 0), first reads of each block are checked
+  // (record and replay); `index` names this disk.
   void set_block_checker(DiskBlockChecker* checker, unsigned index, uint32_t hash_block) {
     checker_ = checker;
     index_ = index;

@@ -94,6 +94,7 @@ const trace::Event* Engine::peek() {
       match_output();
       continue;
     }
+    if (next->kind_case() == trace::Event::kDiskIo) continue;  // for inspect: nothing to replay or check
     lookahead_ = std::move(*next);
   }
   return lookahead_ ? &*lookahead_ : nullptr;

@@ -87,11 +87,14 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   void serial_output(std::span<const uint8_t> bytes);
   // Entropy (virtio-rng, engine_random.cpp): host bytes, recorded; replay hands back the recorded bytes.
   void fill(std::span<uint8_t> out) override;
-  // A frame a NIC sent (engine_net.cpp): to the NIC's user-mode network (run, record; recorded as length and
-  // hash), checked against the recording in replay.
+  // A frame a NIC sent (engine_net.cpp): to the NIC's user-mode network (run, record; recorded with its length
+  // and hash, which replay checks, and the frame itself, for inspect).
   void transmit(unsigned nic, std::span<const uint8_t> frame) override;
   // A lazily hashed disk block read for the first time (engine_block.cpp): recorded, checked in replay.
   Result<> check_disk_block(unsigned disk, uint64_t block, uint64_t hash) override;
+  // A read or write of a disk's contents (engine_block.cpp): recorded as a disk_io event for inspect, like serial
+  // output outside the event count; replay skips those events.
+  void disk_io(unsigned disk, bool write, bool zeroes, uint64_t offset, uint64_t length) override;
   // The disks' paths, for messages naming a block that differs.
   void set_disk_names(std::vector<std::string> names) { disk_names_ = std::move(names); }
 

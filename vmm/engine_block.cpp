@@ -1,4 +1,5 @@
-// The engine's block choke point: lazily hashed disk blocks, recorded at first read and checked there in replay.
+// The engine's block choke point: lazily hashed disk blocks, recorded at first read and checked there in replay; the
+// guest's reads and writes, recorded for inspect.
 #include <fmt/format.h>
 
 #include "logging/trace_inspect.h"
@@ -33,6 +34,18 @@ Result<> Engine::check_disk_block(unsigned disk, uint64_t block, uint64_t hash) 
     }
   }
   return {};
+}
+
+void Engine::disk_io(unsigned disk, bool write, bool zeroes, uint64_t offset, uint64_t length) {
+  if (mode_ != Mode::kRecord || !writer_) return;
+  trace::Event e;
+  auto* d = e.mutable_disk_io();
+  d->set_disk(disk);
+  d->set_offset(offset);
+  d->set_length(length);
+  d->set_write(write);
+  d->set_zeroes(zeroes);
+  if (auto r = writer_->append(e); !r && write_error_.empty()) write_error_ = r.error().message;
 }
 
 }  // namespace deja

@@ -1,5 +1,6 @@
-// The engine's network choke point: frames the guest sends go to the user-mode network (recorded as length and
-// hash) or, in replay, are checked against the recording; received frames travel inside Async events.
+// The engine's network choke point: frames the guest sends go to the user-mode network (recorded with their length
+// and hash, and the frame for inspect) or, in replay, are checked against the recording; received frames travel
+// inside Async events.
 #include <xxhash.h>
 
 #include <fmt/format.h>
@@ -27,6 +28,7 @@ void Engine::transmit(unsigned nic, std::span<const uint8_t> frame) {
     t->set_nic(nic);
     t->set_length(uint32_t(frame.size()));
     t->set_hash(hash);
+    t->set_data(frame.data(), frame.size());
     append(std::move(e));
   }
   if (nic < networks_.size()) networks_[nic]->input(frame);

@@ -806,6 +806,8 @@ Result<StopReason> Session::run_until(const StopRequest& stop) {
       return finish(Outcome{exit_status::kTraceEnded, "end of trace", false});
     }
     if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
+    maybe_digest();  // as run(): a digest an interrupt event made due, before the vCPU runs
+    if (engine_.divergence()) continue;
 
     user.breakpoints = step_over || finish_instruction ? std::vector<uint64_t>{} : stop.breakpoints;
     user.stop_at_step = stop.at_step;

@@ -5,12 +5,15 @@ loopback, and power-off through isa-debug-exit. With --qemu, the same kernel, in
 QEMU and the guest's own output (the commands' output, timestamps masked) must be the same as on deja.
 
 Device steps run when this deja has the option they need (--disk, --rng, --net); the report says which were
-skipped. Exit status 0 = pass, 1 = fail, 77 = skipped (no bundled guest built).
+skipped. Exit status 0 = pass, 1 = fail, 77 = skipped (no bundled guest built; --record-replay-workload: no tshark
+to read the pcap back, after everything else passed).
 """
 import argparse
 import hashlib
 import http.server
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -210,7 +213,8 @@ def record_replay_workload(args, workdir, results):
     """Records a boot and a shell session typed in over serial that uses the virtio disk (read a file, write a
     sector, sync, drop the page cache, read it back), the hwrng and an HTTP download of --download-mib MiB through
     slirp from a server on the host's loopback; then stops the server and replays the trace exactly: every event
-    checked, the final state digest and the serial output equal, the base image and the overlay untouched."""
+    checked, the final state digest and the serial output equal, the base image and the overlay untouched. Then
+    inspects the trace (inspect_linux_trace); returns whether tshark was there to read the pcap."""
     server = BlobServer(args.download_mib << 20)
     disk = os.path.join(args.guest_dir, "disk.img")
     overlay = os.path.join(workdir, "rr-overlay.img")
@@ -284,6 +288,74 @@ def record_replay_workload(args, workdir, results):
     results.append(f"record {record_s:.1f} s, replay {replay_s:.1f} s, trace {os.path.getsize(trace)} bytes "
                    f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}): "
                    + rep.stderr.strip().splitlines()[-1].removeprefix("deja: "))
+    return inspect_linux_trace(args, trace, server.port, args.download_mib << 20, workdir, results)
+
+
+def inspect_linux_trace(args, trace, port, download_bytes, workdir, results):
+    """`deja inspect` on the workload's trace: the kernel's version, the command line, user space, the HTTP connection
+    with its bytes, the disk write, and the pcap export, which tshark must read and see the HTTP exchange in.
+    Returns False when tshark is missing (that check skipped), True when everything was checked."""
+    kernel = open(os.path.join(args.guest_dir, "kernel.path")).read().strip()
+    release = kernel.split("vmlinuz-")[-1]
+    pcap = os.path.join(workdir, "workload.pcap")
+    t0 = time.monotonic()
+    ins = subprocess.run([args.deja, "inspect", "--pcap", pcap, trace], capture_output=True, text=True,
+                         timeout=args.timeout)
+    if ins.returncode != 0:
+        raise linux_guest.GuestError(f"inspect --pcap ended with status {ins.returncode}:\n{ins.stderr[-2000:]}")
+    text = ins.stdout
+    sector = WRITE_SECTOR // 8 * 8  # Linux writes the page holding the sector
+    for want in (f"kernel       {release} ", f"from the bzImage setup header of the kernel image {kernel}",
+                 "cmdline      \"console=ttyS0 ", "user space   event ",
+                 f"-> 10.0.2.2:{port}  opened by the guest", f"at offset {sector * 512} (sector {sector})",
+                 "boot: Linux kernel", "end: exit status 1"):
+        if want not in text:
+            raise linux_guest.GuestError(f"inspect does not show '{want}':\n{text}")
+    doc = json.loads(subprocess.run([args.deja, "inspect", "--json", trace], capture_output=True, text=True,
+                                    timeout=args.timeout).stdout)
+    if not doc["linux"]["kernel_version"].startswith(release + " "):
+        raise linux_guest.GuestError(f"inspect --json gives kernel version {doc['linux']['kernel_version']!r}")
+    http = [c for c in doc["connections"] if c["remote"] == f"10.0.2.2:{port}" and c["protocol"] == "tcp"]
+    if len(http) != 1 or http[0]["bytes_to_guest"] < download_bytes or http[0]["opened_by"] != "guest":
+        raise linux_guest.GuestError(f"inspect --json does not show the download's connection: {doc['connections']}")
+    disk = doc["disk_traffic"][0]
+    if disk["written_bytes"] < 512 or disk["read_bytes"] < 512:
+        raise linux_guest.GuestError(f"inspect --json gives disk traffic {disk}")
+    nic = doc["nic_traffic"][0]
+    user = doc["linux"]["first_user_space"]
+    results.append(f"inspect: kernel {release}, user space from event {user['event']} "
+                   f"(+{user['guest_ns'] / 1e9:.1f} s), {len(doc['connections'])} connections, the download "
+                   f"{http[0]['bytes_to_guest']} bytes in, disk {disk['read_bytes']} bytes read / "
+                   f"{disk['written_bytes']} written, {nic['frames_received']} + {nic['frames_sent']} frames to "
+                   f"{pcap} ({time.monotonic() - t0:.1f} s)")
+    if shutil.which("tshark") is None:
+        results.append("tshark: skipped (not installed; scripts/setup.sh installs it)")
+        return False
+    t0 = time.monotonic()
+    fields = subprocess.run(["tshark", "-r", pcap, "-T", "fields", "-e", "frame.time_epoch"], capture_output=True,
+                            text=True, timeout=args.timeout)
+    times = [float(x) for x in fields.stdout.split()]
+    if fields.returncode != 0 or len(times) != nic["frames_received"] + nic["frames_sent"]:
+        raise linux_guest.GuestError(f"tshark read {len(times)} frames of {pcap} (status {fields.returncode}), not "
+                                     f"{nic['frames_received'] + nic['frames_sent']}:\n{fields.stderr[-2000:]}")
+    start = int(doc["header"]["start_unix_ns"]) / 1e9
+    if times != sorted(times) or times[0] < start or times[-1] > start + 3600:
+        raise linux_guest.GuestError(f"the pcap's timestamps are not in guest time order from {start}: "
+                                     f"{times[:3]} ... {times[-3:]}")
+    shown = subprocess.run(["tshark", "-r", pcap, "-d", f"tcp.port=={port},http", "-Y", "http", "-T", "fields",
+                            "-e", "http.request.method", "-e", "http.request.uri", "-e", "http.response.code"],
+                           capture_output=True, text=True, timeout=args.timeout)
+    if shown.returncode != 0 or "GET\t/blob" not in shown.stdout or "200" not in shown.stdout:
+        raise linux_guest.GuestError(f"tshark does not see the HTTP exchange in {pcap} (status {shown.returncode}):\n"
+                                     f"{shown.stdout[-2000:]}{shown.stderr[-2000:]}")
+    conv = subprocess.run(["tshark", "-r", pcap, "-q", "-z", "conv,tcp"], capture_output=True, text=True,
+                          timeout=args.timeout)
+    stream = [line for line in conv.stdout.splitlines() if f"10.0.2.2:{port}" in line]
+    if len(stream) != 1:
+        raise linux_guest.GuestError(f"tshark's TCP conversations do not hold the download once:\n{conv.stdout}")
+    results.append(f"tshark reads the pcap: {len(times)} frames, GET /blob answered 200, one TCP stream "
+                   f"({time.monotonic() - t0:.1f} s)")
+    return True
 
 
 def main():
@@ -317,8 +389,11 @@ def main():
     t0 = time.monotonic()
     try:
         if args.record_replay_workload:
-            record_replay_workload(args, workdir, results)
+            checked_pcap = record_replay_workload(args, workdir, results)
             print("\n".join(results))
+            if not checked_pcap:
+                print(f"SKIP: everything else passed, but without tshark the pcap was not read back ({workdir})")
+                return 77
             print(f"PASS in {time.monotonic() - t0:.1f} s (logs in {workdir})")
             return 0
         if args.record_replay:

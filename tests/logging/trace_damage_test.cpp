@@ -305,9 +305,10 @@ TEST(TraceOpen, WrongVersionSaysNewerOrOlder) {
   testing::write_bytes(bad, older);
   reader = TraceReader::open(bad);
   ASSERT_FALSE(reader.has_value());
-  EXPECT_NE(reader.error().message.find("older than this deja reads (1 to 2)"), std::string::npos)
+  EXPECT_NE(reader.error().message.find(fmt::format("older than this deja reads (1 to {})", kTraceFormatVersion)),
+            std::string::npos)
       << reader.error().message;
-  // Version 1 is still read; a preamble that says 1 over a header that says 2 is a mismatch, not an old trace.
+  // Version 1 is still read; a preamble that says 1 over a header that says 3 is a mismatch, not an old trace.
   std::string relabelled = t.bytes;
   relabelled[8] = 1;
   testing::write_bytes(bad, relabelled);

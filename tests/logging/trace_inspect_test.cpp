@@ -8,20 +8,8 @@
 namespace deja {
 namespace {
 
+using testing::capture;
 using testing::TempDir;
-
-std::string capture(const std::string& path, const InspectOptions& options, Result<>* result = nullptr) {
-  char* buffer = nullptr;
-  size_t size = 0;
-  std::FILE* out = ::open_memstream(&buffer, &size);
-  Result<> r = inspect_trace(path, options, out);
-  std::fclose(out);
-  std::string text(buffer, size);
-  std::free(buffer);
-  if (result) *result = r;
-  else EXPECT_TRUE(r.has_value()) << r.error().message;
-  return text;
-}
 
 std::string expected_serial(const std::vector<trace::Event>& events, size_t limit = SIZE_MAX) {
   std::string serial;

@@ -15,6 +15,7 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 
+#include "logging/trace_inspect.h"
 #include "logging/trace_reader.h"
 #include "logging/trace_writer.h"
 
@@ -213,6 +214,20 @@ inline ReadOutcome read_all(const std::string& path, size_t max_events = 1000000
   out.truncated = (*reader)->truncated();
   if (!out.error) out.message = (*reader)->end_description();
   return out;
+}
+
+// What inspect_trace prints; its result goes to `result`, or is expected to succeed.
+inline std::string capture(const std::string& path, const InspectOptions& options, Result<>* result = nullptr) {
+  char* buffer = nullptr;
+  size_t size = 0;
+  std::FILE* out = ::open_memstream(&buffer, &size);
+  Result<> r = inspect_trace(path, options, out);
+  std::fclose(out);
+  std::string text(buffer, size);
+  std::free(buffer);
+  if (result) *result = r;
+  else EXPECT_TRUE(r.has_value()) << r.error().message;
+  return text;
 }
 
 inline bool same_event(const trace::Event& a, const trace::Event& b) {

@@ -9,7 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "vmm/disk_image.h"
 
@@ -161,7 +164,12 @@ class Checker : public DiskBlockChecker {
     if (expected.count(block) && expected[block] != hash) return fail(ErrorKind::kDivergence, "block {} differs", block);
     return {};
   }
+  void disk_io(unsigned disk, bool write, bool zeroes, uint64_t offset, uint64_t length) override {
+    EXPECT_EQ(disk, 2u);
+    io.push_back(fmt::format("{} {} {}", !write ? "read" : zeroes ? "zeroes" : "write", offset, length));
+  }
   std::vector<std::pair<uint64_t, uint64_t>> checks;
+  std::vector<std::string> io;
   std::map<uint64_t, uint64_t> expected;
 };
 
@@ -193,6 +201,19 @@ TEST_F(DiskImageTest, LazyHashChecksEachBlockAtItsFirstRead) {
   std::vector<uint8_t> out(100);
   EXPECT_TRUE((*r)->read(0, out));
   EXPECT_FALSE((*r)->read(70000, out));
+}
+
+TEST_F(DiskImageTest, ReadsAndWritesAreReportedAsTheGuestMadeThem) {
+  Checker checker;
+  auto d = DiskImage::open(DiskOptions{.path = image}, true);
+  ASSERT_TRUE(d);
+  (*d)->set_block_checker(&checker, 2, 0);  // full-hash mode: no block checks, but reads and writes
+  read(**d, 5000, 100);
+  ASSERT_TRUE((*d)->write(4000, std::vector<uint8_t>(300, 1)));  // a partial block: its own read is not reported
+  ASSERT_TRUE((*d)->write_zeroes(8192, 4096));
+  EXPECT_FALSE((*d)->write(content.size(), std::vector<uint8_t>(1, 1))) << "refused: not reported";
+  EXPECT_TRUE(checker.checks.empty());
+  EXPECT_EQ(checker.io, (std::vector<std::string>{"read 5000 100", "write 4000 300", "zeroes 8192 4096"}));
 }
 
 TEST_F(DiskImageTest, StateFollowsWritesAndHistoryMovesBothWays) {

@@ -268,6 +268,9 @@ TEST(LinuxBootInstalled, BzImage64BitProtocol) {
   EXPECT_GE(image->version, 0x020c);
   EXPECT_TRUE(image->xloadflags & bzimage::kXlfKernel64);
   EXPECT_NE(detect_compression(image->payload), KernelCompression::kUnknown);
+  // kernel_version: "6.1.0-18-amd64 (debian-kernel@lists.debian.org) #1 SMP ...", the release in the file's name.
+  const std::string release = path.substr(path.find("vmlinuz-") + 8);
+  EXPECT_EQ(image->kernel_version.substr(0, release.size() + 1), release + " ") << image->kernel_version;
 
   GuestMemory memory = ram();
   const Bytes initrd(300000, 0x5a);
