@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Drives the bundled Linux guest over its serial console, on deja (interp or KVM) or on QEMU.
 
-Used by tests/linux/linux_test.py and bench/linux_boot_bench.py. A session starts the machine with its serial
-console on a pipe, waits for /init's marker and the shell prompt, then runs commands one at a time, each framed
-by markers so its output and status can be read back despite the terminal's echo and line editing.
+Used by tests/linux/linux_test.py, bench/linux_boot_bench.py and bench/linux_rr_bench.py. A session starts the
+machine with its serial console on a pipe, waits for /init's marker and the shell prompt, then runs commands one at
+a time, each framed by markers so its output and status can be read back despite the terminal's echo and line
+editing; it notes when each piece of output arrived (for timing a step, live or replayed).
 """
 import os
 import re
@@ -22,9 +23,13 @@ class GuestError(Exception):
 
 
 class Session:
-    def __init__(self, argv, timeout=300, env=None, log=None, stderr=subprocess.STDOUT):
-        """`stderr`: where the machine's own messages go (by default mixed into the console output)."""
+    def __init__(self, argv, timeout=300, env=None, log=None, stderr=subprocess.STDOUT, pace=None):
+        """`stderr`: where the machine's own messages go (by default mixed into the console output). `pace`: type at
+        most this many bytes ahead of the guest's echo (None: a whole line at once). QEMU 7.2's recording
+        (`-icount ...,rr=record`) stops taking serial input for good once its 16550's 16-byte FIFO has filled, so
+        a line typed at once into it stalls after 16 bytes."""
         self.argv = argv
+        self.pace = pace
         self.timeout = timeout
         self.log = log
         self.started = time.monotonic()
@@ -34,6 +39,7 @@ class Session:
         self.seen = 0  # output consumed by wait_for
         self.count = 0
         self.ready_s = None
+        self.arrivals = []  # (seconds since start, length of the output then): when each piece of output came
 
     def _read(self, deadline):
         remaining = deadline - time.monotonic()
@@ -47,10 +53,28 @@ class Session:
             raise GuestError(f"the machine ended (status {self.proc.wait()}) while waiting; output so far:\n"
                              + self.output[-3000:].decode(errors="replace"))
         self.output += chunk
+        self.arrivals.append((time.monotonic() - self.started, len(self.output)))
         if self.log:
             self.log.write(chunk)
             self.log.flush()
         return True
+
+    def arrived(self, offset):
+        """Seconds from the start until the output held `offset` bytes (None if it never did)."""
+        for seconds, length in self.arrivals:
+            if length >= offset:
+                return seconds
+        return None
+
+    def drain(self, timeout=None):
+        """Reads the output until the machine ends (True) or `timeout` seconds pass first (False)."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        try:
+            while self._read(deadline):
+                pass
+        except GuestError:
+            return True  # end of the output: the machine ended
+        return False
 
     def wait_for(self, pattern, timeout=None):
         """Waits for a regex (bytes) in the output after what earlier waits consumed; returns the match."""
@@ -72,8 +96,20 @@ class Session:
         return self.ready_s
 
     def send(self, text):
-        self.proc.stdin.write(text.encode() + b"\n")
-        self.proc.stdin.flush()
+        data = text.encode() + b"\n"
+        step = self.pace or len(data)
+        for i in range(0, len(data), step):
+            chunk = data[i:i + step]
+            echoed = len(self.output) + len(chunk)
+            self.proc.stdin.write(chunk)
+            self.proc.stdin.flush()
+            if self.pace and i + step < len(data):
+                # Each byte typed comes back as at least one byte of echo.
+                deadline = time.monotonic() + self.timeout
+                while len(self.output) < echoed:
+                    if not self._read(deadline):
+                        raise GuestError(f"the guest did not echo {chunk!r}; output so far:\n"
+                                         + self.output[-3000:].decode(errors="replace"))
 
     def run(self, command, timeout=None):
         """Runs one shell command; returns (status, output as text with CR removed)."""
