@@ -16,8 +16,10 @@ namespace deja {
 // Bumped on any change an older reader could misinterpret; see docs/trace-format.md "Versioning".
 // Version 2: the virtio events (entropy, net_transmit, disk_block, Async.net_frames) that replay must not skip.
 // Version 3: disk_io events (which an older replay would not know to skip) and the frames in net_transmit.
-// Versions 1 and 2 are the same layout without them: this deja reads all three.
-constexpr uint32_t kTraceFormatVersion = 3;
+// Version 4: derived time (MachineConfig.derived_time, Async.instructions): an older replay would wait for Clock and
+// Rdtsc events that are not there.
+// Versions 1 to 3 are the same layout without them: this deja reads all four.
+constexpr uint32_t kTraceFormatVersion = 4;
 constexpr uint32_t kOldestTraceFormatVersion = 1;
 
 // Layout constants (docs/trace-format.md is the normative description).

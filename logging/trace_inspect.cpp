@@ -238,6 +238,11 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
              c.machine().empty() ? "pc" : c.machine(), c.backend(), c.vcpus(), c.memory_bytes() >> 20, c.progress_mode(), c.tsc_hz(), c.rdtsc_trapped() ? "yes" : "no",
              c.serial_input() ? "yes" : "no");
   if (!c.progress_counter().empty()) fmt::print(out, "progress by  {}\n", c.progress_counter());
+  if (c.has_derived_time()) {
+    fmt::print(out, "time         derived between asynchronous events: {} ps an instruction, {} ns a device read (no "
+               "clock or RDTSC events)\n", c.derived_time().picoseconds_per_instruction(),
+               c.derived_time().nanoseconds_per_device_read());
+  }
   for (const auto& quirk : c.cpu_quirks()) fmt::print(out, "cpu quirk    {}\n", quirk);
   if (!c.cmdline().empty()) fmt::print(out, "cmdline      {}\n", json_string(c.cmdline()));
   for (const auto& arg : c.module_args()) fmt::print(out, "module arg   {}\n", json_string(arg));

@@ -282,6 +282,20 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
       !built) {
     return std::unexpected(built.error());
   }
+  if (rc.has_derived_time()) {
+    if (rc.derived_time().picoseconds_per_instruction() == 0) {
+      return std::unexpected(Error{ErrorKind::kBadTrace, fmt::format("{}: its derived time has no rate",
+                                                                     options.trace_path)});
+    }
+    const Engine::TimeRates rates{rc.derived_time().picoseconds_per_instruction(),
+                                  rc.derived_time().nanoseconds_per_device_read()};
+    if (auto ok = session.derive_time(rates); !ok) {
+      return std::unexpected(Error{ErrorKind::kUnsupported,
+                                   fmt::format("{} was recorded on {} with time derived from the instruction count: "
+                                               "{}; replay with --backend interp", options.trace_path, rc.backend(),
+                                               ok.error().message)});
+    }
+  }
   if (auto ok = check_rdtsc_replayable(header, session.machine().backend(), options.trace_path); !ok) {
     return std::unexpected(ok.error());
   }

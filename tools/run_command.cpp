@@ -334,6 +334,11 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
   session.set_digest_interval(options.digest_interval);
   session.count_rdtsc_as_guest_exits(session.machine().backend().traps_rdtsc());
+  // Where instructions are counted exactly, time read between asynchronous events follows from them: no event per
+  // clock or TSC read (format 4). The same in a plain run, so that a run and its recording see the same time.
+  if (progress.mode == ProgressMode::kExact && session.machine().backend().instruction_count()) {
+    if (auto r = session.derive_time(Engine::TimeRates{}); !r) return report_error(r.error());
+  }
 
   if (mode == Mode::kRecord) {
     if (const Backend& cpu = session.machine().backend(); !cpu.traps_rdtsc()) {
@@ -386,6 +391,10 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     c->set_rdtsc_exits_are_guest_exits(session.rdtsc_exits_are_guest_exits());
     for (const std::string& quirk : session.machine().backend().cpu_quirks()) c->add_cpu_quirks(quirk);
     c->set_tsc_hz(CpuModel::kTscHz);
+    if (auto rates = session.engine().derived_time_rates()) {
+      c->mutable_derived_time()->set_picoseconds_per_instruction(rates->ps_per_instruction);
+      c->mutable_derived_time()->set_nanoseconds_per_device_read(rates->ns_per_device_read);
+    }
     c->set_device_semantics(config.device_semantics);
     if (options.load.linux_kernel) {
       c->set_boot_protocol(std::string(linux_entry_name(options.load.linux_entry)));

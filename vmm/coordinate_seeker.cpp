@@ -93,9 +93,11 @@ Result<VcpuExit*> CoordinateSeeker::run() {
       arm_at = want.branches + 1;
       const auto instructions = cpu_.instruction_count();
       const auto steps = cpu_.step_count();
-      if (visit == Visit::kEarlier && target_->instructions != 0 && instructions && steps &&
-          *instructions < target_->instructions) {
-        // Short of the recorded instruction count: no visit before it can be the target.
+      if (state->rip == want.rip && visit == Visit::kEarlier && target_->instructions != 0 && instructions &&
+          steps && *instructions < target_->instructions) {
+        // An earlier visit of the target RIP, short of the recorded instruction count: no visit before it can be the
+        // target. Only here: elsewhere the breakpoint finds the RIP as it would on KVM with a PMU, whose algorithm
+        // the software CPU's replays keep testing.
         control.stop_at_step = *steps + (target_->instructions - *instructions);
       } else if (state->rip == want.rip) {
         // At the target RIP but not the target: step past this visit (a breakpoint would stop here

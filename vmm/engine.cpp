@@ -133,6 +133,7 @@ void Engine::diverge(const std::string& what, const std::string& expected, const
 
 uint64_t Engine::now_ns() {
   if (frozen_now_) return *frozen_now_;
+  if (derived_) return derived_now_ns();
   switch (mode_) {
     case Mode::kRun:
       return host_now_ns();
@@ -151,6 +152,7 @@ uint64_t Engine::now_ns() {
 }
 
 uint64_t Engine::port_read(uint16_t port, unsigned size, uint64_t device_value, uint64_t rip) {
+  count_device_read();
   if (mode_ == Mode::kRecord) {
     trace::Event e;
     auto* r = e.mutable_port_read();
@@ -173,6 +175,7 @@ uint64_t Engine::port_read(uint16_t port, unsigned size, uint64_t device_value, 
 }
 
 uint64_t Engine::mmio_read(uint64_t address, unsigned size, uint64_t device_value, uint64_t rip) {
+  count_device_read();
   if (mode_ == Mode::kRecord) {
     trace::Event e;
     auto* r = e.mutable_mmio_read();
@@ -196,6 +199,7 @@ uint64_t Engine::mmio_read(uint64_t address, unsigned size, uint64_t device_valu
 }
 
 uint64_t Engine::rdtsc(uint64_t rip, bool rdtscp) {
+  if (derived_) return tsc_now();
   if (mode_ == Mode::kReplay) {
     std::string what = fmt::format("rdtsc rip={:#x}{}", rip, rdtscp ? " (rdtscp)" : "");
     if (const auto* e = expect(trace::Event::kRdtsc, what)) {
@@ -241,6 +245,7 @@ std::pair<uint64_t, bool> Engine::rdrand(uint64_t rip, bool rdseed) {
 }
 
 uint64_t Engine::msr_read(uint32_t msr, uint64_t rip, uint64_t live_value) {
+  if (derived_) return tsc_now();  // the TSC, the only such MSR: derived like RDTSC
   if (mode_ == Mode::kReplay) {
     std::string what = fmt::format("msr_read msr={:#x} rip={:#x}", msr, rip);
     if (const auto* e = expect(trace::Event::kMsrRead, what)) {
@@ -262,6 +267,7 @@ uint64_t Engine::msr_read(uint32_t msr, uint64_t rip, uint64_t live_value) {
 
 std::pair<uint64_t, bool> Engine::device_msr_read(uint32_t msr, uint64_t device_value, bool device_fault,
                                                   uint64_t rip) {
+  count_device_read();
   if (mode_ == Mode::kRecord) {
     trace::Event e;
     auto* r = e.mutable_msr_read();
@@ -284,7 +290,53 @@ std::pair<uint64_t, bool> Engine::device_msr_read(uint32_t msr, uint64_t device_
   return {device_value, device_fault};
 }
 
-uint64_t Engine::tsc_now() { return ns_to_tsc(host_now_ns()); }
+uint64_t Engine::tsc_now() {
+  if (!derived_) return ns_to_tsc(host_now_ns());
+  DerivedTime& d = *derived_;
+  const uint64_t value =
+      ns_to_tsc(d.anchor_ns) + uint64_t(derived_ps_since_anchor() * CpuModel::kTscHz / 1'000'000'000'000u);
+  // Never backwards, never twice the same (an asynchronous event's host time may lie behind what derived time had
+  // reached).
+  d.last_tsc = std::max(value, d.last_tsc + 1);
+  return d.last_tsc;
+}
+
+uint64_t Engine::derived_now_ns() {
+  DerivedTime& d = *derived_;
+  d.last_ns = std::max(d.last_ns, d.anchor_ns + uint64_t(derived_ps_since_anchor() / 1000));
+  // Host time read when recording (the next asynchronous event's) is never less than derived time handed out.
+  last_now_ = std::max(last_now_, d.last_ns);
+  return d.last_ns;
+}
+
+unsigned __int128 Engine::derived_ps_since_anchor() const {
+  const DerivedTime& d = *derived_;
+  const uint64_t instructions = d.instructions().value_or(d.anchor_instructions);
+  const uint64_t since = instructions > d.anchor_instructions ? instructions - d.anchor_instructions : 0;
+  return (unsigned __int128)since * d.rates.ps_per_instruction +
+         (unsigned __int128)(d.device_reads - d.anchor_device_reads) * d.rates.ns_per_device_read * 1000;
+}
+
+uint64_t Engine::instructions_until(uint64_t ns) {
+  const uint64_t now = derived_now_ns();
+  if (ns <= now) return 1;
+  return uint64_t(((unsigned __int128)(ns - now) * 1000 + derived_->rates.ps_per_instruction - 1) /
+                  derived_->rates.ps_per_instruction);
+}
+
+void Engine::derive_time(TimeRates rates, std::function<std::optional<uint64_t>()> instructions) {
+  DEJA_ASSERT(rates.ps_per_instruction != 0, "derived time needs a rate");
+  derived_ = DerivedTime{rates, std::move(instructions)};
+  anchor_time(last_now_);
+}
+
+void Engine::anchor_time(uint64_t now_ns) {
+  if (!derived_) return;
+  derived_->anchor_ns = now_ns;
+  derived_->anchor_instructions = derived_->instructions().value_or(0);
+  derived_->anchor_device_reads = derived_->device_reads;
+  derived_->last_ns = std::max(derived_->last_ns, now_ns);
+}
 
 // The guest-exit count is part of the coordinate in both modes: in exact mode it tells apart the visits
 // of a loop that has no conditional branch but exits (an `sti; hlt` idle loop whose interrupt handler
@@ -357,6 +409,8 @@ void Engine::record_async(const Position& where, uint64_t now_ns, std::span<cons
   auto* a = e.mutable_async();
   *a->mutable_at() = to_proto(where);
   a->set_now_ns(now_ns);
+  // With derived time the instruction count is part of where the event lands: time goes on from there.
+  if (derived_) a->set_instructions(where.instructions.value_or(0));
   if (!input.empty()) a->set_serial_input(input.data(), input.size());
   for (const NetFrameIn& f : frames) {
     auto* frame = a->add_net_frames();
@@ -396,9 +450,13 @@ const trace::Coordinate& Engine::positional_at(const trace::Event& e) const {
 
 bool Engine::positional_matches(const trace::Event& e, const Position& where) const {
   if (!same_coordinate(positional_at(e), where, progress_)) return false;
-  // A heartbeat carries the instruction count, which tells apart the visits of a loop that neither
-  // branches conditionally nor exits (where the backend counts instructions).
-  return e.kind_case() != trace::Event::kDigest || !instructions_differ(e.digest().instructions(), where);
+  // A heartbeat (and an asynchronous event, where time is derived) carries the instruction count, which tells
+  // apart the visits of a loop that neither branches conditionally nor exits (where the backend counts them).
+  return !instructions_differ(positional_instructions(e), where);
+}
+
+uint64_t Engine::positional_instructions(const trace::Event& e) {
+  return e.kind_case() == trace::Event::kAsync ? e.async().instructions() : e.digest().instructions();
 }
 
 trace::Event Engine::consume_positional() {
@@ -410,7 +468,10 @@ trace::Event Engine::consume_positional() {
   return current_;
 }
 
-void Engine::begin_async(uint64_t now_ns) { frozen_now_ = now_ns; }
+void Engine::begin_async(uint64_t now_ns) {
+  frozen_now_ = now_ns;
+  anchor_time(now_ns);
+}
 void Engine::end_async() { frozen_now_.reset(); }
 
 void Engine::record_digest(const Position& where, std::span<const uint8_t> digest, uint64_t instructions) {
@@ -466,6 +527,14 @@ Result<Engine::Cursor> Engine::save_cursor() const {
   c.events = events_;
   c.last_now = last_now_;
   c.recent = recent_;
+  if (derived_) {
+    c.device_reads = derived_->device_reads;
+    c.anchor_ns = derived_->anchor_ns;
+    c.anchor_instructions = derived_->anchor_instructions;
+    c.anchor_device_reads = derived_->anchor_device_reads;
+    c.last_ns = derived_->last_ns;
+    c.last_tsc = derived_->last_tsc;
+  }
   return c;
 }
 
@@ -490,6 +559,14 @@ Result<> Engine::restore_cursor(const Cursor& c) {
   output_.restore(c.output);
   events_ = c.events;
   last_now_ = c.last_now;
+  if (derived_) {
+    derived_->device_reads = c.device_reads;
+    derived_->anchor_ns = c.anchor_ns;
+    derived_->anchor_instructions = c.anchor_instructions;
+    derived_->anchor_device_reads = c.anchor_device_reads;
+    derived_->last_ns = c.last_ns;
+    derived_->last_tsc = c.last_tsc;
+  }
   frozen_now_.reset();
   recent_ = c.recent;
   divergence_.reset();

@@ -65,14 +65,15 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   TraceReader* reader() { return reader_.get(); }
 
   // ---- choke points --------------------------------------------------------------------------
-  // Device clock reads (Clock). While an asynchronous event is processed, time is frozen at the
-  // event's time so that device work inside it needs no further clock events.
+  // Device clock reads (Clock), an event each; or, with derive_time(), derived from the instruction count. While
+  // an asynchronous event is processed, time is frozen at the event's time (no further clock events).
   uint64_t now_ns() override;
   // Value of a port / MMIO read: `device_value` is what the device model answered. Recorded; in
   // replay it is checked against the recording (a device-semantics change is a divergence).
   uint64_t port_read(uint16_t port, unsigned size, uint64_t device_value, uint64_t rip);
   uint64_t mmio_read(uint64_t address, unsigned size, uint64_t device_value, uint64_t rip);
-  // RDTSC/RDTSCP and the TSC MSR: virtual time scaled to the model's TSC frequency.
+  // RDTSC/RDTSCP and the TSC MSR: virtual time scaled to the model's TSC frequency, recorded as an event per read;
+  // or, with derive_time(), derived from the instruction count, with no event.
   uint64_t rdtsc(uint64_t rip, bool rdtscp);
   // RDRAND/RDSEED: host entropy when recording, the trace when replaying.
   std::pair<uint64_t, bool> rdrand(uint64_t rip, bool rdseed);
@@ -108,8 +109,29 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   }
   const std::string& host_error() const { return host_error_; }
 
-  // The TSC as the guest would read it now (run/record), for the TSC MSR.
+  // The TSC as the guest would read it now (run/record, or derived in any mode), for the TSC MSR.
   uint64_t tsc_now();
+
+  // ---- derived time (format 4, docs/trace-format.md) ---------------------------------------------
+  // On a backend that counts instructions exactly (interp), time read inside the guest's run needs no event:
+  // between two asynchronous events (where host time enters, recorded) virtual time advances by
+  // `ps_per_instruction` a retired instruction and `ns_per_device_read` a port, MMIO or device-MSR read (as on
+  // hardware, where such a read takes about a microsecond: a loop polling a device for 20 ms then polls 20,000
+  // times, not 5 million), the TSC with it (never less than its previous read + 1), and device clock reads see the
+  // same. Replay computes the same values from the same events. A Linux guest reads the TSC tens of thousands of
+  // times a second: logged, those reads were nine in ten events of its trace.
+  struct TimeRates {
+    uint32_t ps_per_instruction = 1000;  // a 1 G instructions/s CPU
+    uint32_t ns_per_device_read = 1000;
+  };
+  void derive_time(TimeRates rates, std::function<std::optional<uint64_t>()> instructions);
+  std::optional<TimeRates> derived_time_rates() const {
+    return derived_ ? std::optional(derived_->rates) : std::nullopt;
+  }
+  // Run/record, while the guest runs: derived time where it is derived, else host time (no event either way).
+  uint64_t running_now_ns() { return derived_ ? derived_now_ns() : host_now_ns(); }
+  // Derived time: the instructions after which it reaches `ns` (at least 1).
+  uint64_t instructions_until(uint64_t ns);
 
   // ---- asynchronous events (time advancing, host input arriving) ------------------------------
   // Record/run: what host time says now (virtual ns), without logging.
@@ -127,6 +149,9 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   const trace::Event* next_positional();
   const trace::Coordinate& positional_at(const trace::Event& e) const;
   bool positional_matches(const trace::Event& e, const Position& where) const;
+  // The instruction count a positional event was recorded at: heartbeats, and asynchronous events where time is
+  // derived (0: not counted).
+  static uint64_t positional_instructions(const trace::Event& e);
   trace::Event consume_positional();
   void begin_async(uint64_t now_ns);
   void end_async();
@@ -173,6 +198,10 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
     uint64_t events = 0;
     uint64_t last_now = 0;
     std::deque<std::string> recent;
+    // Derived time: device reads so far; the last asynchronous event's time, instruction count and device reads;
+    // the last time and TSC read.
+    uint64_t device_reads = 0, anchor_ns = 0, anchor_instructions = 0, anchor_device_reads = 0, last_ns = 0,
+             last_tsc = 0;
   };
   // The cursor can only be saved at a clean point: not inside an asynchronous event, not diverged.
   // Fails while the serial-output comparison holds hashed bytes (megabytes apart): no checkpoint there.
@@ -193,6 +222,14 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   const trace::Event* expect(trace::Event::KindCase kind, const std::string& what);
   void diverge(const std::string& what, const std::string& expected, const std::string& actual);
   void remember(const trace::Event& e);
+  // Derived time: an asynchronous event's time, from which it goes on; the picoseconds since the last such event;
+  // a port, MMIO or device-MSR read.
+  void anchor_time(uint64_t now_ns);
+  unsigned __int128 derived_ps_since_anchor() const;
+  uint64_t derived_now_ns();
+  void count_device_read() {
+    if (derived_) ++derived_->device_reads;
+  }
 
   Mode mode_;
   ProgressMode progress_;
@@ -200,6 +237,13 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   uint64_t last_now_ = 0;
   std::optional<uint64_t> frozen_now_;
   std::function<Position()> where_;
+  struct DerivedTime {
+    TimeRates rates;
+    std::function<std::optional<uint64_t>()> instructions;
+    uint64_t device_reads = 0, anchor_ns = 0, anchor_instructions = 0, anchor_device_reads = 0, last_ns = 0,
+             last_tsc = 0;
+  };
+  std::optional<DerivedTime> derived_;
 
   std::unique_ptr<TraceWriter> writer_;
   std::vector<uint8_t> pending_output_;  // record: not yet logged

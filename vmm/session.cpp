@@ -142,6 +142,17 @@ Result<> Session::setup_progress(const ProgressChoice& choice) {
   return {};
 }
 
+Result<> Session::derive_time(Engine::TimeRates rates) {
+  Backend& cpu = machine_->backend();
+  if (!cpu.instruction_count()) {
+    return fail(ErrorKind::kUnsupported, "the {} backend does not count instructions, from which this time follows",
+                cpu.name());
+  }
+  engine_.derive_time(rates, [&cpu] { return cpu.instruction_count(); });
+  derived_time_cpu_ = dynamic_cast<InterpBackend*>(&cpu);
+  return {};
+}
+
 Position Session::position() {
   Position p;
   p.guest_exits = guest_exits_;
@@ -202,7 +213,7 @@ std::vector<NetFrameIn> Session::take_network_frames() {
 // mode then stops the vCPU at the next instruction boundary to let it in, rather than at the next timer tick.
 bool Session::async_work_due() {
   auto deadline = machine_->next_deadline_ns();
-  if (deadline && *deadline <= engine_.host_now_ns()) return true;
+  if (deadline && *deadline <= engine_.running_now_ns()) return true;
   auto& networks = engine_.networks();
   const auto& nics = machine_->nics();
   for (size_t i = 0; i < networks.size() && i < nics.size(); ++i) {
@@ -212,8 +223,8 @@ bool Session::async_work_due() {
 }
 
 // Run / record: let host time and host input into the machine, if anything is due.
-void Session::poll_async() {
-  uint64_t now = engine_.host_now_ns();
+void Session::poll_async(bool idle) {
+  uint64_t now = idle ? engine_.host_now_ns() : engine_.running_now_ns();
   auto deadline = machine_->next_deadline_ns();
   bool due = deadline && *deadline <= now;
   uint8_t buf[256];
@@ -243,9 +254,9 @@ void Session::replay_async() {
                         ? here.at.branches > at.branches() ||
                               (here.at.branches == at.branches() &&
                                (here.guest_exits > at.guest_exits() ||
-                                (here.guest_exits == at.guest_exits() && e->kind_case() == trace::Event::kDigest &&
-                                 here.instructions && e->digest().instructions() != 0 &&
-                                 *here.instructions > e->digest().instructions())))
+                                (here.guest_exits == at.guest_exits() && here.instructions &&
+                                 Engine::positional_instructions(*e) != 0 &&
+                                 *here.instructions > Engine::positional_instructions(*e))))
                         : here.guest_exits >= at.guest_exits();
       if (passed) {
         engine_.report_divergence("the guest is not where the recording says it was at this point",
@@ -333,7 +344,7 @@ Result<std::optional<Outcome>> Session::wait_for_wake() {
     int ready = ::poll(fds.data(), fds.size(), timeout_ms);
     for (auto& n : networks) n->dispatch(fds, ready < 0);
     next_net_poll_ns_ = HostClock::monotonic_ns() + kNetPollNs;
-    poll_async();
+    poll_async(true);
   }
 }
 
@@ -551,10 +562,10 @@ Result<Outcome> Session::run() {
       std::optional<SeekTarget> target;
       if (const trace::Event* next = engine_.peek()) {
         const trace::Coordinate* at = nullptr;
-        uint64_t instructions = 0;  // recorded with heartbeats and the End (0: not counted)
+        uint64_t instructions = 0;  // recorded with heartbeats, the End and derived-TSC async events (0: not counted)
         if (engine_.next_positional()) {
           at = &engine_.positional_at(*next);
-          if (next->kind_case() == trace::Event::kDigest) instructions = next->digest().instructions();
+          instructions = Engine::positional_instructions(*next);
         }
         if (next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") {
           at = &next->end().at();
@@ -576,6 +587,11 @@ Result<Outcome> Session::run() {
     } else if (mode != Mode::kReplay) {
       auto deadline = machine_->next_deadline_ns();
       uint64_t kick = deadline ? engine_.host_origin_ns() + *deadline : UINT64_MAX;
+      if (derived_time_cpu_) {
+        // Derived time: the device is due where virtual time reaches its deadline, an instruction count away.
+        derived_time_cpu_->set_instruction_budget(deadline ? engine_.instructions_until(*deadline) : 0);
+        kick = UINT64_MAX;
+      }
       if (input_ && !input_->at_end()) kick = std::min(kick, HostClock::monotonic_ns() + 10'000'000);
       // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
       if (!engine_.networks().empty()) kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
@@ -884,7 +900,7 @@ Result<std::vector<uint8_t>> Session::encode_loop_state() const {
   auto cursor = engine_.save_cursor();
   if (!cursor) return std::unexpected(cursor.error());
   const Engine::Cursor& c = *cursor;
-  StateWriter w("SESS", 2);
+  StateWriter w("SESS", 3);
   w.u64(guest_exits_);
   w.u8(uint8_t(last_exit_kind_));
   w.u64(last_exit_rip_);
@@ -896,13 +912,16 @@ Result<std::vector<uint8_t>> Session::encode_loop_state() const {
   w.u64(c.output.matched);
   w.u64(c.events);
   w.u64(c.last_now);
+  for (uint64_t v : {c.device_reads, c.anchor_ns, c.anchor_instructions, c.anchor_device_reads, c.last_ns, c.last_tsc}) {
+    w.u64(v);
+  }
   w.u32(uint32_t(c.recent.size()));
   for (const auto& line : c.recent) put_string(w, line);
   return w.take();
 }
 
 Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
-  StateReader r(blob, "SESS", 2);
+  StateReader r(blob, "SESS", 3);
   uint64_t guest_exits = r.u64();
   uint8_t kind = r.u8();
   uint64_t last_rip = r.u64();
@@ -917,6 +936,10 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
   c.output.matched = r.u64();
   c.events = r.u64();
   c.last_now = r.u64();
+  for (uint64_t* v : {&c.device_reads, &c.anchor_ns, &c.anchor_instructions, &c.anchor_device_reads, &c.last_ns,
+                      &c.last_tsc}) {
+    *v = r.u64();
+  }
   uint32_t recent = r.u32();
   if (recent > 64) r.invalid("too many recent events");
   for (uint32_t i = 0; i < recent && r.ok(); ++i) c.recent.push_back(get_string(r));

@@ -23,6 +23,8 @@
 namespace deja {
 
 // How a run ended.
+class InterpBackend;
+
 struct Outcome {
   int status = 0;
   std::string reason;         // "guest exit", "triple fault", ...
@@ -69,6 +71,9 @@ class Session {
 
   // Exact mode: attaches the counter that places events (emulated PMU, host PMU) and, in replay, the seeker.
   Result<> setup_progress(const ProgressChoice& choice);
+  // Time read inside the guest's run follows from the instruction count (Engine::derive_time): fails on a backend
+  // that does not count instructions.
+  Result<> derive_time(Engine::TimeRates rates);
   // Exact mode: what counts progress (for the trace header and messages).
   std::string counter_description();
 
@@ -120,9 +125,14 @@ class Session {
     unsigned nic;
     std::span<const uint8_t> data;
   };
-  void poll_async();
+  // Run / record: let host time and host input in if anything is due. `idle`: the guest waits in HLT, where virtual
+  // time catches up with host time; else, with derived time, a deadline is due when derived time reaches it.
+  void poll_async(bool idle = false);
   std::vector<NetFrameIn> take_network_frames();
   bool async_work_due();
+  // Derived time (run / record): the software CPU, stopped by an instruction budget where virtual time reaches the
+  // next device deadline.
+  InterpBackend* derived_time_cpu_ = nullptr;
   void apply_async(uint64_t now_ns, std::span<const uint8_t> input, std::span<const FrameIn> frames = {});
   void replay_async();
   Result<> deliver_interrupts();

@@ -26,7 +26,15 @@ if(TARGET deja_interp AND EXISTS ${DEJA_ALU_ROOT}/interp/interp_backend.h)
   # Fixed seeds keep CI reproducible; run the binaries without --seed to explore new ones.
   # --avoid-xadd-same-register: a known interp defect (see docs/interp-alu.md); drop the flag once it is fixed.
   # --avoid-unmasked-underflow: the SSE approximation documented in docs/interp-alu.md (20,000 sequences meet it).
-  add_test(NAME interp_diff COMMAND interp_diff --seed 1 --count 20000 --avoid-xadd-same-register
+  # Under the sanitizers (10x slower) a tenth of the sequences: the normal build runs them all, and CI time is bounded.
+  if(DEJA_SANITIZE)
+    set(diff_sequences 2000)
+    set(fastdiff_counts --sequences 500 --fuzz 500)
+  else()
+    set(diff_sequences 20000)
+    set(fastdiff_counts --sequences 3000 --fuzz 3000)
+  endif()
+  add_test(NAME interp_diff COMMAND interp_diff --seed 1 --count ${diff_sequences} --avoid-xadd-same-register
                                    --avoid-unmasked-underflow)
   add_test(NAME interp_fuzz COMMAND interp_fuzz --seed 1 --count 200000 --seconds 20)
   set_tests_properties(interp_fuzz PROPERTIES TIMEOUT 120)
@@ -44,7 +52,7 @@ if(TARGET deja_interp AND EXISTS ${DEJA_ALU_ROOT}/interp/interp_backend.h)
   endif()
   foreach(mode threaded jit)
     add_test(NAME interp_fastdiff_${mode}
-             COMMAND interp_fastdiff --mode ${mode} --seed 1 --sequences 3000 --fuzz 3000 ${fastdiff_guests}
+             COMMAND interp_fastdiff --mode ${mode} --seed 1 ${fastdiff_counts} ${fastdiff_guests}
                      --cmdline n=100000 --max-steps 30000000)
     set_tests_properties(interp_fastdiff_${mode} PROPERTIES TIMEOUT 600)
   endforeach()
