@@ -256,7 +256,7 @@ def record_replay(args, workdir, results):
         for needed in (b"0x1af4:0x1042", b"0x1af4:0x1041", b"0x1af4:0x1044", b"vda 8192 sectors", b"virtio_rng"):
             if needed not in listed:
                 raise linux_guest.GuestError(f"the guest did not list {needed!r} among its devices")
-    results.append(f"record {record_s:.1f} s ({args.progress or 'exact'} progress), replays "
+    results.append(f"record {record_s:.1f} s ({args.progress or 'default'} progress), replays "
                    f"{', '.join(f'{s:.1f}' for s in replay_s)} s, {os.path.getsize(trace)} bytes: "
                    + rec.stderr.strip().splitlines()[-1].removeprefix("deja: "))
 
@@ -330,7 +330,7 @@ def record_replay_workload(args, workdir, results):
         if len(parts) == 2 and parts[1].isdigit() and parts[0] in ("async", "entropy", "net_transmit", "disk_block",
                                                                       "interrupt", "rdtsc", "clock"):
             counts[parts[0]] = int(parts[1])
-    results.append(f"record {record_s:.1f} s ({args.progress or 'exact'} progress), replays "
+    results.append(f"record {record_s:.1f} s ({args.progress or 'default'} progress), replays "
                    f"{', '.join(f'{s:.1f}' for s in replay_s)} s, trace {os.path.getsize(trace)} bytes "
                    f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
     return inspect_linux_trace(args, trace, server.port, args.download_mib << 20, workdir, results)
