@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the bundled guest's initramfs (an uncompressed newc cpio: the kernel unpacks it without a decompressor)
 # from busybox-static, /init, and the virtio modules of kernel KVER, reproducibly (fixed owners and times).
-# Usage: make-initramfs.sh KVER SOURCE_DIR OUTPUT.cpio
+# Usage: make-initramfs.sh KVER SOURCE_DIR OUTPUT.cpio [PROGRAM...]
+# Each PROGRAM (a static executable the build made, e.g. tsc-spin) goes to /bin under its own name.
 set -euo pipefail
 kver="$1" src="$2" out="$3"
+shift 3
 busybox=/bin/busybox
 modules_dir="/usr/lib/modules/$kver"
 if [ ! -x "$busybox" ] || readelf -l "$busybox" 2>/dev/null | grep -q INTERP; then
@@ -24,6 +26,13 @@ for applet in $("$busybox" --list-full); do
 done
 install -m 0755 "$src/init" "$stage/init"
 install -m 0755 "$src/deja-exit" "$stage/bin/deja-exit"
+for program in "$@"; do
+  if readelf -l "$program" 2>/dev/null | grep -q INTERP; then
+    echo "make-initramfs: $program is dynamically linked (the initramfs has no libc)" >&2
+    exit 1
+  fi
+  install -m 0755 "$program" "$stage/bin/$(basename "$program")"
+done
 cp "$src/modules" "$stage/etc/deja/modules"
 for script in "$src"/scripts/*; do install -m 0755 "$script" "$stage/scripts/"; done
 while read -r module; do

@@ -2,10 +2,10 @@
 # Linux record/replay on KVM (issue 13): the workload recorded on KVM with kvm-deja replays exactly on KVM and on interp; a stock-KVM recording's replay reports where it diverges.
 #   tests/linux/kvm_deja_rr.sh SOURCE_DIR BUILD_DIR [DOWNLOAD_MIB]
 # Inside the nested harness with the kvm-deja module: tests/linux/linux_test.py --record-replay-workload on KVM (boot,
-# shell session over serial, virtio disk write/sync/read back, hwrng, an HTTP download through slirp; replayed on
-# KVM, every event checked); then the same boot recorded with the module's exits turned off (DEJA_KVM_DEJA=off, i.e.
-# stock KVM), whose replay must fail with status 6 naming the event. Back on this host the KVM trace is replayed on
-# interp: `replay OK` and the serial output byte-identical.
+# shell session over serial, virtio disk write/sync/read back, hwrng, an HTTP download through slirp, tsc-spin;
+# replayed on KVM, every event checked); then the same boot recorded with the module's exits turned off
+# (DEJA_KVM_DEJA=off, i.e. stock KVM), whose replay must fail with status 6 naming the event. Back on this host the
+# KVM trace is replayed on interp: `replay OK` and the serial output byte-identical.
 set -euo pipefail
 source_dir="$(realpath "$1")" build="$(realpath "$2")" mib="${3:-2}"
 

@@ -13,6 +13,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,56 @@ class BlobServer:
 
 def sha256(path):
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def replay_variants(args):
+    """The replays --replay asks for, as `deja replay` options: "default" is none, "KEY=VALUE" is --KEY VALUE (e.g.
+    interp-mode=threaded, progress=exact)."""
+    variants = []
+    for spec in args.replay or ["default"]:
+        if spec == "default":
+            variants.append((spec, []))
+        else:
+            key, _, value = spec.partition("=")
+            variants.append((spec, [f"--{key}", value]))
+    return variants
+
+
+def replay_each(args, trace, recorded, workdir, name, results, timeout):
+    """Replays `trace` once per --replay variant. Each must end with status 1 and `replay OK` (every event checked,
+    the final state digest equal to the recording's), print byte for byte the serial output `recorded`, and end in
+    the same state digest as the others. Returns the replays' wall times."""
+    seconds = []
+    digests = set()
+    for i, (spec, extra) in enumerate(replay_variants(args)):
+        replayed = os.path.join(workdir, f"{name}-replayed-{i}.out")
+        argv = [args.deja, "replay", trace, "--serial-out", replayed, "--stats", *extra]
+        t0 = time.monotonic()
+        rep = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        seconds.append(time.monotonic() - t0)
+        with open(os.path.join(workdir, f"{name}-replay-{i}.err"), "w") as f:
+            f.write(rep.stderr)
+        if rep.returncode != 1 or "replay OK" not in rep.stderr:
+            raise linux_guest.GuestError(f"replay {i + 1} ({spec}: {' '.join(argv)}) ended with status "
+                                         f"{rep.returncode}:\n{rep.stderr[-3000:]}")
+        if open(replayed, "rb").read() != recorded:
+            raise linux_guest.GuestError(f"replay {i + 1} ({spec}: {' '.join(argv)}): the replayed serial output "
+                                         f"differs from the recorded one ({replayed})")
+        summary = next(line for line in rep.stderr.splitlines() if "replay OK" in line)
+        digests.add(summary.split("digest matches (")[-1].split(")")[0])
+        seeking = next((line.strip().removeprefix("deja: ") for line in rep.stderr.splitlines()
+                        if "coordinate seeking" in line), "no coordinate-seeking line")
+        # On interp the replay reaches coordinates with the recording's counter unless the variant names another
+        # (KVM's exit-synchronous recordings need no seeking).
+        progress = extra[1] if extra[:1] == ["--progress"] else args.progress or "exact"
+        skid = progress.split(":")[1] if progress.startswith("emulated-pmu:") else "0"
+        if args.backend == "interp" and f"skid {skid})" not in seeking:
+            raise linux_guest.GuestError(f"replay {i + 1} ({spec}) did not seek with skid {skid}: {seeking}")
+        results.append(f"replay {i + 1} ({spec}) {seconds[-1]:.1f} s: {summary.strip().removeprefix('deja: ')}; "
+                       f"{seeking}")
+    if len(digests) != 1:
+        raise linux_guest.GuestError(f"the replays ended in different state digests: {sorted(digests)}")
+    return seconds
 
 
 def guest_steps(session, features, server, kernel_version, results):
@@ -161,28 +212,28 @@ def run_qemu(args, features, server, kernel_version, cmdline, workdir, results):
     return compared
 
 
+def progress_option(args):
+    return ["--progress", args.progress] if args.progress else []
+
+
 def record_replay(args, workdir, results):
-    """Records a boot that runs /scripts/devices and powers off, replays it, and compares the serial output."""
+    """Records a boot that runs /scripts/devices and powers off, replays it once per --replay, and compares the
+    serial output."""
     trace = os.path.join(workdir, "boot.trace")
     recorded = os.path.join(workdir, "recorded.out")
-    replayed = os.path.join(workdir, "replayed.out")
     t0 = time.monotonic()
     # On pc-apic the virtio devices come too: Linux drives them through MSI-X there, which must replay as well.
     devices = []
     if args.machine == "pc-apic" and all(deja_options(args.deja).values()):
         devices = ["--disk", os.path.join(args.guest_dir, "disk.img"), "--net", "user", "--rng"]
     rec = subprocess.run([args.deja, "record", "--backend", args.backend, "--machine", args.machine, "--linux",
-                          "--append", "deja.script=devices", "-o", trace, "--serial-out", recorded, *devices],
+                          "--append", "deja.script=devices", "-o", trace, "--serial-out", recorded, *devices,
+                          *progress_option(args)],
                          capture_output=True, text=True, timeout=args.timeout)
     if rec.returncode != 1 or b"deja-linux: ready" not in open(recorded, "rb").read():
         raise linux_guest.GuestError(f"record ended with status {rec.returncode}:\n{rec.stderr[-2000:]}")
-    t1 = time.monotonic()
-    rep = subprocess.run([args.deja, "replay", trace, "--serial-out", replayed], capture_output=True, text=True,
-                         timeout=args.timeout)
-    if rep.returncode != 1 or "replay OK" not in rep.stderr:
-        raise linux_guest.GuestError(f"replay ended with status {rep.returncode}:\n{rep.stderr[-2000:]}")
-    if open(recorded, "rb").read() != open(replayed, "rb").read():
-        raise linux_guest.GuestError("the replayed serial output differs from the recorded one")
+    record_s = time.monotonic() - t0
+    replay_s = replay_each(args, trace, open(recorded, "rb").read(), workdir, "boot", results, args.timeout)
     inspect = subprocess.run([args.deja, "inspect", trace], capture_output=True, text=True).stdout
     for role in ("input        kernel", "input        initrd"):
         if role not in inspect:
@@ -205,8 +256,9 @@ def record_replay(args, workdir, results):
         for needed in (b"0x1af4:0x1042", b"0x1af4:0x1041", b"0x1af4:0x1044", b"vda 8192 sectors", b"virtio_rng"):
             if needed not in listed:
                 raise linux_guest.GuestError(f"the guest did not list {needed!r} among its devices")
-    results.append(f"record {t1 - t0:.1f} s, replay {time.monotonic() - t1:.1f} s, {os.path.getsize(trace)} bytes: "
-                   + rep.stderr.strip().splitlines()[-1].removeprefix("deja: "))
+    results.append(f"record {record_s:.1f} s ({args.progress or 'default'} progress), replays "
+                   f"{', '.join(f'{s:.1f}' for s in replay_s)} s, {os.path.getsize(trace)} bytes: "
+                   + rec.stderr.strip().splitlines()[-1].removeprefix("deja: "))
 
 
 def record_replay_workload(args, workdir, results):
@@ -219,11 +271,10 @@ def record_replay_workload(args, workdir, results):
     disk = os.path.join(args.guest_dir, "disk.img")
     overlay = os.path.join(workdir, "rr-overlay.img")
     trace = os.path.join(workdir, "workload.trace")
-    replayed = os.path.join(workdir, "workload-replayed.out")
     base_sha = sha256(disk)
     argv = [args.deja, "record", "--backend", args.backend, "--linux", "-o", trace,
             "--disk", f"{disk},overlay={overlay},hash={args.disk_hash}", "--net", "user", "--rng",
-            "--serial-in", "-"]
+            "--serial-in", "-", *progress_option(args)]
     log = open(os.path.join(workdir, "workload-record.log"), "wb")
     err = open(os.path.join(workdir, "workload-record.err"), "wb")
     t0 = time.monotonic()
@@ -248,6 +299,7 @@ def record_replay_workload(args, workdir, results):
         step("net up", "/scripts/net-up; echo up", "up")
         step(f"http fetch of {args.download_mib} MiB", f"wget -q -O - http://10.0.2.2:{server.port}/blob | md5sum",
              f"{server.md5}  -", timeout=args.timeout)
+        tsc_spin(session, args.tsc_spin_ms, results)
         status = session.finish(0, timeout=args.timeout)
     finally:
         session.kill()
@@ -261,16 +313,9 @@ def record_replay_workload(args, workdir, results):
     with open(overlay, "rb") as f:
         if WRITE_MARK.encode() not in f.read():
             raise linux_guest.GuestError(f"the overlay {overlay} does not hold the guest's write")
-    t1 = time.monotonic()
-    rep = subprocess.run([args.deja, "replay", trace, "--serial-out", replayed], capture_output=True, text=True,
-                         timeout=args.timeout * 2)
-    replay_s = time.monotonic() - t1
-    if rep.returncode != 1 or "replay OK" not in rep.stderr:
-        raise linux_guest.GuestError(f"replay ended with status {rep.returncode}:\n{rep.stderr[-3000:]}")
     with open(os.path.join(workdir, "workload-recorded.out"), "wb") as f:
         f.write(session.output)
-    if open(replayed, "rb").read() != session.output:
-        raise linux_guest.GuestError("the replayed serial output differs from the recorded one")
+    replay_s = replay_each(args, trace, session.output, workdir, "workload", results, args.timeout * 2)
     if sha256(disk) != base_sha:
         raise linux_guest.GuestError(f"the base disk image {disk} changed")
     if sha256(overlay) != overlay_sha:
@@ -285,10 +330,32 @@ def record_replay_workload(args, workdir, results):
         if len(parts) == 2 and parts[1].isdigit() and parts[0] in ("async", "entropy", "net_transmit", "disk_block",
                                                                       "interrupt", "rdtsc", "clock"):
             counts[parts[0]] = int(parts[1])
-    results.append(f"record {record_s:.1f} s, replay {replay_s:.1f} s, trace {os.path.getsize(trace)} bytes "
-                   f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}): "
-                   + rep.stderr.strip().splitlines()[-1].removeprefix("deja: "))
+    results.append(f"record {record_s:.1f} s ({args.progress or 'default'} progress), replays "
+                   f"{', '.join(f'{s:.1f}' for s in replay_s)} s, trace {os.path.getsize(trace)} bytes "
+                   f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
     return inspect_linux_trace(args, trace, server.port, args.download_mib << 20, workdir, results)
+
+
+TSC_KHZ = 2000000  # the CPU model's TSC rate (tsc_early_khz on the bundled guest's command line)
+TSC_SPIN_LINE = re.compile(r"tsc-spin: (rdtsc|clock_gettime) (\d+) reads over (\d+) (ticks|ns), steps (\d+)-(\d+), "
+                           r"(\d+) backwards, hash ([0-9a-f]{16})")
+
+
+def tsc_spin(session, ms, results):
+    """Runs /bin/tsc-spin: `ms` ms of guest time spinning in user space on RDTSC, then as long on
+    clock_gettime(CLOCK_MONOTONIC) through the vDSO. Its output (the reads' count, span and a hash of every step)
+    depends on each TSC value it read, so the replays' byte-identical serial output checks them all."""
+    t0 = time.monotonic()
+    out = session.check(f"tsc-spin {ms * TSC_KHZ} {ms * 1000000}")
+    seen = {m.group(1): m for m in TSC_SPIN_LINE.finditer(out)}
+    wanted = {"rdtsc": ms * TSC_KHZ, "clock_gettime": ms * 1000000}
+    for what, span in wanted.items():
+        m = seen.get(what)
+        if m is None or int(m.group(2)) < 2 or int(m.group(3)) < span or int(m.group(7)) != 0:
+            raise linux_guest.GuestError(f"tsc-spin: no {what} line spanning {span} with no step backwards:\n{out}")
+    results.append(f"record: tsc-spin {ms} ms each: " + ", ".join(
+        f"{what} {seen[what].group(2)} reads, steps {seen[what].group(5)}-{seen[what].group(6)} {seen[what].group(4)}"
+        for what in wanted) + f" ({time.monotonic() - t0:.1f} s)")
 
 
 def inspect_linux_trace(args, trace, port, download_bytes, workdir, results):
@@ -376,6 +443,13 @@ def main():
     parser.add_argument("--download-mib", type=int, default=8, help="--record-replay-workload: the download's size")
     parser.add_argument("--disk-hash", default="lazy", choices=["full", "lazy"],
                         help="--record-replay-workload: how the trace identifies the disk image")
+    parser.add_argument("--tsc-spin-ms", type=int, default=50,
+                        help="--record-replay-workload: guest milliseconds tsc-spin spins on RDTSC, and again on "
+                             "clock_gettime")
+    parser.add_argument("--progress", help="--record-replay*: `deja record --progress` (exact, emulated-pmu:SKID)")
+    parser.add_argument("--replay", action="append", metavar="VARIANT",
+                        help="--record-replay*: replay once more per use, with nothing changed (default) or with "
+                             "--KEY VALUE (KEY=VALUE, e.g. interp-mode=threaded, progress=exact); without it, once")
     parser.add_argument("--timeout", type=float, default=600, help="seconds for any one step")
     parser.add_argument("--machine", default="pc", choices=["pc", "pc-apic"], help="--record-replay: the machine")
     parser.add_argument("--keep", help="keep logs and the overlay in this directory")
