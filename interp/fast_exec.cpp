@@ -270,7 +270,12 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
   }
   block->ops.shrink_to_fit();
   if (mode_ == InterpMode::kJit && block->count > 0) compile_block(*block);  // (without code: handlers)
-  return blocks_.insert(std::move(block));
+  // A page that held no decoded code may have fast write tags (a store into it since its last blocks
+  // were dropped earned them): they go now, so that every store into the page checks for this block.
+  const bool was_code = is_code_page(phys >> 12);
+  Block* inserted = blocks_.insert(std::move(block));
+  if (!was_code) revoke_fast_writes(phys >> 12);
+  return inserted;
 }
 
 bool InterpBackend::breakpoint_in(uint64_t begin, uint64_t end) const {
