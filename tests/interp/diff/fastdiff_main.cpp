@@ -138,8 +138,14 @@ LockstepResult lockstep(Side ref, Side fast, Answerer& answerer, uint64_t max_st
     uint64_t budget = room == 0 ? 1 : room;
     if (pass == Pass::kBudgets) budget = std::min<uint64_t>(budget, 1 + budgets() % 40);
     fast.cpu->set_instruction_budget(budget);
+    const uint64_t start = fast.cpu->retired_steps();
     VcpuExit* ef = *fast.cpu->run();
     const uint64_t target = fast.cpu->retired_steps();
+    if (!stepping && ef->kind == ExitKind::kKicked && target != start + budget) {
+      // Only the budget stops a run here, and it must stop it on its step, as the reference's run loop does.
+      result.mismatch = fmt::format("a budget of {} steps stopped the fast path after {}\n", budget, target - start);
+      return result;
+    }
     VcpuExit* er = nullptr;
     if (ef->kind == ExitKind::kKicked) {
       ++result.boundaries;
