@@ -177,7 +177,7 @@ Role role_of(const DecodedInsn& insn) {
 uint32_t InterpBackend::block_key() const {
   // Everything the operations of a block were bound for: the decode mode, the privilege (software TLB
   // permissions), paging on or off, the stack's address size, long mode.
-  return uint32_t(decode_mode()) | (cpl() << 2) | ((s_.cr0 & cr0::kPg) ? 1u << 4 : 0) | (s_.ss.db ? 1u << 5 : 0) |
+  return uint32_t(decode_mode()) | (cpl() << 2) | ((s_.cr0 & cr0::kPg) ? kKeyPaging : 0) | (s_.ss.db ? 1u << 5 : 0) |
          (long_mode() ? 1u << 6 : 0);
 }
 
@@ -214,6 +214,8 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
   uint64_t at = rip;
   bool transfer = false;
   uint32_t first_length = 0;
+  std::vector<Op>& ops = op_scratch_;  // built here, then copied into the block at its size
+  ops.clear();
   while (block->count < Block::kMaxInstructions && offset < 4096) {
     const uint64_t available = std::min<uint64_t>({15, 4096 - offset, ram_size_ - (page + offset)});
     DecodedInsn insn;
@@ -246,7 +248,7 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
     if (role == Role::kTransfer && (insn.flags & (interp::insn_flags::kRep | interp::insn_flags::kRepne)) &&
         !op.self_counting && is_string(insn))
       break;
-    block->ops.push_back(op);
+    ops.push_back(op);
     ++block->count;
     offset += insn.length;
     at = next;
@@ -265,12 +267,17 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
       end.rip = at;
       end.next_rip = at;
       end.index = uint16_t(block->count);
-      block->ops.push_back(end);
+      ops.push_back(end);
     }
   }
-  block->ops.shrink_to_fit();
+  block->ops.assign(ops.begin(), ops.end());  // (one allocation of the exact size)
   if (mode_ == InterpMode::kJit && block->count > 0) compile_block(*block);  // (without code: handlers)
-  return blocks_.insert(std::move(block));
+  // A page that held no decoded code may have fast write tags (a store into it since its last blocks
+  // were dropped earned them): they go now, so that every store into the page checks for this block.
+  const bool was_code = is_code_page(phys >> 12);
+  Block* inserted = blocks_.insert(std::move(block));
+  if (!was_code) revoke_fast_writes(phys >> 12);
+  return inserted;
 }
 
 bool InterpBackend::breakpoint_in(uint64_t begin, uint64_t end) const {
@@ -352,15 +359,13 @@ void InterpBackend::run_fast() {
     // The next block: chained when it followed this one before, else looked up.
     const int slot = s_.rip == running_op_->next_rip ? 1 : 0;
     Block* next = block->link[slot];
-    if (next && block->link_epoch == blocks_.epoch() && next->rip == s_.rip) {
+    if (next && block->link_epoch == blocks_.epoch() && next->rip == s_.rip && link_current(*block, *next)) {
       ++fast_stats_.chained;
     } else {
       next = lookup_block();
-      // Links stay within one linear page: the translation of the page this block came from is the
-      // one its successor was found through (the guest changes mappings only through fallback steps).
+      // Links within one linear page, or into another one checked at each use (linkable, link_current).
       // Only blocks that run as blocks are linked (JIT code jumps into a linked block's code).
-      if (next && (next->linear >> 12) == (block->linear >> 12) && next->count > 0 &&
-          (next->code != nullptr || block->code == nullptr)) {
+      if (next && linkable(*block, *next) && next->count > 0 && (next->code != nullptr || block->code == nullptr)) {
         if (block->link_epoch != blocks_.epoch()) {
           block->link[0] = block->link[1] = nullptr;
           block->link_epoch = blocks_.epoch();

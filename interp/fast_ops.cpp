@@ -497,13 +497,13 @@ struct InterpBackend::Ops {
 
   // STOS/MOVS forward, both pages fast: as many iterations as stay within them at once.
   template <Str Kind, unsigned N>
-  static uint64_t bulk(InterpBackend& c, uint64_t rcx, uint64_t amask, int src_seg, const Op* op) {
+  static uint64_t bulk(InterpBackend& c, uint64_t rcx, uint64_t amask, int src_seg, const Op* op, uint64_t limit) {
     const bool user = c.s_.cs.dpl == 3;
     const Mem dst = at(c, op, 0, c.s_.gpr[kRdi] & amask);
     const TlbEntry& td = c.tlb_[(dst.linear >> 12) % kTlbSize];
     if (td.write_tag[user] != (dst.linear >> 12)) return 0;
     uint64_t k = std::min<uint64_t>(rcx, (4096 - (dst.linear & 0xfff)) / N);
-    k = std::min<uint64_t>(k, c.fast_step_limit_ - c.steps_);
+    k = std::min<uint64_t>(k, limit - c.steps_);
     uint8_t* to = reinterpret_cast<uint8_t*>(dst.linear + td.addend);
     const uint8_t* from = nullptr;
     if (Kind == Str::kMovs) {
@@ -541,6 +541,9 @@ struct InterpBackend::Ops {
     const bool df = c.s_.rflags & rflags::kDf;
     const uint64_t step = df ? uint64_t(-int64_t(N)) : N;
     const bool repne = op->insn.flags & interp::insn_flags::kRepne;
+    // steps_ does not count the instructions before this one in its block yet (they are added when the block
+    // ends): the step limit, seen from here, is that much nearer. (Entering the block took it to fit.)
+    const uint64_t limit = c.fast_step_limit_ - op->index;
     for (;;) {
       uint64_t rcx = c.s_.gpr[kRcx] & amask;
       if (rcx == 0) {  // nothing to do: retires at once
@@ -549,7 +552,7 @@ struct InterpBackend::Ops {
         return nullptr;
       }
       if ((Kind == Str::kStos || Kind == Str::kMovs) && !df) {
-        if (const uint64_t k = bulk<Kind, N>(c, rcx, amask, src_seg, op)) {
+        if (const uint64_t k = bulk<Kind, N>(c, rcx, amask, src_seg, op, limit)) {
           rcx -= k;
           put_addr(c, kRcx, amask, rcx);
           c.steps_ += k;
@@ -559,7 +562,7 @@ struct InterpBackend::Ops {
             return nullptr;
           }
           c.rep_partial_ += k;
-          if (c.steps_ >= c.fast_step_limit_ || c.kicked_.load(std::memory_order_relaxed)) {
+          if (c.steps_ >= limit || c.kicked_.load(std::memory_order_relaxed)) {
             c.s_.rip = op->rip;
             return nullptr;
           }
@@ -580,7 +583,7 @@ struct InterpBackend::Ops {
         return nullptr;
       }
       ++c.rep_partial_;
-      if (c.steps_ >= c.fast_step_limit_ || c.end_block_after_op_ || c.kicked_.load(std::memory_order_relaxed)) {
+      if (c.steps_ >= limit || c.end_block_after_op_ || c.kicked_.load(std::memory_order_relaxed)) {
         c.s_.rip = op->rip;
         return nullptr;
       }

@@ -71,7 +71,10 @@ class InterpBackend : public Backend {
   // Test control for the fast-vs-reference differential test: run() returns kKicked after every block
   // (or step) the fast path runs, so the caller can compare the state with the reference at each block
   // boundary.
-  void set_block_stepping(bool on) { block_stepping_ = on; }
+  void set_block_stepping(bool on) {
+    block_stepping_ = on;
+    if (!on) block_step_done_ = false;  // (a block's report still pending behind a HLT's exit is dropped)
+  }
   // Instructions retired plus REP iterations that did not finish one: what set_instruction_budget counts.
   uint64_t retired_steps() const { return steps_; }
   // Fast-path statistics, for --stats and the benchmarks.
@@ -142,6 +145,23 @@ class InterpBackend : public Backend {
   // Compiles `block` to host code (interp/jit.cpp); false when the code buffer is full.
   bool compile_block(interp::Block& block);
   uint32_t block_key() const;
+  static constexpr uint32_t kKeyPaging = 1u << 4;  // block_key(): CR0.PG
+  // Chaining (docs/interp.md, "The fast path"): may `from` link to `next`, the block that followed it? Within
+  // one linear page always (`from` was entered through the translation `next` was found through). Into
+  // another page where each use can check the translation with a TLB hit, which has no side effects, as the
+  // reference's fetch on a TLB hit: 64-bit code with paging, or no paging at all (identity: the same block
+  // is found for the same RIP as long as `from` is).
+  static bool linkable(const interp::Block& from, const interp::Block& next) {
+    return ((next.linear ^ from.linear) >> 12) == 0 || !(from.key & kKeyPaging) || (from.key & 3) == interp::kMode64;
+  }
+  // Whether a link to `next` may be followed now: another page is entered only on a TLB hit that maps it
+  // where `next` was translated from, executable at the block's privilege.
+  bool link_current(const interp::Block& from, const interp::Block& next) const {
+    if (((next.linear ^ from.linear) >> 12) == 0 || !(from.key & kKeyPaging)) return true;
+    const TlbEntry& e = tlb_[(next.linear >> 12) % kTlbSize];
+    return e.tag == (next.linear >> 12) && e.phys == (next.phys & ~0xfffull) && !e.nx &&
+           (((from.key >> 2) & 3) != 3 || e.user);
+  }
   interp::Block* lookup_block();
   interp::Block* translate_block(uint64_t rip, uint64_t linear, uint64_t phys, uint32_t key);
   bool breakpoint_in(uint64_t linear_begin, uint64_t linear_end) const;
@@ -390,6 +410,7 @@ class InterpBackend : public Backend {
   InterpMode mode_ = default_interp_mode();
   interp::LazyFlags lazy_;  // pending arithmetic flags, only while blocks run (cc == kCcNone otherwise)
   interp::BlockCache blocks_;
+  std::vector<interp::Op> op_scratch_ = std::vector<interp::Op>(interp::Block::kMaxInstructions + 1);  // translate_block
   interp::Block* running_block_ = nullptr;  // the block being executed, if any (JIT code moves it along a chain)
   const interp::Op* running_op_ = nullptr;        // the operation being executed (what a fault names)
   // Set during an operation when the block must end right after it: a store rewrote code of the running

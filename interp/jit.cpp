@@ -31,6 +31,9 @@ JitBuffer::JitBuffer(size_t bytes) {
   if (p != MAP_FAILED) {
     base_ = static_cast<uint8_t*>(p);
     capacity_ = bytes;
+    // Huge pages where the host allows them: the buffer fills at tens of MB a second while a guest boots,
+    // and a host page fault per 4 KiB of fresh code costs more than compiling into it.
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
   }
   if (std::getenv("DEJA_PERF_MAP")) {
     const std::string path = fmt::format("/tmp/perf-{}.map", getpid());
@@ -119,13 +122,17 @@ struct InterpBackend::Jit {
     x64::Label entry, resume;
     const Op* op;
   };
-  std::vector<std::unique_ptr<Slow>> slows;
+  std::vector<Slow> slows;
   const bool user;
   // The lazy-flags producer earlier in this block whose operands are stored, if known.
   bool known = false;
   uint32_t known_kind = 0, known_width = 0;
 
-  Jit(InterpBackend& cpu, const Block& b) : c(cpu), block(b), user(((b.key >> 2) & 3) == 3) {}
+  Jit(InterpBackend& cpu, const Block& b, std::vector<uint8_t>&& scratch) : c(cpu), block(b), user(((b.key >> 2) & 3) == 3) {
+    a.code = std::move(scratch);
+    a.code.clear();
+    slows.reserve(2 * b.ops.size());  // (at most two a template; Slow& stays valid)
+  }
 
   // ---- offsets into the backend ----------------------------------------------------------------------
   template <typename T>
@@ -270,9 +277,9 @@ struct InterpBackend::Jit {
     a.jcc(x64::kE, ended);
   }
   Slow& slow_path(const Op& op) {
-    slows.push_back(std::make_unique<Slow>());
-    slows.back()->op = &op;
-    return *slows.back();
+    slows.emplace_back();
+    slows.back().op = &op;
+    return slows.back();
   }
   void end_block(const Op& op) {  // a transfer done inline: return the operation
     a.mov_imm64(rax, reinterpret_cast<uint64_t>(&op));
@@ -302,6 +309,33 @@ struct InterpBackend::Jit {
       a.load(8, rcx, x64::at(rax, boff(&probe.rip)));
       a.alu(8, x64::kCmp, rcx, field(&c.s_.rip));
       a.jcc(x64::kNe, out);
+    }
+    if ((block.key & kKeyPaging) && (block.key & 3) == interp::kMode64) {
+      // A link into another page (link_current): the TLB entry of its page must map it where it was
+      // translated from, executable at this privilege.
+      x64::Label current;
+      a.load(8, rcx, x64::at(rax, boff(&probe.linear)));
+      a.shift_imm(8, x64::kShr, rcx, 12);
+      a.mov_imm64(rdx, block.linear >> 12);
+      a.alu(8, x64::kCmp, rcx, rdx);
+      a.jcc(x64::kE, current);
+      a.mov(4, rdx, rcx);
+      a.alu_imm(4, x64::kAnd, rdx, int32_t(kTlbSize - 1));
+      a.shift_imm(4, x64::kShl, rdx, 6);
+      const int32_t tlb0 = off(&c.tlb_[0]);
+      a.alu(8, x64::kCmp, rcx, x64::at(rbx, rdx, 1, tlb0 + int32_t(offsetof(TlbEntry, tag))));
+      a.jcc(x64::kNe, out);
+      a.load(8, rcx, x64::at(rax, boff(&probe.phys)));
+      a.alu_imm(8, x64::kAnd, rcx, -4096);
+      a.alu(8, x64::kCmp, rcx, x64::at(rbx, rdx, 1, tlb0 + int32_t(offsetof(TlbEntry, phys))));
+      a.jcc(x64::kNe, out);
+      a.alu_imm(1, x64::kCmp, x64::at(rbx, rdx, 1, tlb0 + int32_t(offsetof(TlbEntry, nx))), 0);
+      a.jcc(x64::kNe, out);
+      if (user) {
+        a.alu_imm(1, x64::kCmp, x64::at(rbx, rdx, 1, tlb0 + int32_t(offsetof(TlbEntry, user))), 0);
+        a.jcc(x64::kE, out);
+      }
+      a.bind(current);
     }
     a.load(8, rcx, field(&c.steps_));
     a.alu_imm(8, x64::kAdd, rcx, int32_t(block.count));  // the steps once this block has retired
@@ -339,8 +373,8 @@ struct InterpBackend::Jit {
   // with this block's steps counted and it the running block; else nullptr (the runner takes over).
   // Looks things up only: no translation, no page walk (a walk can fault or set accessed bits, which
   // only the fetch the reference would make may do), nothing freed.
-  // Links the block found into `slot` of the running one when both are in one linear page (the link is
-  // then taken inline next time; another page needs this lookup's translation every time).
+  // Links the block found into `slot` of the running one (linkable): the link is then taken inline next
+  // time.
   static const void* next_body(InterpBackend* cpu, uint64_t retired, uint64_t slot) noexcept {
     InterpBackend& c = *cpu;
     const uint64_t steps = c.steps_ + retired;
@@ -361,7 +395,7 @@ struct InterpBackend::Jit {
     Block* next = c.blocks_.find(phys, c.s_.rip, key);
     if (!next || !next->body || steps + next->count > c.fast_step_limit_) return nullptr;
     Block* from = c.running_block_;
-    if ((next->linear >> 12) == (from->linear >> 12)) {
+    if (linkable(*from, *next)) {
       if (from->link_epoch != c.blocks_.epoch()) {
         from->link[0] = from->link[1] = nullptr;
         from->link_epoch = c.blocks_.epoch();
@@ -894,9 +928,9 @@ struct InterpBackend::Jit {
     }
     // The handlers' out-of-line calls: the whole instruction, then on with the block (or out of it).
     for (auto& s : slows) {
-      a.bind(s->entry);
-      call_handler(*s->op);
-      a.jmp(s->resume);
+      a.bind(s.entry);
+      call_handler(*s.op);
+      a.jmp(s.resume);
     }
     a.bind(ended);
     a.load(8, rax, x64::at(rbx, off(&c.running_op_)));
@@ -909,8 +943,13 @@ bool InterpBackend::compile_block(Block& block) {
   if (!jit_) jit_ = std::make_unique<interp::JitBuffer>();
   if (!jit_->ok()) return false;
   static_assert(sizeof(TlbEntry) == 64, "the JIT indexes the software TLB by shifting");
-  Jit jit(*this, block);
+  Jit jit(*this, block, std::move(jit_->scratch));
   jit.compile();
+  struct GiveBack {  // the scratch buffer goes back, capacity and all, whatever happens below
+    interp::JitBuffer& buffer;
+    std::vector<uint8_t>& code;
+    ~GiveBack() { buffer.scratch = std::move(code); }
+  } give_back{*jit_, jit.a.code};
   // Room first: a full buffer drops every block (their code with it) before this one joins the cache.
   if (jit_->used() + jit.a.size() + 16 > jit_->capacity()) {
     blocks_.clear();

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace deja::interp {
 
@@ -19,6 +20,9 @@ class JitBuffer {
   JitBuffer& operator=(const JitBuffer&) = delete;
 
   bool ok() const { return base_ != nullptr; }
+  // Where the compiler assembles a block before add() copies it in: kept from block to block, so that its
+  // capacity is allocated once.
+  std::vector<uint8_t> scratch;
   // Copies `code` in (16-byte aligned); nullptr when it does not fit.
   void* add(std::span<const uint8_t> code);
   void reset() { used_ = 0; }

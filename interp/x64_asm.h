@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 namespace deja::interp::x64 {
@@ -29,8 +30,11 @@ enum Alu : uint8_t { kAdd = 0, kOr = 1, kAdc = 2, kSbb = 3, kAnd = 4, kSub = 5, 
 enum Shift : uint8_t { kRol = 0, kRor = 1, kShl = 4, kShr = 5, kSar = 7 };
 
 struct Label {
-  int position = -1;            // byte offset once bound
-  std::vector<int> uses;        // rel32 fields to patch
+  int position = -1;  // byte offset once bound
+  // rel32 fields to patch: the first few inline (labels are made by the thousand while blocks translate).
+  int inline_uses[4];
+  unsigned inline_count = 0;
+  std::vector<int> more_uses;
 };
 
 class Assembler {
@@ -253,8 +257,10 @@ class Assembler {
   }
   void bind(Label& l) {
     l.position = int(code.size());
-    for (int at : l.uses) patch(at, l.position);
-    l.uses.clear();
+    for (unsigned i = 0; i < l.inline_count; ++i) patch(l.inline_uses[i], l.position);
+    for (int at : l.more_uses) patch(at, l.position);
+    l.inline_count = 0;
+    l.more_uses.clear();
   }
 
  private:
@@ -262,7 +268,8 @@ class Assembler {
     const int at = int(code.size());
     u32(0);
     if (l.position >= 0) patch(at, l.position);
-    else l.uses.push_back(at);
+    else if (l.inline_count < std::size(l.inline_uses)) l.inline_uses[l.inline_count++] = at;
+    else l.more_uses.push_back(at);
   }
   void patch(int at, int target) {
     const int32_t rel = target - (at + 4);

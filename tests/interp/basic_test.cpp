@@ -284,5 +284,93 @@ TEST(InterpBasic, SseMovesAndXor) {
   EXPECT_EQ(vm.read64(0x200030), 0x4444444444444444ull);
 }
 
+// A store that drops the running block's page's last block earns the page fast write tags; the block
+// translated next on that page must take them away again, or its own stores into its code go unseen
+// (interp_fastdiff --seed 11: `add [rax], al` over its own code, the threaded and JIT modes ran stale
+// instructions).
+TEST(InterpBasic, SelfModifyingCodeAfterTheLastBlockOfItsPageWasDropped) {
+  for (InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    TestVm vm = TestVm::long_mode();
+    vm.cpu->set_mode(mode);
+    vm.code(R"(
+      lea rbx, [rip + 2f]
+      lea rcx, [rip + 1f]
+      mov dword ptr [rbx + 1], 4
+      mov eax, 1
+      mov byte ptr [rcx + 1], 2
+    1:
+      mov edx, 1
+    2:
+      mov esi, 3
+      hlt
+    )");
+    ASSERT_EQ(vm.run().kind, ExitKind::kHlt) << interp_mode_name(mode);
+    EXPECT_EQ(vm.state().gpr[kRax], 1u) << interp_mode_name(mode);
+    EXPECT_EQ(vm.state().gpr[kRdx], 2u) << interp_mode_name(mode);
+    EXPECT_EQ(vm.state().gpr[kRsi], 4u) << interp_mode_name(mode);
+  }
+}
+
+// Blocks link across pages (a call into another page, the return out of it); a link into another page is
+// followed only while the TLB maps that page where the linked block came from. Here the callee's page is
+// remapped (PTE write, INVLPG) under a call site that has linked to it: the same call must reach the new code.
+TEST(InterpBasic, CrossPageLinkFollowsARemappedPage) {
+  for (InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    TestVm vm = TestVm::long_mode();
+    vm.cpu->set_mode(mode);
+    vm.code(R"(
+      xor ebx, ebx
+      mov r12d, 10
+    1:
+      cmp r12d, 5
+      jne 3f
+      mov qword ptr [0x7000 + 0x101 * 8], 0x102007
+      invlpg [func]
+    3:
+      call func
+      add ebx, eax
+      dec r12d
+      jnz 1b
+      hlt
+      .balign 4096
+    func:
+      mov eax, 1
+      ret
+      .balign 4096
+      mov eax, 2
+      ret
+    )");
+    ASSERT_EQ(vm.run().kind, ExitKind::kHlt) << interp_mode_name(mode);
+    EXPECT_EQ(vm.state().gpr[kRbx], 15u) << interp_mode_name(mode);
+    EXPECT_EQ(*vm.cpu->instruction_count(), 85u) << interp_mode_name(mode);  // (2 + 10 * 8 + 2, the HLT)
+  }
+}
+
+// A budget stops the run loop on its instruction exactly, also inside a REP string instruction that is not the
+// first instruction of its block (its iterations counted from where the block started stopped it late: the
+// instructions before it in the block were not counted yet).
+TEST(InterpBasic, BudgetStopsInsideARepStringAfterOtherInstructionsOfItsBlock) {
+  for (InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    for (const char* string : {"rep stosb", "rep movsb", "repe cmpsb", "rep stosq"}) {
+      TestVm vm = TestVm::long_mode();
+      vm.cpu->set_mode(mode);
+      vm.code(fmt::format(R"(
+        mov edi, 0x200000
+        mov esi, 0x210000
+        mov ecx, 100
+        xor eax, eax
+        {}
+        hlt
+      )", string));
+      for (uint64_t budget : {7u, 10u, 30u}) {
+        vm.cpu->set_instruction_budget(budget);
+        const uint64_t before = vm.cpu->retired_steps();
+        ASSERT_EQ(vm.run().kind, ExitKind::kKicked) << interp_mode_name(mode) << " " << string;
+        EXPECT_EQ(vm.cpu->retired_steps() - before, budget) << interp_mode_name(mode) << " " << string;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deja::test

@@ -138,8 +138,14 @@ LockstepResult lockstep(Side ref, Side fast, Answerer& answerer, uint64_t max_st
     uint64_t budget = room == 0 ? 1 : room;
     if (pass == Pass::kBudgets) budget = std::min<uint64_t>(budget, 1 + budgets() % 40);
     fast.cpu->set_instruction_budget(budget);
+    const uint64_t start = fast.cpu->retired_steps();
     VcpuExit* ef = *fast.cpu->run();
     const uint64_t target = fast.cpu->retired_steps();
+    if (!stepping && ef->kind == ExitKind::kKicked && target != start + budget) {
+      // Only the budget stops a run here, and it must stop it on its step, as the reference's run loop does.
+      result.mismatch = fmt::format("a budget of {} steps stopped the fast path after {}\n", budget, target - start);
+      return result;
+    }
     VcpuExit* er = nullptr;
     if (ef->kind == ExitKind::kKicked) {
       ++result.boundaries;
@@ -214,7 +220,7 @@ bool program_terminal(const VcpuExit& e, const CpuState&) {
   return e.kind == ExitKind::kHlt || e.kind == ExitKind::kShutdown || e.kind == ExitKind::kFault;
 }
 
-int run_programs(InterpMode mode, uint64_t seed, int sequences, int fuzz_runs, int max_length, int show) {
+int run_programs(InterpMode mode, uint64_t seed, int sequences, int fuzz_runs, int max_length, int show, int only, bool trace) {
   Generator generator(seed, false, false);
   std::mt19937_64 rng(seed ^ 0xfa57);
   int failures = 0;
@@ -244,6 +250,41 @@ int run_programs(InterpMode mode, uint64_t seed, int sequences, int fuzz_runs, i
     RegisterFile regs = generator.registers();
     if (fuzz && rng() % 2) regs.gpr[4] = kInitialRsp;
     const std::vector<uint8_t> data = generator.data();
+    if (only >= 0 && i != only) continue;  // (generated all the same: the programs after it stay the same)
+    if (only >= 0 && trace) {
+      // The fast side's first blocks, then the reference's path, one instruction a line (RIP, the bytes there,
+      // some registers).
+      auto m = GuestMachine::create(InterpMode::kReference);
+      if (!m->prepare(code, regs, data)) return 2;
+      auto f = GuestMachine::create(mode);
+      if (!f->prepare(code, regs, data)) return 2;
+      f->cpu().set_block_stepping(true);
+      for (int k = 0; k < 40; ++k) {
+        f->cpu().set_instruction_budget(0);
+        VcpuExit* e = *f->cpu().run();
+        CpuState st = *f->cpu().get_state();
+        std::printf("fast: %s steps=%llu rip=%#llx rax=%llx rcx=%llx rdx=%llx rsp=%llx fl=%llx\n",
+                    std::string(exit_kind_name(e->kind)).c_str(), (unsigned long long)f->cpu().retired_steps(),
+                    (unsigned long long)st.rip, (unsigned long long)st.gpr[0], (unsigned long long)st.gpr[1],
+                    (unsigned long long)st.gpr[2], (unsigned long long)st.gpr[4], (unsigned long long)st.rflags);
+        if (e->kind != ExitKind::kKicked) break;
+      }
+      for (int k = 0; k < 200; ++k) {
+        CpuState st = *m->cpu().get_state();
+        uint8_t bytes[8] = {};
+        (void)m->memory().read(Gpa{st.rip}, std::span<uint8_t>(bytes, 8));
+        std::printf("%3d rip=%#llx  %02x %02x %02x %02x %02x %02x %02x %02x rax=%llx rcx=%llx rdx=%llx rsp=%llx fl=%llx\n", k,
+                    (unsigned long long)st.rip, bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6],
+                    bytes[7], (unsigned long long)st.gpr[0], (unsigned long long)st.gpr[1], (unsigned long long)st.gpr[2],
+                    (unsigned long long)st.gpr[4], (unsigned long long)st.rflags);
+        m->cpu().set_instruction_budget(1);
+        VcpuExit* e = *m->cpu().run();
+        if (e->kind != ExitKind::kKicked) {
+          std::printf("exit %s\n", describe_exit(*e).c_str());
+          if (program_terminal(*e, st)) break;
+        }
+      }
+    }
     if (!pair->ref->prepare(code, regs, data) || !pair->fast->prepare(code, regs, data)) {
       std::fprintf(stderr, "interp_fastdiff: cannot load program %d\n", i);
       return 2;
@@ -322,7 +363,8 @@ int main(int argc, char** argv) {
   using namespace deja::difftest;
   CLI::App app{"interp_fastdiff: deja's fast interpreter path against its reference executor, block by block"};
   uint64_t seed = std::random_device{}();
-  int sequences = 2000, fuzz_runs = 2000, max_length = 12, show = 5;
+  int sequences = 2000, fuzz_runs = 2000, max_length = 12, show = 5, only = -1;
+  bool trace = false;
   std::string mode_name = "jit";
   std::vector<std::string> guests;
   std::string cmdline;
@@ -332,6 +374,8 @@ int main(int argc, char** argv) {
   app.add_option("--fuzz", fuzz_runs, "random-code runs");
   app.add_option("--length", max_length, "maximum instructions per generated sequence part")->check(CLI::Range(1, 200));
   app.add_option("--show", show, "mismatches printed in full");
+  app.add_option("--only", only, "run program N alone (on fresh machines), to reproduce a mismatch");
+  app.add_flag("--trace", trace, "with --only: print where the fast side's blocks end and the reference's first 200 steps");
   app.add_option("--mode", mode_name, "the fast mode to check: threaded or jit");
   app.add_option("--guest", guests, "guest images (Multiboot ELF) to run in lockstep too");
   app.add_option("--cmdline", cmdline, "command line for the guest images");
@@ -344,7 +388,7 @@ int main(int argc, char** argv) {
   }
   std::printf("interp_fastdiff: mode %s, seed %llu (reproduce with --seed %llu)\n", mode_name.c_str(),
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
-  int failures = run_programs(*mode, seed, sequences, fuzz_runs, max_length, show);
+  int failures = run_programs(*mode, seed, sequences, fuzz_runs, max_length, show, only, trace);
   for (const std::string& guest : guests) {
     failures += run_guest(*mode, guest, cmdline, max_steps, Pass::kStepping);
     failures += run_guest(*mode, guest, cmdline, max_steps / 10, Pass::kBudgets);
