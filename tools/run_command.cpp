@@ -468,8 +468,12 @@ int run_or_record(const SessionOptions& options, Mode mode) {
           session.engine().trace_file());
       return status;
     }
+    // The progress option as given (emulated-pmu:N is exact progress through an emulated counter).
+    std::string counter = progress.mode == ProgressMode::kExact ? session.counter_description() : std::string();
+    std::string progress_name = counter.starts_with("emulated-pmu") ? counter
+                                                                    : std::string(progress_mode_name(progress.mode));
     say("recorded {} events to {} (backend {}, CPU model {}, {} progress)", session.engine().events_written(),
-        options.trace_path, config.backend, config.cpu_model->name(), progress_mode_name(progress.mode));
+        options.trace_path, config.backend, config.cpu_model->name(), progress_name);
   }
   return outcome->status;
 }
