@@ -43,7 +43,8 @@ struct RunArgs {
   std::vector<std::string> disks;  // --disk FILE[,overlay=FILE][,readonly][,hash=full|lazy]
   std::vector<std::string> nets;   // --net user[,hostfwd=...]
   bool rng = false;
-  std::string output;  // record: the trace
+  std::string output;            // record: the trace
+  uint64_t digest_every = 16384;  // record: a full state digest every N events
 };
 
 // What a run or a recording needs, resolved from the options.
@@ -191,6 +192,7 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   o.serial_in = a.serial_in;
   o.serial_out = a.serial_out;
   o.stats = a.stats;
+  o.digest_interval = a.digest_every;
   o.print_digest = a.digest;
   return o;
 }
@@ -490,6 +492,11 @@ std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
   auto* record = app.add_subcommand("record", "run a guest and record every nondeterministic input to a trace");
   record->add_option("-o,--output", record_args->output, "trace file to write (mode 0600)")->required();
   add_run_options(record, *record_args);
+  record->add_option("--digest-every", record_args->digest_every,
+                     "record a full state digest (registers, RAM, devices) every N events (default 16384); a smaller N "
+                     "makes a replay that diverges without a wrong event say so closer to where it happened, at a "
+                     "cost of hashing RAM each time")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32));
 
   auto start = [](const RunArgs& a, Mode mode) {
     auto options = to_session(a);

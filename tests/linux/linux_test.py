@@ -216,6 +216,10 @@ def progress_option(args):
     return ["--progress", args.progress] if args.progress else []
 
 
+def digest_option(args):
+    return ["--digest-every", str(args.digest_every)] if args.digest_every else []
+
+
 def record_replay(args, workdir, results):
     """Records a boot that runs /scripts/devices and powers off, replays it once per --replay, and compares the
     serial output."""
@@ -228,7 +232,7 @@ def record_replay(args, workdir, results):
         devices = ["--disk", os.path.join(args.guest_dir, "disk.img"), "--net", "user", "--rng"]
     rec = subprocess.run([args.deja, "record", "--backend", args.backend, "--machine", args.machine, "--linux",
                           "--append", "deja.script=devices", "-o", trace, "--serial-out", recorded, *devices,
-                          *progress_option(args)],
+                          *progress_option(args), *digest_option(args)],
                          capture_output=True, text=True, timeout=args.timeout)
     if rec.returncode != 1 or b"deja-linux: ready" not in open(recorded, "rb").read():
         raise linux_guest.GuestError(f"record ended with status {rec.returncode}:\n{rec.stderr[-2000:]}")
@@ -274,7 +278,7 @@ def record_replay_workload(args, workdir, results):
     base_sha = sha256(disk)
     argv = [args.deja, "record", "--backend", args.backend, "--linux", "-o", trace,
             "--disk", f"{disk},overlay={overlay},hash={args.disk_hash}", "--net", "user", "--rng",
-            "--serial-in", "-", *progress_option(args)]
+            "--serial-in", "-", *progress_option(args), *digest_option(args)]
     log = open(os.path.join(workdir, "workload-record.log"), "wb")
     err = open(os.path.join(workdir, "workload-record.err"), "wb")
     t0 = time.monotonic()
@@ -446,6 +450,8 @@ def main():
     parser.add_argument("--tsc-spin-ms", type=int, default=50,
                         help="--record-replay-workload: guest milliseconds tsc-spin spins on RDTSC, and again on "
                              "clock_gettime")
+    parser.add_argument("--digest-every", type=int,
+                        help="--record-replay*: `deja record --digest-every` (a state digest every N events)")
     parser.add_argument("--progress", help="--record-replay*: `deja record --progress` (exact, emulated-pmu:SKID)")
     parser.add_argument("--replay", action="append", metavar="VARIANT",
                         help="--record-replay*: replay once more per use, with nothing changed (default) or with "
