@@ -300,6 +300,7 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
     return std::unexpected(ok.error());
   }
   session.count_rdtsc_as_guest_exits(rc.rdtsc_exits_are_guest_exits());
+  if (rc.digest_interval() != 0) session.set_digest_interval(rc.digest_interval());
   const std::vector<std::string> quirks(rc.cpu_quirks().begin(), rc.cpu_quirks().end());
   if (auto ok = session.machine().backend().adopt_cpu_quirks(quirks); !ok) {
     // Not a refusal: many guests never see the difference, and one that does diverges, which replay reports.

@@ -44,7 +44,7 @@ struct RunArgs {
   std::vector<std::string> nets;   // --net user[,hostfwd=...]
   bool rng = false;
   std::string output;            // record: the trace
-  uint64_t digest_every = 16384;  // record: a full state digest every N events
+  uint64_t digest_every = Session::kDefaultDigestInterval;  // record: a full state digest every N events
 };
 
 // What a run or a recording needs, resolved from the options.
@@ -61,7 +61,7 @@ struct SessionOptions {
   std::vector<NetOptions> nets;
   bool rng = false;
   std::string trace_path;            // record: output file
-  uint64_t digest_interval = 16384;  // record a full state digest every N events
+  uint64_t digest_interval = Session::kDefaultDigestInterval;
 };
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
@@ -391,6 +391,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     for (const auto& m : options.load.modules) c->add_module_args(m.args);
     c->set_rdtsc_trapped(session.machine().backend().traps_rdtsc());
     c->set_rdtsc_exits_are_guest_exits(session.rdtsc_exits_are_guest_exits());
+    c->set_digest_interval(options.digest_interval);
     for (const std::string& quirk : session.machine().backend().cpu_quirks()) c->add_cpu_quirks(quirk);
     c->set_tsc_hz(CpuModel::kTscHz);
     if (auto rates = session.engine().derived_time_rates()) {
@@ -493,9 +494,9 @@ std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
   record->add_option("-o,--output", record_args->output, "trace file to write (mode 0600)")->required();
   add_run_options(record, *record_args);
   record->add_option("--digest-every", record_args->digest_every,
-                     "record a full state digest (registers, RAM, devices) every N events (default 16384); a smaller N "
-                     "makes a replay that diverges without a wrong event say so closer to where it happened, at a "
-                     "cost of hashing RAM each time")
+                     "record a full state digest (registers, RAM, devices) every N events (default 16384); a smaller "
+                     "N makes a replay that diverges without a wrong event say so closer to where it happened, at "
+                     "the cost of hashing RAM each time")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32));
 
   auto start = [](const RunArgs& a, Mode mode) {

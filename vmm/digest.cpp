@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -34,9 +35,16 @@ bool all_zero(const uint8_t* page) {
 // RAM is hashed as the sequence of (page number, contents) of its non-zero pages. Zero pages add
 // nothing, so the digest does not depend on which pages happen to be materialised, and the memfd's
 // holes (never-touched RAM) are skipped with SEEK_DATA without faulting them in: reading all of a
-// 256 MiB guest would cost seconds under nested virtualization.
-void hash_ram(XXH3_state_t* h, const GuestMemory& memory) {
+// 256 MiB guest would cost seconds under nested virtualization. With `regions`, each region's
+// non-zero pages are hashed on their own as well (a region without any stays 0).
+void hash_ram(XXH3_state_t* h, const GuestMemory& memory, std::vector<uint64_t>* regions) {
   const off_t size = off_t(memory.size());
+  XXH3_state_t* region = nullptr;  // pages come in ascending order: each region is hashed in one go
+  std::optional<uint64_t> open;    // the region being hashed
+  if (regions) {
+    regions->assign((uint64_t(size) + DigestParts::kRamRegionBytes - 1) / DigestParts::kRamRegionBytes, 0);
+    region = XXH3_createState();
+  }
   off_t data = 0;
   while (data < size) {
     data = lseek(memory.fd(), data, SEEK_DATA);
@@ -49,15 +57,27 @@ void hash_ram(XXH3_state_t* h, const GuestMemory& memory) {
       uint64_t number = uint64_t(page) / kPageSize;
       XXH3_128bits_update(h, &number, sizeof(number));
       XXH3_128bits_update(h, bytes, kPageSize);
+      if (!region) continue;
+      if (const uint64_t index = uint64_t(page) / DigestParts::kRamRegionBytes; open != index) {
+        if (open) (*regions)[*open] = XXH3_64bits_digest(region);
+        XXH3_64bits_reset(region);
+        open = index;
+      }
+      XXH3_64bits_update(region, &number, sizeof(number));
+      XXH3_64bits_update(region, bytes, kPageSize);
     }
     data = hole;
   }
+  if (region) {
+    if (open) (*regions)[*open] = XXH3_64bits_digest(region);
+    XXH3_freeState(region);
+  }
 }
 
-XXH3_state_t* start_cpu_ram(const CpuState& s, const GuestMemory& memory) {
+XXH3_state_t* start_cpu_ram(const CpuState& s, const GuestMemory& memory, DigestParts* parts) {
   XXH3_state_t* h = XXH3_createState();
   XXH3_128bits_reset(h);
-  uint64_t regs[kGprCount + 7];
+  uint64_t regs[DigestParts::kRegisterCount];
   for (int i = 0; i < kGprCount; ++i) regs[i] = s.gpr[i];
   regs[kGprCount + 0] = s.rip;
   regs[kGprCount + 1] = s.rflags & ~rflags::kRf;
@@ -67,7 +87,8 @@ XXH3_state_t* start_cpu_ram(const CpuState& s, const GuestMemory& memory) {
   regs[kGprCount + 5] = s.cr4;
   regs[kGprCount + 6] = s.efer;
   XXH3_128bits_update(h, regs, sizeof(regs));
-  hash_ram(h, memory);
+  if (parts) parts->registers.assign(std::begin(regs), std::end(regs));
+  hash_ram(h, memory, parts ? &parts->ram_regions : nullptr);
   return h;
 }
 
@@ -83,16 +104,26 @@ Digest finish(XXH3_state_t* h) {
 
 }  // namespace
 
-Digest cpu_ram_digest(const CpuState& state, const GuestMemory& memory) {
-  return finish(start_cpu_ram(state, memory));
+std::string_view DigestParts::register_name(int index) {
+  static constexpr std::string_view kNames[kRegisterCount] = {
+      "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8",  "r9",  "r10", "r11",
+      "r12", "r13", "r14", "r15", "rip", "rflags", "cr0", "cr2", "cr3", "cr4", "efer"};
+  return index >= 0 && index < kRegisterCount ? kNames[index] : "?";
 }
 
-Digest machine_digest(const CpuState& state, const GuestMemory& memory, std::span<const std::vector<uint8_t>> devices) {
-  XXH3_state_t* h = start_cpu_ram(state, memory);
+Digest cpu_ram_digest(const CpuState& state, const GuestMemory& memory) {
+  return finish(start_cpu_ram(state, memory, nullptr));
+}
+
+Digest machine_digest(const CpuState& state, const GuestMemory& memory, std::span<const std::vector<uint8_t>> devices,
+                      DigestParts* parts) {
+  XXH3_state_t* h = start_cpu_ram(state, memory, parts);
+  if (parts) parts->devices.clear();
   for (const auto& d : devices) {
     uint64_t size = d.size();
     XXH3_128bits_update(h, &size, sizeof(size));
     XXH3_128bits_update(h, d.data(), d.size());
+    if (parts) parts->devices.push_back(XXH3_64bits(d.data(), d.size()));
   }
   return finish(h);
 }

@@ -2,6 +2,7 @@
 #include "vmm/engine.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "logging/trace_inspect.h"
 #include "vmm/cpu_model.h"
@@ -474,22 +475,75 @@ void Engine::begin_async(uint64_t now_ns) {
 }
 void Engine::end_async() { frozen_now_.reset(); }
 
-void Engine::record_digest(const Position& where, std::span<const uint8_t> digest, uint64_t instructions) {
-  DEJA_ASSERT(!digest.empty(), "a full state digest needs its bytes (empty means heartbeat)");
+namespace {
+
+void to_proto(const DigestParts& parts, trace::DigestParts* out) {
+  for (uint64_t r : parts.registers) out->add_registers(r);
+  out->set_ram_region_bytes(DigestParts::kRamRegionBytes);
+  for (uint64_t h : parts.ram_regions) out->add_ram_regions(h);
+  for (uint64_t h : parts.devices) out->add_devices(h);
+}
+
+// Which parts of a differing digest differ (empty when the recording has no parts, or none of them differs).
+std::string differing_parts(const trace::DigestParts& recorded, const DigestParts& now,
+                            std::span<const std::string> device_names) {
+  std::vector<std::string> found;
+  if (recorded.registers_size() == int(now.registers.size())) {
+    for (int i = 0; i < recorded.registers_size(); ++i) {
+      if (recorded.registers(i) != now.registers[i]) {
+        found.push_back(fmt::format("{} recorded {:#x} replayed {:#x}", DigestParts::register_name(i),
+                                    recorded.registers(i), now.registers[i]));
+      }
+    }
+  }
+  if (recorded.ram_region_bytes() == DigestParts::kRamRegionBytes &&
+      recorded.ram_regions_size() == int(now.ram_regions.size())) {
+    std::vector<std::string> regions;
+    for (int i = 0; i < recorded.ram_regions_size(); ++i) {
+      if (recorded.ram_regions(i) == now.ram_regions[i]) continue;
+      if (regions.size() < 8) {
+        regions.push_back(fmt::format("[{:#x}, {:#x})", i * DigestParts::kRamRegionBytes,
+                                      (i + 1) * DigestParts::kRamRegionBytes));
+      } else if (regions.size() == 8) {
+        regions.push_back("...");
+      }
+    }
+    if (!regions.empty()) found.push_back(fmt::format("RAM in {}", fmt::join(regions, " ")));
+  }
+  if (recorded.devices_size() == int(now.devices.size())) {
+    for (int i = 0; i < recorded.devices_size(); ++i) {
+      if (recorded.devices(i) == now.devices[i]) continue;
+      found.push_back(fmt::format("device {}", size_t(i) < device_names.size() ? device_names[i]
+                                                                                : fmt::format("#{}", i)));
+    }
+  }
+  return fmt::format("{}", fmt::join(found, "; "));
+}
+
+}  // namespace
+
+void Engine::record_digest(const Position& where, const Digest& digest, uint64_t instructions,
+                           const DigestParts& parts, std::span<const std::string> device_names) {
   if (mode_ == Mode::kRecord) {
     trace::Event e;
     auto* d = e.mutable_digest();
     *d->mutable_at() = to_proto(where);
-    d->set_digest(digest.data(), digest.size());
+    d->set_digest(digest.bytes.data(), digest.bytes.size());
     d->set_instructions(instructions);
+    to_proto(parts, d->mutable_parts());
     append(std::move(e));
   } else if (mode_ == Mode::kReplay) {
-    std::string got(reinterpret_cast<const char*>(digest.data()), digest.size());
+    std::string got(reinterpret_cast<const char*>(digest.bytes.data()), digest.bytes.size());
     std::string what = fmt::format("state digest at rip={:#x}", where.at.rip);
     if (const auto* e = expect(trace::Event::kDigest, what)) {
       if (e->digest().digest() != got || !same_coordinate(e->digest().at(), where, progress_)) {
-        diverge("machine state differs (registers, RAM or devices)", describe_event(*e),
-                fmt::format("digest {} at rip={:#x} guest-exits {}", hex(digest), where.at.rip, where.guest_exits));
+        std::string parts_differing = e->digest().digest() != got && e->digest().has_parts()
+                                          ? differing_parts(e->digest().parts(), parts, device_names)
+                                          : std::string();
+        diverge(parts_differing.empty() ? std::string("machine state differs (registers, RAM or devices)")
+                                        : "machine state differs: " + parts_differing,
+                describe_event(*e), fmt::format("digest {} at rip={:#x} guest-exits {}", digest.hex(), where.at.rip,
+                                                where.guest_exits));
       } else if (instructions_differ(e->digest().instructions(), where)) {
         diverge("the instruction count differs at a state digest", describe_event(*e),
                 fmt::format("{} instructions", *where.instructions));

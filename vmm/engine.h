@@ -14,6 +14,7 @@
 #include "logging/trace_reader.h"
 #include "logging/trace_writer.h"
 #include "vmm/backend.h"
+#include "vmm/digest.h"
 #include "vmm/disk_image.h"
 #include "vmm/host_io.h"
 #include "vmm/stream_match.h"
@@ -159,8 +160,10 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   // Replay: the next event (output events skipped and checked); nullptr at the end of the trace.
   const trace::Event* peek();
   const trace::End* expect_end(const std::string& what);
-  // Record: log a state digest; replay: compare with the recorded one.
-  void record_digest(const Position& where, std::span<const uint8_t> digest, uint64_t instructions);
+  // Record: log a state digest with its parts; replay: compare with the recorded one, and when they differ, name
+  // the registers, RAM regions and devices (`device_names`, in the parts' order) that do.
+  void record_digest(const Position& where, const Digest& digest, uint64_t instructions, const DigestParts& parts,
+                     std::span<const std::string> device_names);
 
   // Finishes a recording: End event + footer.
   Result<> finish_record(trace::End end, trace::Footer footer);

@@ -307,8 +307,12 @@ Result<> Session::deliver_interrupts() {
 void Session::maybe_digest() {
   if (engine_.mode() == Mode::kRun || engine_.events_processed() < next_digest_at_) return;
   next_digest_at_ = engine_.events_processed() + digest_interval_;
-  Digest d = final_machine_digest();
-  engine_.record_digest(position(), d.bytes, machine_->backend().instruction_count().value_or(0));
+  auto st = machine_->backend().get_state();
+  DigestParts parts;
+  Digest d = machine_digest(st ? *st : CpuState{}, machine_->memory(), machine_->device_states(), &parts);
+  std::vector<std::string> names;
+  for (const auto& part : machine_->stateful_parts()) names.push_back(part.name);
+  engine_.record_digest(position(), d, machine_->backend().instruction_count().value_or(0), parts, names);
 }
 
 Digest Session::final_cpu_ram_digest() {

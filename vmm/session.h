@@ -88,6 +88,8 @@ class Session {
   std::vector<std::unique_ptr<DiskImage>>& disks() { return disks_; }
   Machine& machine() { return *machine_; }
   uint64_t serial_bytes() const;
+  // Events between two state digests; the trace's header says which a recording used.
+  static constexpr uint64_t kDefaultDigestInterval = 16384;
   void set_digest_interval(uint64_t n) { digest_interval_ = n; }
 
   Result<Outcome> run();
@@ -158,8 +160,8 @@ class Session {
   uint64_t guest_exits_ = 0;
   ExitKind last_exit_kind_ = ExitKind::kKicked;
   uint64_t last_exit_rip_ = 0;
-  uint64_t digest_interval_ = 16384;
-  uint64_t next_digest_at_ = 16384;
+  uint64_t digest_interval_ = kDefaultDigestInterval;
+  uint64_t next_digest_at_ = kDefaultDigestInterval;
   std::map<ExitKind, uint64_t> exit_counts_;
   std::unique_ptr<CoordinateSeeker> seeker_;  // replay in exact mode
   uint64_t wall_ns_ = 0;

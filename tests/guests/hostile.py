@@ -114,6 +114,23 @@ def end_mismatch_is_a_divergence():
 
 
 @case
+def digest_interval_and_parts():
+    """1: a trace recorded with --digest-every replays at its digests; one whose digest differs names the part."""
+    trace = path("hello-digests.trace")
+    rec = deja("record", "-o", trace, "--backend", "interp", "--digest-every", "3", os.path.join(GUESTS, "hello.elf"))
+    expect(rec, 1, [], "recording hello with a digest every 3 events")
+    expect(deja("replay", trace), 1, ["replay OK"], "replaying hello with a digest every 3 events")
+    for part, words in (("rflags", "rflags recorded"), ("ram", "RAM in [0x"),
+                        ("device", "machine state differs: device ")):
+        forged = path(f"hello-digest-{part}.trace")
+        f = memory_budget.run([FORGE, trace, forged, "--digest-part", part])
+        if f.returncode != 0:
+            fail(f"trace_forge: {f.err}")
+        expect(deja("replay", forged), 6, [words], f"replaying hello with another {part} in a digest")
+    print("hello: digests every 3 events replay; a differing digest names rflags, the RAM region, the device")
+
+
+@case
 def interrupted_serial_flood_replays_its_output():
     """1: a guest flooding COM1, stopped by SIGINT: replay must produce all the recorded output."""
     trace, out, replayed = path("flood.trace"), path("flood.out"), path("flood.replayed")

@@ -1,7 +1,7 @@
 // trace_forge: rewrites a genuine trace into a hostile one (tests only): other inputs in the header, huge serial events.
 //
 //   trace_forge IN OUT [--image-path P] [--modules N PATH] [--serial-events K BYTES] [--cmdline-bytes HEX]
-//                      [--end-field digest|instructions|guest-exits|status]
+//                      [--end-field digest|instructions|guest-exits|status] [--digest-part rflags|ram|device]
 //
 // The result is a well-formed trace (checksums, hash chain, footer all valid): what an attacker who can
 // write a trace file produces, so only deja's semantic checks stand between it and the host.
@@ -18,7 +18,7 @@ namespace {
 int usage() {
   std::fprintf(stderr,
                "usage: trace_forge IN OUT [--image-path P] [--modules N PATH] [--serial-events K BYTES] "
-               "[--cmdline-bytes HEX] [--end-field F]\n");
+               "[--cmdline-bytes HEX] [--end-field F] [--digest-part P]\n");
   return 2;
 }
 
@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   std::string module_path;
   std::optional<std::string> cmdline;
   std::string end_field;
+  std::string digest_part;  // the first state digest's: as if the recording had seen another value there
   for (int i = 3; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--image-path" && i + 1 < argc) {
@@ -51,6 +52,8 @@ int main(int argc, char** argv) {
       serial_bytes = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--end-field" && i + 1 < argc) {
       end_field = argv[++i];
+    } else if (a == "--digest-part" && i + 1 < argc) {
+      digest_part = argv[++i];
     } else if (a == "--cmdline-bytes" && i + 1 < argc) {
       cmdline = unhex(argv[++i]);
     } else {
@@ -93,6 +96,26 @@ int main(int argc, char** argv) {
   for (;;) {
     auto e = (*reader)->next();
     if (!e || !*e) break;
+    if ((*e)->has_digest() && (*e)->digest().has_parts() && !digest_part.empty()) {
+      trace::StateDigest* d = (*e)->mutable_digest();
+      std::string bytes = d->digest();
+      bytes[0] = char(bytes[0] ^ 1);
+      d->set_digest(bytes);
+      trace::DigestParts* parts = d->mutable_parts();
+      if (digest_part == "rflags") {
+        parts->set_registers(17, parts->registers(17) ^ 0x80);  // SF
+      } else if (digest_part == "ram") {
+        for (int i = 0; i < parts->ram_regions_size(); ++i) {
+          if (parts->ram_regions(i) != 0) {
+            parts->set_ram_regions(i, parts->ram_regions(i) ^ 1);
+            break;
+          }
+        }
+      } else if (digest_part == "device") {
+        parts->set_devices(0, parts->devices(0) ^ 1);
+      }
+      digest_part.clear();
+    }
     if ((*e)->has_end() && !end_field.empty()) {
       trace::End* end = (*e)->mutable_end();
       if (end_field == "digest") {
