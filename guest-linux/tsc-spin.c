@@ -2,10 +2,11 @@
 //
 // Usage: tsc-spin TICKS NS
 //   spins on RDTSC until TICKS TSC ticks have passed, then on clock_gettime(CLOCK_MONOTONIC) (the vDSO, which reads
-//   the TSC itself, no system call) until NS nanoseconds have passed, and prints one line per loop: how many reads
-//   it made, the span they covered, the smallest and largest step, how many steps went backwards, and a hash of
-//   every step. The line depends on every value read, so a replay whose TSC (or vDSO time) differed anywhere would
-//   print differently; and the number of reads depends on how fast time went by, so it differs between recordings.
+//   the TSC itself, no system call) until NS nanoseconds have passed, each loop making 16 reads at least, and prints
+//   one line per loop: how many reads it made, the span they covered, the smallest and largest step, how many steps
+//   went backwards, and a hash of every step. The line depends on every value read, so a replay whose TSC (or vDSO
+//   time) differed anywhere would print differently; and the number of reads depends on how fast time went by, so it
+//   differs between recordings.
 //   It exits 1 if time went backwards or did not advance.
 #include <stdint.h>
 #include <stdio.h>
@@ -47,9 +48,11 @@ static void note(struct seen *s, uint64_t prev, uint64_t now) {
 static struct seen spin(uint64_t (*read)(void), uint64_t duration) {
   struct seen s = {0, 0, UINT64_MAX, 0, 0, 0xcbf29ce484222325u};
   uint64_t start = read(), prev = start, now = start;
-  // Ends when `duration` has passed since the start; a clock that went backwards past the start would spin for
-  // ever, so it also ends at the first step backwards.
-  while (now - start < duration && s.backwards == 0) {
+  // Ends when `duration` has passed since the start and it has read at least kMinReads times (on a loaded host one
+  // step of a vCPU that exits for each RDTSC can take the whole duration); a clock that went backwards past the
+  // start would spin for ever, so it also ends at the first step backwards.
+  enum { kMinReads = 16 };
+  while ((now - start < duration || s.reads < kMinReads) && s.backwards == 0) {
     now = read();
     note(&s, prev, now);
     prev = now;
