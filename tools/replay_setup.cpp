@@ -301,6 +301,7 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
   }
   session.count_rdtsc_as_guest_exits(rc.rdtsc_exits_are_guest_exits());
   if (rc.digest_interval() != 0) session.set_digest_interval(rc.digest_interval());
+  session.complete_mmio_write_exits(rc.mmio_write_exits_complete());
   const std::vector<std::string> quirks(rc.cpu_quirks().begin(), rc.cpu_quirks().end());
   if (auto ok = session.machine().backend().adopt_cpu_quirks(quirks); !ok) {
     // Not a refusal: many guests never see the difference, and one that does diverges, which replay reports.

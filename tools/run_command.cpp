@@ -336,6 +336,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
   session.set_digest_interval(options.digest_interval);
   session.count_rdtsc_as_guest_exits(session.machine().backend().traps_rdtsc());
+  session.complete_mmio_write_exits(true);
   // Where instructions are counted exactly, time read between asynchronous events follows from them: no event per
   // clock or TSC read (format 4). The same in a plain run, so that a run and its recording see the same time.
   if (progress.mode == ProgressMode::kExact && session.machine().backend().instruction_count()) {
@@ -392,6 +393,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     c->set_rdtsc_trapped(session.machine().backend().traps_rdtsc());
     c->set_rdtsc_exits_are_guest_exits(session.rdtsc_exits_are_guest_exits());
     c->set_digest_interval(options.digest_interval);
+    c->set_mmio_write_exits_complete(session.mmio_write_exits_complete());
     for (const std::string& quirk : session.machine().backend().cpu_quirks()) c->add_cpu_quirks(quirk);
     c->set_tsc_hz(CpuModel::kTscHz);
     if (auto rates = session.engine().derived_time_rates()) {

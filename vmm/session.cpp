@@ -163,6 +163,7 @@ Position Session::position() {
     return p;
   }
   auto st = machine_->backend().get_state();
+  if (st && mmio_write_exits_complete_ && after_mmio_write_) st->rip = last_exit_rip_;
   if (st) {
     p.at.rip = st->rip;
     p.at.rcx = st->gpr[kRcx];
@@ -306,6 +307,7 @@ Result<> Session::deliver_interrupts() {
 
 void Session::maybe_digest() {
   if (engine_.mode() == Mode::kRun || engine_.events_processed() < next_digest_at_) return;
+  if (mmio_write_exits_complete_ && after_mmio_write_) return;  // the backends' states differ here (the RIP)
   next_digest_at_ = engine_.events_processed() + digest_interval_;
   auto st = machine_->backend().get_state();
   DigestParts parts;
@@ -406,6 +408,7 @@ Digest Session::check_replay_end(const trace::End& end, const Outcome& outcome) 
 Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
   ++exit_counts_[exit.kind];
   last_exit_kind_ = exit.kind;
+  after_mmio_write_ = exit.kind == ExitKind::kMmioWrite;
   if (guest_caused(exit.kind)) {
     ++guest_exits_;
     last_exit_rip_ = exit.rip;
@@ -908,6 +911,7 @@ Result<std::vector<uint8_t>> Session::encode_loop_state() const {
   w.u64(guest_exits_);
   w.u8(uint8_t(last_exit_kind_));
   w.u64(last_exit_rip_);
+  w.boolean(after_mmio_write_);
   w.u64(next_digest_at_);
   w.u64(c.raw_position);
   w.boolean(c.has_lookahead);
@@ -929,6 +933,7 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
   uint64_t guest_exits = r.u64();
   uint8_t kind = r.u8();
   uint64_t last_rip = r.u64();
+  bool after_mmio_write = r.boolean();
   uint64_t next_digest = r.u64();
   Engine::Cursor c;
   c.raw_position = r.u64();
@@ -953,6 +958,7 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
   guest_exits_ = guest_exits;
   last_exit_kind_ = ExitKind(kind);
   last_exit_rip_ = last_rip;
+  after_mmio_write_ = after_mmio_write;
   next_digest_at_ = next_digest;
   return {};
 }

@@ -83,6 +83,12 @@ class Session {
   // interrupts there too. Recording turns it on where the backend traps RDTSC; replay as the trace says.
   void count_rdtsc_as_guest_exits(bool on) { rdtsc_exits_are_guest_exits_ = on; }
   bool rdtsc_exits_are_guest_exits() const { return rdtsc_exits_are_guest_exits_; }
+  // Until the vCPU runs again after an MMIO-write exit, its state counts as after the writing instruction (trace
+  // header mmio_write_exits_complete): KVM completes an MMIO write before it exits, the software CPU finishes the
+  // instruction when it runs again, so coordinates take the exit's RIP and a digest due there waits for the next
+  // exit. Recording turns it on; replay as the trace says.
+  void complete_mmio_write_exits(bool on) { mmio_write_exits_complete_ = on; }
+  bool mmio_write_exits_complete() const { return mmio_write_exits_complete_; }
   // The disk images behind MachineConfig::disks, kept alive with the machine (call before build()).
   void adopt_disks(std::vector<std::unique_ptr<DiskImage>> disks) { disks_ = std::move(disks); }
   std::vector<std::unique_ptr<DiskImage>>& disks() { return disks_; }
@@ -167,6 +173,8 @@ class Session {
   uint64_t wall_ns_ = 0;
   bool warned_spin_ = false;
   bool rdtsc_exits_are_guest_exits_ = false;
+  bool mmio_write_exits_complete_ = false;
+  bool after_mmio_write_ = false;  // the last exit was an MMIO write and the vCPU has not run since
   uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
   static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
   static constexpr uint64_t kHeartbeatNs = 1'000'000'000;
