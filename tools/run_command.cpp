@@ -499,7 +499,7 @@ std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
                      "record a full state digest (registers, RAM, devices) every N events (default 16384); a smaller "
                      "N makes a replay that diverges without a wrong event say so closer to where it happened, at "
                      "the cost of hashing RAM each time")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32));
+      ->check(CLI::Range(uint64_t{2}, uint64_t{1} << 32));  // a digest is an event: at 1 it would be due again at once
 
   auto start = [](const RunArgs& a, Mode mode) {
     auto options = to_session(a);

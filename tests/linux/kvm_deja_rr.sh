@@ -3,6 +3,7 @@
 #   tests/linux/kvm_deja_rr.sh SOURCE_DIR BUILD_DIR [DOWNLOAD_MIB]
 # Inside the nested harness with the kvm-deja module: tests/linux/linux_test.py --record-replay-workload on KVM (boot,
 # shell session over serial, virtio disk write/sync/read back, hwrng, an HTTP download through slirp, tsc-spin;
+# a state digest every 4096 events, a quarter of the default, so the replays compare the whole state more often;
 # replayed on KVM, every event checked); then the same boot recorded with the module's exits turned off
 # (DEJA_KVM_DEJA=off, i.e. stock KVM), whose replay must fail with status 6 naming the event. Back on this host the
 # KVM trace is replayed on interp: `replay OK` and the serial output byte-identical.
@@ -40,7 +41,7 @@ fi
 # Inside the nested guest: $4 is the shared directory the outer half reads afterwards.
 work="$4"
 python3 "$source_dir/tests/linux/linux_test.py" --deja "$build/deja" --backend kvm --guest-dir "$build/guest-linux" \
-  --record-replay-workload --download-mib "$mib" --keep "$work"
+  --record-replay-workload --download-mib "$mib" --digest-every 4096 --keep "$work"
 
 # Stock KVM: the TSC is read live, so the recording says up front it cannot be exact, and its replay must stop at
 # the first event that disagrees, never claim success.
