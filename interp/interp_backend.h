@@ -419,6 +419,18 @@ class InterpBackend : public Backend {
   uint64_t fast_step_limit_ = ~0ull;  // step_limit() while blocks run (REP strings stop there between iterations)
   uint64_t branch_limit_ = ~0ull;     // the armed counter overflow while blocks run
   bool chain_ok_ = false;             // JIT code may jump from block to block (no breakpoints, no block stepping)
+  // 64-bit blocks by RIP for JIT code's transfers to a target its link does not hold (a RET to another
+  // caller, a JMP through a register): a direct-mapped memo of Jit::next_body's finds, an entry valid while
+  // its epoch is the block cache's; JIT code checks the key and the TLB as for a link before following it.
+  struct JumpEntry {
+    uint64_t rip = ~0ull;
+    interp::Block* block = nullptr;
+    uint64_t epoch = 0;
+    uint64_t unused = 0;  // (32 bytes: JIT code indexes by shifting)
+  };
+  static constexpr size_t kJumpCacheSize = 4096;
+  static size_t jump_index(uint64_t rip) { return (rip ^ (rip >> 12)) & (kJumpCacheSize - 1); }
+  std::array<JumpEntry, kJumpCacheSize> jump_cache_{};
   bool block_stepping_ = false;
   uint64_t dirty_generation_ = 0;  // GuestMemory::dirty_generation() the fast write tags were made for
   uint8_t jit_trap_ = 0;
