@@ -78,11 +78,18 @@ struct InterpBackend::Ops {
     c.next_rip_ = op->next_rip;
   }
 
+  // The instructions that defer their exits never run in blocks; were one to, its exit is thrown as
+  // every exit from a block is.
+  [[noreturn]] static void throw_deferred_exit(InterpBackend& c) {
+    c.exit_pending_ = false;
+    throw ExitRequest{};
+  }
   // An instruction the fast path has no handler of its own for: the reference executor, in place.
   static const Op* reference(InterpBackend& c, const Op* op) {
     c.materialize_flags();
     enter_reference(c, op);
     c.execute(op->insn);
+    if (c.exit_pending_) [[unlikely]] throw_deferred_exit(c);
     if (c.watch_hit_) c.end_block_after_op_ = true;
     return next(c, op);
   }
@@ -91,6 +98,7 @@ struct InterpBackend::Ops {
     c.materialize_flags();
     enter_reference(c, op);
     c.execute(op->insn);
+    if (c.exit_pending_) [[unlikely]] throw_deferred_exit(c);
     c.s_.rip = c.next_rip_;
     return nullptr;
   }

@@ -121,6 +121,7 @@ void InterpBackend::step() {
     next_rip_ = insn_rip_ + insn.length;
     if (insn.mode != interp::kMode64) next_rip_ &= insn.mode == interp::kMode16 ? 0xffff : 0xffffffffu;
     execute(insn);
+    if (exit_pending_) return;  // (defer_exit: not retired, as when request_exit throws)
   } catch (const GuestException& ex) {
     take_fault(ex);
     return;
@@ -174,6 +175,11 @@ Result<VcpuExit*> InterpBackend::run() {
     exit_ = VcpuExit{};
     exit_.kind = kind;
     exit_.rip = s_.rip;
+    return &exit_;
+  };
+  auto finish_deferred_exit = [&]() -> VcpuExit* {  // what the ExitRequest catch below does
+    exit_pending_ = false;
+    exit_outstanding_ = true;
     return &exit_;
   };
   for (;;) {
@@ -248,9 +254,11 @@ Result<VcpuExit*> InterpBackend::run() {
       if (mode_ != InterpMode::kReference && responses_.empty() && !debug_.single_step &&
           !(s_.rflags & rflags::kTf) && !s_.interrupt_shadow && !s_.halted) {
         run_fast();
+        if (exit_pending_) return finish_deferred_exit();
         block_step_done_ = block_stepping_;
       } else {
         step();
+        if (exit_pending_) return finish_deferred_exit();
       }
     } catch (const ExitRequest&) {
       if (exit_.kind == ExitKind::kFault) {
