@@ -134,7 +134,21 @@ struct InterpBackend::Jit {
   Jit(InterpBackend& cpu, const Block& b, std::vector<uint8_t>&& scratch) : c(cpu), block(b), user(((b.key >> 2) & 3) == 3) {
     a.code = std::move(scratch);
     a.code.clear();
+    slows.swap(slow_pool());
+    slows.clear();
     slows.reserve(2 * b.ops.size());  // (at most two a template; Slow& stays valid)
+  }
+  ~Jit() {
+    slows.clear();
+    slow_pool().swap(slows);
+  }
+  Jit(const Jit&) = delete;
+  Jit& operator=(const Jit&) = delete;
+  // The slow-path list's storage, kept from block to block: allocating it afresh for every block was
+  // 1.5% of a Linux boot.
+  static std::vector<Slow>& slow_pool() {
+    static thread_local std::vector<Slow> pool;
+    return pool;
   }
 
   // ---- offsets into the backend ----------------------------------------------------------------------
@@ -316,7 +330,9 @@ struct InterpBackend::Jit {
   // `slot` when the runner would enter it now (the same checks run_fast makes between blocks: it fits
   // in the step limit, no counter overflow, no kick, chaining allowed), else return `op` to the runner,
   // which links blocks. `dynamic`: the target varies (RET, JMP r64): the linked block must start at RIP.
-  void chain_exit(const Op& op, int slot, bool dynamic) {
+  // `counted`: the exit counted a conditional branch. Only then can the counter have reached its limit:
+  // every block is entered below it, and only a block's last instruction counts a branch.
+  void chain_exit(const Op& op, int slot, bool dynamic, bool counted = false) {
     static const Block probe;
     const auto boff = [](const auto* member) {
       return int32_t(reinterpret_cast<const char*>(member) - reinterpret_cast<const char*>(&probe));
@@ -394,9 +410,11 @@ struct InterpBackend::Jit {
     a.alu(8, x64::kAdd, rdx, rcx);
     a.alu(8, x64::kCmp, rdx, field(&c.fast_step_limit_));
     a.jcc(x64::kA, out);
-    a.load(8, rdx, field(&c.branches_));
-    a.alu(8, x64::kCmp, rdx, field(&c.branch_limit_));
-    a.jcc(x64::kAe, out);
+    if (counted) {
+      a.load(8, rdx, field(&c.branches_));
+      a.alu(8, x64::kCmp, rdx, field(&c.branch_limit_));
+      a.jcc(x64::kAe, out);
+    }
     a.movzx(rdx, 1, x64::at(rbx, off(&c.chain_ok_)));
     a.test(4, rdx, rdx);
     a.jcc(x64::kE, out);
@@ -954,11 +972,11 @@ struct InterpBackend::Jit {
     condition_jump(op.cond, taken);
     set_rip(op.next_rip);
     count_branch();
-    chain_exit(op, 1, false);
+    chain_exit(op, 1, false, true);
     a.bind(taken);
     set_rip(op.target);
     count_branch();
-    chain_exit(op, slot_for(op, op.target), false);
+    chain_exit(op, slot_for(op, op.target), false, true);
   }
   // 64-bit targets from registers or the stack: #GP when not canonical, which the handler raises.
   void canonical_or(Reg r, x64::Label& bad) {
