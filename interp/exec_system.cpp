@@ -53,7 +53,8 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
         exit_ = VcpuExit{};
         exit_.kind = ExitKind::kRdtsc;
         exit_.is_rdtscp = rdtscp;
-        request_exit();
+        defer_exit();
+        return;
       }
       s_.gpr[kRax] = value & 0xffffffffu;
       s_.gpr[kRdx] = value >> 32;
@@ -81,13 +82,18 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
     case ZYDIS_MNEMONIC_IN: {
       uint16_t port = uint16_t(insn.op[1].kind == OpKind::kImm ? insn.op[1].disp & 0xff : s_.gpr[kRdx] & 0xffff);
       unsigned size = insn.op[0].size;
-      reg_write(kRax, size, port_in(port, size));
+      uint64_t value = 0;
+      if (!try_port_in(port, size, value)) {
+        defer_exit();
+        return;
+      }
+      reg_write(kRax, size, value);
       return;
     }
     case ZYDIS_MNEMONIC_OUT: {
       uint16_t port = uint16_t(insn.op[0].kind == OpKind::kImm ? insn.op[0].disp & 0xff : s_.gpr[kRdx] & 0xffff);
       unsigned size = insn.op[1].size;
-      port_out(port, size, reg_read(kRax, size));
+      if (!try_port_out(port, size, reg_read(kRax, size))) defer_exit();
       return;
     }
     case ZYDIS_MNEMONIC_HLT:

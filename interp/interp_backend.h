@@ -290,9 +290,21 @@ class InterpBackend : public Backend {
   void msr_write(uint32_t index, uint64_t value);
   uint64_t port_in(uint16_t port, unsigned size);
   void port_out(uint16_t port, unsigned size, uint64_t value);
+  // The same, false when the VMM must answer first (exit_ is set up for it; nothing else changed).
+  bool try_port_in(uint16_t port, unsigned size, uint64_t& value);
+  bool try_port_out(uint16_t port, unsigned size, uint64_t value);
   void check_io_permission();
   // Leaves run() with exit_ (its rip: the current instruction's, unless `rip` says otherwise).
   [[noreturn]] void request_exit(std::optional<uint64_t> rip = std::nullopt);
+  // The same without unwinding, for the run loop's commonest exits (RDTSC, IN, OUT: always through
+  // step(), never inside a block): the instruction returns at once, changing nothing more; step() leaves
+  // it unretired and run() returns exit_ as its ExitRequest catch does. (A C++ throw costs microseconds:
+  // they were 5-8% of a Linux boot.)
+  void defer_exit() {
+    exit_.rip = insn_rip_;
+    exit_pending_ = true;
+  }
+  bool exit_pending_ = false;
   bool take_response(ExitKind kind, uint64_t key, uint64_t& value, bool* fault = nullptr, bool* ok = nullptr);
 
   // Interrupts and exceptions.
@@ -419,6 +431,18 @@ class InterpBackend : public Backend {
   uint64_t fast_step_limit_ = ~0ull;  // step_limit() while blocks run (REP strings stop there between iterations)
   uint64_t branch_limit_ = ~0ull;     // the armed counter overflow while blocks run
   bool chain_ok_ = false;             // JIT code may jump from block to block (no breakpoints, no block stepping)
+  // 64-bit blocks by RIP for JIT code's transfers to a target its link does not hold (a RET to another
+  // caller, a JMP through a register): a direct-mapped memo of Jit::next_body's finds, an entry valid while
+  // its epoch is the block cache's; JIT code checks the key and the TLB as for a link before following it.
+  struct JumpEntry {
+    uint64_t rip = ~0ull;
+    interp::Block* block = nullptr;
+    uint64_t epoch = 0;
+    uint64_t unused = 0;  // (32 bytes: JIT code indexes by shifting)
+  };
+  static constexpr size_t kJumpCacheSize = 4096;
+  static size_t jump_index(uint64_t rip) { return (rip ^ (rip >> 12)) & (kJumpCacheSize - 1); }
+  std::array<JumpEntry, kJumpCacheSize> jump_cache_{};
   bool block_stepping_ = false;
   uint64_t dirty_generation_ = 0;  // GuestMemory::dirty_generation() the fast write tags were made for
   uint8_t jit_trap_ = 0;

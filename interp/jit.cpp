@@ -96,7 +96,10 @@ struct InterpBackend::Jit {
     kNegNot,
     kShift,      // SHL/SHR/SAR r/m, imm (32/64-bit)
     kRotate,     // ROL/ROR r, imm (32/64-bit)
+    kBitTest,    // BT/BTS/BTR/BTC r, r/imm or m, imm
     kImul,       // IMUL r, r/m[, imm] (32/64-bit)
+    kCmov,       // CMOVcc r, r/m
+    kSetcc,      // SETcc r/m8
     kPush,       // PUSH r64/imm (64-bit mode)
     kPop,        // POP r64
     kJcc,
@@ -131,7 +134,21 @@ struct InterpBackend::Jit {
   Jit(InterpBackend& cpu, const Block& b, std::vector<uint8_t>&& scratch) : c(cpu), block(b), user(((b.key >> 2) & 3) == 3) {
     a.code = std::move(scratch);
     a.code.clear();
+    slows.swap(slow_pool());
+    slows.clear();
     slows.reserve(2 * b.ops.size());  // (at most two a template; Slow& stays valid)
+  }
+  ~Jit() {
+    slows.clear();
+    slow_pool().swap(slows);
+  }
+  Jit(const Jit&) = delete;
+  Jit& operator=(const Jit&) = delete;
+  // The slow-path list's storage, kept from block to block: allocating it afresh for every block was
+  // 1.5% of a Linux boot.
+  static std::vector<Slow>& slow_pool() {
+    static thread_local std::vector<Slow> pool;
+    return pool;
   }
 
   // ---- offsets into the backend ----------------------------------------------------------------------
@@ -201,10 +218,29 @@ struct InterpBackend::Jit {
             (uint64_t(o1.disp) & (w == 8 ? 63 : 31)) != 0)
           return Form::kRotate;
         break;
+      case ZYDIS_MNEMONIC_BT: case ZYDIS_MNEMONIC_BTS: case ZYDIS_MNEMONIC_BTR: case ZYDIS_MNEMONIC_BTC:
+        if (w >= 2 && i.operand_count >= 2 &&
+            ((o0.kind == interp::OpKind::kGpr && (is_imm(o1) || o1.kind == interp::OpKind::kGpr)) || (mem_ok(o0, i) && is_imm(o1))))
+          return Form::kBitTest;
+        break;
       case ZYDIS_MNEMONIC_IMUL:
         if (wide && o0.kind == interp::OpKind::kGpr && i.operand_count >= 2 && o1.kind != interp::OpKind::kNone &&
             operand_ok(o1) && !is_imm(o1) && (i.operand_count < 3 || (is_imm(i.op[2]) && fits32(i.op[2].disp))))
           return Form::kImul;
+        break;
+      case ZYDIS_MNEMONIC_CMOVB: case ZYDIS_MNEMONIC_CMOVBE: case ZYDIS_MNEMONIC_CMOVL: case ZYDIS_MNEMONIC_CMOVLE:
+      case ZYDIS_MNEMONIC_CMOVNB: case ZYDIS_MNEMONIC_CMOVNBE: case ZYDIS_MNEMONIC_CMOVNL: case ZYDIS_MNEMONIC_CMOVNLE:
+      case ZYDIS_MNEMONIC_CMOVNO: case ZYDIS_MNEMONIC_CMOVNP: case ZYDIS_MNEMONIC_CMOVNS: case ZYDIS_MNEMONIC_CMOVNZ:
+      case ZYDIS_MNEMONIC_CMOVO: case ZYDIS_MNEMONIC_CMOVP: case ZYDIS_MNEMONIC_CMOVS: case ZYDIS_MNEMONIC_CMOVZ:
+        if (op.fn != nullptr && o0.kind == interp::OpKind::kGpr && w >= 2 && (o1.kind == interp::OpKind::kGpr || mem_ok(o1, i)) &&
+            o1.size == w)
+          return Form::kCmov;
+        break;
+      case ZYDIS_MNEMONIC_SETB: case ZYDIS_MNEMONIC_SETBE: case ZYDIS_MNEMONIC_SETL: case ZYDIS_MNEMONIC_SETLE:
+      case ZYDIS_MNEMONIC_SETNB: case ZYDIS_MNEMONIC_SETNBE: case ZYDIS_MNEMONIC_SETNL: case ZYDIS_MNEMONIC_SETNLE:
+      case ZYDIS_MNEMONIC_SETNO: case ZYDIS_MNEMONIC_SETNP: case ZYDIS_MNEMONIC_SETNS: case ZYDIS_MNEMONIC_SETNZ:
+      case ZYDIS_MNEMONIC_SETO: case ZYDIS_MNEMONIC_SETP: case ZYDIS_MNEMONIC_SETS: case ZYDIS_MNEMONIC_SETZ:
+        if (w == 1 && (is_reg(o0) || mem_ok(o0, i))) return Form::kSetcc;
         break;
       case ZYDIS_MNEMONIC_PUSH:
         if (i.opsize == 64 && (o0.kind == interp::OpKind::kGpr || (is_imm(o0) && fits32(o0.disp)))) return Form::kPush;
@@ -262,6 +298,10 @@ struct InterpBackend::Jit {
       case Form::kPush: case Form::kPop:
         u.can_exit = true;
         return u;
+      case Form::kCmov: case Form::kSetcc:
+        u.reads = true;
+        u.can_exit = touches_memory(op);
+        return u;
       default:  // handlers, transfers, the block's end: anything may follow
         u.reads = u.can_exit = true;
         return u;
@@ -290,27 +330,54 @@ struct InterpBackend::Jit {
   // `slot` when the runner would enter it now (the same checks run_fast makes between blocks: it fits
   // in the step limit, no counter overflow, no kick, chaining allowed), else return `op` to the runner,
   // which links blocks. `dynamic`: the target varies (RET, JMP r64): the linked block must start at RIP.
-  void chain_exit(const Op& op, int slot, bool dynamic) {
+  // `counted`: the exit counted a conditional branch. Only then can the counter have reached its limit:
+  // every block is entered below it, and only a block's last instruction counts a branch.
+  void chain_exit(const Op& op, int slot, bool dynamic, bool counted = false) {
     static const Block probe;
     const auto boff = [](const auto* member) {
       return int32_t(reinterpret_cast<const char*>(member) - reinterpret_cast<const char*>(&probe));
     };
-    x64::Label out;
-    a.mov_imm64(rax, reinterpret_cast<uint64_t>(&block.link[slot]));
-    a.load(8, rax, x64::at(rax));
+    x64::Label out, try_cache, check;
+    const bool paged64 = (block.key & kKeyPaging) && (block.key & 3) == interp::kMode64;
+    const bool use_cache = dynamic && paged64;
+    x64::Label& miss = use_cache ? try_cache : out;
+    const x64::Mem epoch = x64::at(rbx, off(c.blocks_.epoch_address()));
+    a.mov_imm64(rdx, reinterpret_cast<uint64_t>(&block.link[slot]));
+    a.load(8, rax, x64::at(rdx));
     a.test(8, rax, rax);
-    a.jcc(x64::kE, out);
-    a.mov_imm64(rcx, reinterpret_cast<uint64_t>(&block.link_epoch));
-    a.load(8, rcx, x64::at(rcx));
-    a.mov_imm64(rdx, reinterpret_cast<uint64_t>(c.blocks_.epoch_address()));
-    a.alu(8, x64::kCmp, rcx, x64::at(rdx));
-    a.jcc(x64::kNe, out);
+    a.jcc(x64::kE, miss);
+    a.load(8, rcx, x64::at(rdx, int32_t(reinterpret_cast<const char*>(&block.link_epoch) -
+                                        reinterpret_cast<const char*>(&block.link[slot]))));
+    a.alu(8, x64::kCmp, rcx, epoch);
+    a.jcc(x64::kNe, miss);
     if (dynamic) {
       a.load(8, rcx, x64::at(rax, boff(&probe.rip)));
       a.alu(8, x64::kCmp, rcx, field(&c.s_.rip));
-      a.jcc(x64::kNe, out);
+      a.jcc(x64::kNe, miss);
     }
-    if ((block.key & kKeyPaging) && (block.key & 3) == interp::kMode64) {
+    if (use_cache) {
+      // The jump cache's entry for RIP: the same RIP, a current epoch (the block is alive: only then is it
+      // read), the same key; then the same checks as a link's.
+      a.jmp(check);
+      a.bind(try_cache);
+      const int32_t jc = off(&c.jump_cache_[0]);
+      a.load(8, rcx, field(&c.s_.rip));
+      a.mov(8, rdx, rcx);
+      a.shift_imm(8, x64::kShr, rdx, 12);
+      a.alu(8, x64::kXor, rdx, rcx);
+      a.alu_imm(4, x64::kAnd, rdx, int32_t(kJumpCacheSize - 1));
+      a.shift_imm(4, x64::kShl, rdx, 5);
+      a.alu(8, x64::kCmp, rcx, x64::at(rbx, rdx, 1, jc + int32_t(offsetof(JumpEntry, rip))));
+      a.jcc(x64::kNe, out);
+      a.load(8, rcx, x64::at(rbx, rdx, 1, jc + int32_t(offsetof(JumpEntry, epoch))));
+      a.alu(8, x64::kCmp, rcx, epoch);
+      a.jcc(x64::kNe, out);
+      a.load(8, rax, x64::at(rbx, rdx, 1, jc + int32_t(offsetof(JumpEntry, block))));
+      a.alu_imm(4, x64::kCmp, x64::at(rax, boff(&probe.key)), int32_t(block.key));
+      a.jcc(x64::kNe, out);
+      a.bind(check);
+    }
+    if (paged64) {
       // A link into another page (link_current): the TLB entry of its page must map it where it was
       // translated from, executable at this privilege.
       x64::Label current;
@@ -343,9 +410,11 @@ struct InterpBackend::Jit {
     a.alu(8, x64::kAdd, rdx, rcx);
     a.alu(8, x64::kCmp, rdx, field(&c.fast_step_limit_));
     a.jcc(x64::kA, out);
-    a.load(8, rdx, field(&c.branches_));
-    a.alu(8, x64::kCmp, rdx, field(&c.branch_limit_));
-    a.jcc(x64::kAe, out);
+    if (counted) {
+      a.load(8, rdx, field(&c.branches_));
+      a.alu(8, x64::kCmp, rdx, field(&c.branch_limit_));
+      a.jcc(x64::kAe, out);
+    }
     a.movzx(rdx, 1, x64::at(rbx, off(&c.chain_ok_)));
     a.test(4, rdx, rdx);
     a.jcc(x64::kE, out);
@@ -395,6 +464,8 @@ struct InterpBackend::Jit {
     Block* next = c.blocks_.find(phys, c.s_.rip, key);
     if (!next || !next->body || steps + next->count > c.fast_step_limit_) return nullptr;
     Block* from = c.running_block_;
+    if ((key & kKeyPaging) && (key & 3) == interp::kMode64)
+      c.jump_cache_[jump_index(c.s_.rip)] = JumpEntry{c.s_.rip, next, c.blocks_.epoch(), 0};
     if (linkable(*from, *next)) {
       if (from->link_epoch != c.blocks_.epoch()) {
         from->link[0] = from->link[1] = nullptr;
@@ -483,7 +554,10 @@ struct InterpBackend::Jit {
   }
 
   // Jumps to `taken` when guest condition `cc` holds.
-  void condition_jump(unsigned cc, x64::Label& taken) {
+  void condition_jump(unsigned cc, x64::Label& taken) { a.jcc(condition_flags(cc), taken); }
+  // Sets the host's flags so that the host condition returned holds when guest condition `cc` does.
+  // Clobbers RAX (and, when the producer is not known here, every caller-saved register: a helper call).
+  x64::Cond condition_flags(unsigned cc) {
     const unsigned pair = (cc >> 1) & 7;
     const bool uses_cf = pair == 1 || pair == 3;
     const bool szp_only = pair == 2 || pair == 4 || pair == 5;
@@ -508,10 +582,9 @@ struct InterpBackend::Jit {
       a.mov_imm64(rsi, cc);
       a.call_abs(reinterpret_cast<uint64_t>(&condition_helper));
       a.test(1, rax, rax);
-      a.jcc(x64::kNe, taken);
-      return;
+      return x64::kNe;
     }
-    a.jcc(x64::Cond(cc), taken);
+    return x64::Cond(cc);
   }
   // RAX = CF (0 or 1) of the flags as they are now.
   void carry_to_rax() {
@@ -706,15 +779,29 @@ struct InterpBackend::Jit {
     if (s) a.bind(s->resume);
   }
 
-  // ROL/ROR change CF and OF only (interp/alu.cpp's values): the other flags stay what the last producer
-  // made them. Done inline when that producer's lazy state can take the two bits in place (flags already in
-  // RFLAGS, a logic operation, kCcSzp); otherwise, before any change, the handler does it all.
-  void emit_rotate(const Op& op) {
-    const interp::Operand& o0 = op.insn.op[0];
-    const unsigned w = o0.size, bits = w * 8;
-    const bool rol = op.insn.mnemonic == ZYDIS_MNEMONIC_ROL;
-    const uint8_t count = uint8_t(uint64_t(op.insn.op[1].disp) & (w == 8 ? 63 : 31));
-    Slow& s = slow_path(op);
+  // Operations that change some of CF and OF only (ROL/ROR, BT*: interp/alu.cpp's values) keep the other
+  // flags as the last producer made them. Their new bits are merged into a lazy state that can take them in
+  // place (flags already in RFLAGS, a logic operation, kCcSzp); any other state is first made RFLAGS by a
+  // helper (what the handlers do too: materializing changes nothing the guest can see). The helper call
+  // comes before the operation loads anything (it clobbers the caller-saved registers).
+  void partial_flags_prepare() {
+    x64::Label ok;
+    a.load(4, rax, lazy_cc());
+    a.shift_imm(4, x64::kShr, rax, 2);
+    a.alu_imm(4, x64::kCmp, rax, int32_t(interp::kCcLogic));
+    a.jcc(x64::kE, ok);
+    a.alu_imm(4, x64::kCmp, rax, int32_t(interp::kCcSzp));
+    a.jcc(x64::kE, ok);
+    a.test(4, rax, rax);
+    a.jcc(x64::kE, ok);
+    a.mov(8, rdi, rbx);
+    a.call_abs(reinterpret_cast<uint64_t>(&materialize_helper));
+    a.bind(ok);
+  }
+  static void materialize_helper(InterpBackend* cpu) noexcept { cpu->materialize_flags(); }
+  // Merges RCX (the new values of the bits in `mask`, nothing else) into the flags, whose lazy state is
+  // one partial_flags_prepare left. Clobbers R8, R10, R11.
+  void partial_flags_merge(int32_t mask) {
     x64::Label none, logic, done;
     a.load(4, r8, lazy_cc());
     a.test(4, r8, r8);
@@ -723,38 +810,14 @@ struct InterpBackend::Jit {
     a.shift_imm(4, x64::kShr, x64::r10, 2);
     a.alu_imm(4, x64::kCmp, x64::r10, int32_t(interp::kCcLogic));
     a.jcc(x64::kE, logic);
-    a.alu_imm(4, x64::kCmp, x64::r10, int32_t(interp::kCcSzp));
-    a.jcc(x64::kNe, s.entry);
-    // The result (a 32-bit rotate clears the upper half) and the new bits: RCX = CF | OF.
-    auto rotate_and_store = [&] {
-      load_reg(rdx, o0, w);
-      a.shift_imm(w, rol ? x64::kRol : x64::kRor, rdx, count);
-      store_reg(o0, rdx, w);
-      a.mov(8, rcx, rdx);
-      a.mov(8, r9, rdx);
-      if (rol) {  // CF = LSB, OF = MSB ^ CF
-        a.alu_imm(4, x64::kAnd, rcx, 1);
-        a.shift_imm(8, x64::kShr, r9, uint8_t(bits - 1));
-      } else {    // CF = MSB, OF = MSB ^ the bit below it
-        a.shift_imm(8, x64::kShr, rcx, uint8_t(bits - 1));
-        a.shift_imm(8, x64::kShr, r9, uint8_t(bits - 2));
-      }
-      a.alu_imm(4, x64::kAnd, r9, 1);
-      a.alu(4, x64::kXor, r9, rcx);
-      a.shift_imm(4, x64::kShl, r9, 11);
-      a.alu(4, x64::kOr, rcx, r9);
-    };
-    constexpr int32_t kKeep = ~int32_t(interp::kCf | interp::kOf);
-    // kCcSzp: CF and OF of src2 replaced, AF kept.
-    rotate_and_store();
+    // kCcSzp: the bits of src2 replaced, the others (AF, the other one of CF/OF) kept.
     a.load(8, x64::r11, lazy_src2());
-    a.alu_imm(8, x64::kAnd, x64::r11, kKeep);
+    a.alu_imm(8, x64::kAnd, x64::r11, ~mask);
     a.alu(8, x64::kOr, x64::r11, rcx);
     a.store(8, lazy_src2(), x64::r11);
     a.jmp(done);
     // A logic operation (CF = OF = AF = 0): the same SF, ZF, PF from its result as kCcSzp, of its width.
     a.bind(logic);
-    rotate_and_store();
     a.alu_imm(4, x64::kAnd, r8, 3);
     a.alu_imm(4, x64::kOr, r8, int32_t(interp::cc_code(interp::kCcSzp, 1)));
     a.store(4, lazy_cc(), r8);
@@ -762,13 +825,65 @@ struct InterpBackend::Jit {
     a.jmp(done);
     // The flags are in RFLAGS.
     a.bind(none);
-    rotate_and_store();
     a.load(8, x64::r11, field(&c.s_.rflags));
-    a.alu_imm(8, x64::kAnd, x64::r11, kKeep);
+    a.alu_imm(8, x64::kAnd, x64::r11, ~mask);
     a.alu(8, x64::kOr, x64::r11, rcx);
     a.store(8, field(&c.s_.rflags), x64::r11);
     a.bind(done);
-    a.bind(s.resume);
+  }
+
+  void emit_rotate(const Op& op) {
+    const interp::Operand& o0 = op.insn.op[0];
+    const unsigned w = o0.size, bits = w * 8;
+    const bool rol = op.insn.mnemonic == ZYDIS_MNEMONIC_ROL;
+    const uint8_t count = uint8_t(uint64_t(op.insn.op[1].disp) & (w == 8 ? 63 : 31));
+    partial_flags_prepare();
+    // The result (a 32-bit rotate clears the upper half) and the new bits: RCX = CF | OF.
+    load_reg(rdx, o0, w);
+    a.shift_imm(w, rol ? x64::kRol : x64::kRor, rdx, count);
+    store_reg(o0, rdx, w);
+    a.mov(8, rcx, rdx);
+    a.mov(8, r9, rdx);
+    if (rol) {  // CF = LSB, OF = MSB ^ CF
+      a.alu_imm(4, x64::kAnd, rcx, 1);
+      a.shift_imm(8, x64::kShr, r9, uint8_t(bits - 1));
+    } else {    // CF = MSB, OF = MSB ^ the bit below it
+      a.shift_imm(8, x64::kShr, rcx, uint8_t(bits - 1));
+      a.shift_imm(8, x64::kShr, r9, uint8_t(bits - 2));
+    }
+    a.alu_imm(4, x64::kAnd, r9, 1);
+    a.alu(4, x64::kXor, r9, rcx);
+    a.shift_imm(4, x64::kShl, r9, 11);
+    a.alu(4, x64::kOr, rcx, r9);
+    partial_flags_merge(int32_t(interp::kCf | interp::kOf));
+  }
+
+  // BT/BTS/BTR/BTC on a register, or on memory with an immediate bit offset (a register offset can
+  // address memory beyond the operand: the handler does those): CF = the bit; the host's instruction of
+  // the same width takes the offset modulo the width as the guest's does.
+  void emit_bit_test(const Op& op) {
+    const interp::Operand &o0 = op.insn.op[0], &o1 = op.insn.op[1];
+    const unsigned w = o0.size;
+    const ZydisMnemonic m = ZydisMnemonic(op.insn.mnemonic);
+    const bool writes = m != ZYDIS_MNEMONIC_BT;
+    partial_flags_prepare();
+    Slow* s = load_operand(op, o0, w, writes, rax);
+    const unsigned digit = m == ZYDIS_MNEMONIC_BT ? 4 : m == ZYDIS_MNEMONIC_BTS ? 5 : m == ZYDIS_MNEMONIC_BTR ? 6 : 7;
+    if (is_imm(o1)) {
+      a.prefix_rr(w, 0, rax);
+      a.u8(0x0f);
+      a.u8(0xba);
+      a.modrm_rr(digit, rax);
+      a.u8(uint8_t(uint64_t(o1.disp) & (w * 8 - 1)));
+    } else {
+      load_reg(rdx, o1, w);
+      a.op2_rr(w, uint8_t(0xa3 + (digit - 4) * 8), rdx, rax);
+    }
+    a.setcc(x64::kB, rcx);
+    a.movzx(rcx, 1, rcx);
+    if (writes) store_operand(o0, rax, w);
+    partial_flags_merge(int32_t(interp::kCf));
+    if (s) a.bind(s->resume);
   }
 
   void emit_imul(const Op& op, bool store) {
@@ -791,6 +906,34 @@ struct InterpBackend::Jit {
     if (store) store_flags(interp::kCcSzp, w, rdx, x64::kNoReg, rcx);
     now_known(interp::kCcSzp, w);
     if (s) a.bind(s->resume);
+  }
+
+  // CMOVcc and SETcc read the flags only: the condition is computed first (it has no side effects, and a
+  // helper call for it would clobber the operands), then the operand accesses as the handler makes them.
+  // A CMOV reads its source whatever the condition, and a 32-bit one writes its destination either way.
+  void emit_cmov(const Op& op) {
+    const interp::Operand &o0 = op.insn.op[0], &o1 = op.insn.op[1];
+    const unsigned w = o0.size;
+    a.setcc(condition_flags(op.cond), r8);
+    Slow* s = load_operand(op, o1, w, false, rcx);
+    load_reg(rax, o0, w);
+    a.test(1, r8, r8);
+    a.cmov(8, x64::kNe, rax, rcx);
+    store_reg(o0, rax, w);
+    if (s) a.bind(s->resume);
+  }
+  void emit_setcc(const Op& op) {
+    const interp::Operand& o0 = op.insn.op[0];
+    a.setcc(condition_flags(op.cond), r8);
+    if (is_mem(o0)) {
+      Slow& s = slow_path(op);
+      address(op, o0);
+      translate(1, true, s.entry);
+      a.store(1, x64::at(rsi), r8);
+      a.bind(s.resume);
+      return;
+    }
+    store_reg(o0, r8, 1);
   }
 
   void emit_push(const Op& op) {
@@ -829,11 +972,11 @@ struct InterpBackend::Jit {
     condition_jump(op.cond, taken);
     set_rip(op.next_rip);
     count_branch();
-    chain_exit(op, 1, false);
+    chain_exit(op, 1, false, true);
     a.bind(taken);
     set_rip(op.target);
     count_branch();
-    chain_exit(op, slot_for(op, op.target), false);
+    chain_exit(op, slot_for(op, op.target), false, true);
   }
   // 64-bit targets from registers or the stack: #GP when not canonical, which the handler raises.
   void canonical_or(Reg r, x64::Label& bad) {
@@ -905,7 +1048,10 @@ struct InterpBackend::Jit {
         case Form::kIncDec: case Form::kNegNot: emit_incdec_negnot(op, keep_flags[k]); break;
         case Form::kShift: emit_shift(op, keep_flags[k]); break;
         case Form::kRotate: emit_rotate(op); known = false; break;
+        case Form::kBitTest: emit_bit_test(op); known = false; break;
         case Form::kImul: emit_imul(op, keep_flags[k]); break;
+        case Form::kCmov: emit_cmov(op); break;
+        case Form::kSetcc: emit_setcc(op); break;
         case Form::kPush: emit_push(op); break;
         case Form::kPop: emit_pop(op); break;
         case Form::kJcc: emit_jcc(op); break;
@@ -943,6 +1089,7 @@ bool InterpBackend::compile_block(Block& block) {
   if (!jit_) jit_ = std::make_unique<interp::JitBuffer>();
   if (!jit_->ok()) return false;
   static_assert(sizeof(TlbEntry) == 64, "the JIT indexes the software TLB by shifting");
+  static_assert(sizeof(JumpEntry) == 32, "the JIT indexes the jump cache by shifting");
   Jit jit(*this, block, std::move(jit_->scratch));
   jit.compile();
   struct GiveBack {  // the scratch buffer goes back, capacity and all, whatever happens below

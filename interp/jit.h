@@ -12,7 +12,9 @@ namespace deja::interp {
 // dropped (BlockCache::clear) and the buffer starts again from empty, as QEMU's translation buffer does.
 class JitBuffer {
  public:
-  static constexpr size_t kDefaultBytes = size_t{32} << 20;
+  // (Reserved, not committed: only the code written takes memory. Sized so that the block cache's bound,
+  // not this buffer, decides when everything is dropped.)
+  static constexpr size_t kDefaultBytes = size_t{256} << 20;
 
   explicit JitBuffer(size_t bytes = kDefaultBytes);
   ~JitBuffer();

@@ -390,27 +390,40 @@ void InterpBackend::check_io_permission() {
   if ((s_.cr0 & cr0::kPe) && cpl() > ((s_.rflags >> 12) & 3)) raise(kGp, 0, true);
 }
 
-uint64_t InterpBackend::port_in(uint16_t port, unsigned size) {
+bool InterpBackend::try_port_in(uint16_t port, unsigned size, uint64_t& value) {
   check_io_permission();
-  uint64_t value = 0;
-  if (take_response(ExitKind::kIoIn, port, value)) return value & interp::width_mask(size * 8);
+  value = 0;
+  if (take_response(ExitKind::kIoIn, port, value)) {
+    value &= interp::width_mask(size * 8);
+    return true;
+  }
   exit_ = VcpuExit{};
   exit_.kind = ExitKind::kIoIn;
   exit_.port = port;
   exit_.size = uint8_t(size);
-  request_exit();
+  return false;
 }
 
-void InterpBackend::port_out(uint16_t port, unsigned size, uint64_t value) {
+uint64_t InterpBackend::port_in(uint16_t port, unsigned size) {
+  uint64_t value = 0;
+  if (!try_port_in(port, size, value)) request_exit();
+  return value;
+}
+
+bool InterpBackend::try_port_out(uint16_t port, unsigned size, uint64_t value) {
   check_io_permission();
   uint64_t ignored = 0;
-  if (take_response(ExitKind::kIoOut, port, ignored)) return;
+  if (take_response(ExitKind::kIoOut, port, ignored)) return true;
   exit_ = VcpuExit{};
   exit_.kind = ExitKind::kIoOut;
   exit_.port = port;
   exit_.size = uint8_t(size);
   exit_.value = value & interp::width_mask(size * 8);
-  request_exit();
+  return false;
+}
+
+void InterpBackend::port_out(uint16_t port, unsigned size, uint64_t value) {
+  if (!try_port_out(port, size, value)) request_exit();
 }
 
 bool InterpBackend::take_response(ExitKind kind, uint64_t key, uint64_t& value, bool* fault, bool* ok) {

@@ -207,6 +207,7 @@ class Assembler {
     u8(uint8_t(0x90 + c));
     modrm_rr(0, dst);
   }
+  void cmov(unsigned bytes, Cond c, Reg dst, Reg src) { op2_rr(bytes, uint8_t(0x40 + c), dst, src); }
   void inc_mem64(const Mem& m) { op_rm(8, 0xff, 0, m); }
   void add_mem64_imm(const Mem& m, int32_t imm) { alu_imm(8, kAdd, m, imm); }
   void imul(unsigned bytes, Reg dst, Reg src) { op2_rr(bytes, 0xaf, dst, src); }
