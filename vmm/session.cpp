@@ -153,6 +153,14 @@ Result<> Session::derive_time(Engine::TimeRates rates) {
   return {};
 }
 
+Result<CpuState> Session::comparable_state() {
+  auto st = machine_->backend().get_state();
+  // KVM has finished an MMIO-writing instruction when it exits, the software CPU finishes it when it runs again.
+  // For a plain store (what MMIO writes are) the RIP is all that differs: take the exit's, the next instruction.
+  if (st && mmio_write_exits_complete_ && after_mmio_write_) st->rip = last_exit_rip_;
+  return st;
+}
+
 Position Session::position() {
   Position p;
   p.guest_exits = guest_exits_;
@@ -162,8 +170,7 @@ Position Session::position() {
     p.at.rip = last_exit_rip_;
     return p;
   }
-  auto st = machine_->backend().get_state();
-  if (st && mmio_write_exits_complete_ && after_mmio_write_) st->rip = last_exit_rip_;
+  auto st = comparable_state();
   if (st) {
     p.at.rip = st->rip;
     p.at.rcx = st->gpr[kRcx];
@@ -307,9 +314,8 @@ Result<> Session::deliver_interrupts() {
 
 void Session::maybe_digest() {
   if (engine_.mode() == Mode::kRun || engine_.events_processed() < next_digest_at_) return;
-  if (mmio_write_exits_complete_ && after_mmio_write_) return;  // the backends' states differ here (the RIP)
   next_digest_at_ = engine_.events_processed() + digest_interval_;
-  auto st = machine_->backend().get_state();
+  auto st = comparable_state();
   DigestParts parts;
   Digest d = machine_digest(st ? *st : CpuState{}, machine_->memory(), machine_->device_states(), &parts);
   std::vector<std::string> names;

@@ -85,8 +85,8 @@ class Session {
   bool rdtsc_exits_are_guest_exits() const { return rdtsc_exits_are_guest_exits_; }
   // Until the vCPU runs again after an MMIO-write exit, its state counts as after the writing instruction (trace
   // header mmio_write_exits_complete): KVM completes an MMIO write before it exits, the software CPU finishes the
-  // instruction when it runs again, so coordinates take the exit's RIP and a digest due there waits for the next
-  // exit. Recording turns it on; replay as the trace says.
+  // instruction when it runs again, so coordinates and digests there take the exit's RIP (comparable_state()).
+  // Recording turns it on; replay as the trace says.
   void complete_mmio_write_exits(bool on) { mmio_write_exits_complete_ = on; }
   bool mmio_write_exits_complete() const { return mmio_write_exits_complete_; }
   // The disk images behind MachineConfig::disks, kept alive with the machine (call before build()).
@@ -127,6 +127,8 @@ class Session {
   class TeeSink;
 
   Position position();
+  // The vCPU state as coordinates and digests see it (the same on both backends at an MMIO-write exit).
+  Result<CpuState> comparable_state();
   bool guest_caused(ExitKind kind) const;
   // A received frame as apply_async hands it to its NIC (bytes owned by the caller).
   struct FrameIn {
