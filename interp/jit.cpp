@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -129,6 +130,10 @@ struct InterpBackend::Jit {
   const bool user;
   // The lazy-flags producer earlier in this block whose operands are stored, if known.
   bool known = false;
+  // Where RCX bit 0 is CF (after ROL/ROR and BT*, which leave the new CF there): the code size and label
+  // count right after them; INC/DEC emitted there take the carry they keep from RCX.
+  size_t carry_in_rcx_at = SIZE_MAX;
+  unsigned carry_in_rcx_binds = 0;
   uint32_t known_kind = 0, known_width = 0;
 
   Jit(InterpBackend& cpu, const Block& b, std::vector<uint8_t>&& scratch) : c(cpu), block(b), user(((b.key >> 2) & 3) == 3) {
@@ -484,19 +489,72 @@ struct InterpBackend::Jit {
     a.store(8, field(&c.s_.rip), rax);
   }
 
+  // ---- guest registers held in host registers ------------------------------------------------------------
+  // Guest registers live in memory (s_.gpr), which stays current: every store is emitted. A load of a guest
+  // register a host register still holds becomes a register move instead (a store-to-load round trip is
+  // ~5 cycles on a dependency chain, which is what integer code mostly is). What is held is known only
+  // while nothing but these accessors has been emitted since they last ran and no label has been bound
+  // since (code after a label can be reached from elsewhere): any other code may change any host register.
+  int8_t holder_[16];               // guest register -> the host register holding all 64 bits of it, or -1
+  size_t held_at_ = SIZE_MAX;       // the code size when that was last true
+  unsigned held_binds_ = 0;
+  void held_begin() {
+    if (a.size() != held_at_ || a.binds != held_binds_) std::memset(holder_, -1, sizeof(holder_));
+  }
+  void held_end() {
+    held_at_ = a.size();
+    held_binds_ = a.binds;
+  }
+  void held_clobber(Reg r) {
+    for (int8_t& h : holder_)
+      if (h == int8_t(r)) h = -1;
+  }
+  // For code a template emits between accessors that writes the given host registers only and binds no
+  // label: held_mark() before it, held_after() after it, and what the other registers hold stays known.
+  size_t held_mark() const { return a.size() == held_at_ && a.binds == held_binds_ ? held_at_ : SIZE_MAX - 1; }
+  void held_after(size_t mark, std::initializer_list<Reg> written) {
+    if (mark != held_at_ || a.binds != held_binds_) return;
+    for (Reg r : written) held_clobber(r);
+    held_end();
+  }
+  // Host `r` = guest register `g` (all 64 bits).
+  void load_gpr(Reg r, int g) {
+    held_begin();
+    const int8_t h = holder_[g];
+    if (h != int8_t(r)) {
+      if (h < 0) a.load(8, r, gpr(g));
+      else a.mov(8, r, Reg(h));
+      held_clobber(r);
+      holder_[g] = int8_t(r);
+    }
+    held_end();
+  }
+  // Guest register `g` = host `r` (all 64 bits).
+  void store_gpr(int g, Reg r) {
+    held_begin();
+    a.store(8, gpr(g), r);
+    holder_[g] = int8_t(r);
+    held_end();
+  }
   // Loads guest register operand `o` (w bytes, zero-extended) into host `r`.
   void load_reg(Reg r, const interp::Operand& o, unsigned w) {
-    const int byte = o.kind == interp::OpKind::kGprHigh8 ? 1 : 0;
-    if (w == 8) a.load(8, r, gpr(o.reg));
+    if (w == 8) return load_gpr(r, o.reg);
+    held_begin();
+    const int8_t h = holder_[o.reg];
+    if (w == 4 && h >= 0) a.mov(4, r, Reg(h));
     else if (w == 4) a.load(4, r, gpr(o.reg));
-    else a.movzx(r, w, gpr(o.reg, byte));
+    else a.movzx(r, w, gpr(o.reg, o.kind == interp::OpKind::kGprHigh8 ? 1 : 0));
+    held_clobber(r);
+    held_end();
   }
   // Stores host `r` into guest register operand `o` with the width's merge rules: 4 bytes zero-extend
   // (r's upper half is clear: every 32-bit host operation leaves it so), 1 and 2 bytes merge.
   void store_reg(const interp::Operand& o, Reg r, unsigned w) {
-    const int byte = o.kind == interp::OpKind::kGprHigh8 ? 1 : 0;
-    if (w >= 4) a.store(8, gpr(o.reg), r);
-    else a.store(w, gpr(o.reg, byte), r);
+    if (w >= 4) return store_gpr(o.reg, r);
+    held_begin();
+    a.store(w, gpr(o.reg, o.kind == interp::OpKind::kGprHigh8 ? 1 : 0), r);
+    holder_[o.reg] = -1;
+    held_end();
   }
   void mask_to(Reg r, unsigned w) {
     if (w == 4) a.mov(4, r, r);
@@ -510,10 +568,10 @@ struct InterpBackend::Jit {
       if (op.insn.addrsize == 32) linear &= 0xffffffffu;
       a.mov_imm64(rsi, linear);
     } else {
-      if (o.base != interp::kNoReg) a.load(8, rsi, gpr(o.base));
+      if (o.base != interp::kNoReg) load_gpr(rsi, o.base);
       else a.mov_imm64(rsi, 0);
       if (o.index != interp::kNoReg) {
-        a.load(8, rdx, gpr(o.index));
+        load_gpr(rdx, o.index);
         a.lea(rsi, x64::at(rsi, rdx, o.scale, int32_t(o.disp)));
       } else if (o.disp != 0) {
         a.lea(rsi, x64::at(rsi, int32_t(o.disp)));
@@ -542,10 +600,12 @@ struct InterpBackend::Jit {
   }
 
   void store_flags(interp::CcKind kind, unsigned w, Reg dst, Reg src1, Reg src2) {
+    const size_t mark = held_mark();  // (stores only)
     a.store_imm(4, lazy_cc(), int32_t(interp::cc_code(kind, w)));
     a.store(8, lazy_dst(), dst);
     if (src1 != x64::kNoReg) a.store(8, lazy_src1(), src1);
     if (src2 != x64::kNoReg) a.store(8, lazy_src2(), src2);
+    held_after(mark, {});
   }
   void now_known(interp::CcKind kind, unsigned w) {
     known = true;
@@ -586,9 +646,16 @@ struct InterpBackend::Jit {
     }
     return x64::Cond(cc);
   }
+  void carry_in_rcx() {
+    carry_in_rcx_at = a.size();
+    carry_in_rcx_binds = a.binds;
+  }
   // RAX = CF (0 or 1) of the flags as they are now.
   void carry_to_rax() {
-    if (known && known_kind == interp::kCcLogic) {
+    if (a.size() == carry_in_rcx_at && a.binds == carry_in_rcx_binds) {
+      a.mov(4, rax, rcx);
+      a.alu_imm(4, x64::kAnd, rax, 1);
+    } else if (known && known_kind == interp::kCcLogic) {
       a.mov_imm64(rax, 0);
     } else if (known && known_kind == interp::kCcSub) {
       a.load(8, rax, lazy_src1());
@@ -679,7 +746,7 @@ struct InterpBackend::Jit {
     const unsigned w = op.insn.op[0].size;
     address(op, op.insn.op[1]);
     if (w == 4) a.mov(4, rsi, rsi);
-    a.store(8, gpr(op.insn.op[0].reg), rsi);
+    store_gpr(op.insn.op[0].reg, rsi);
   }
 
   void emit_alu(const Op& op, bool store) {
@@ -689,8 +756,12 @@ struct InterpBackend::Jit {
     const bool writes = alu_writes_back(i);
     // a -> RAX, b -> RCX (after the TLB check, which uses RCX and RDX), result -> RDX. (At most one is memory.)
     Slow* s = load_operand(op, o0, w, writes, rax);
-    if (is_imm(o1)) a.mov_imm64(rcx, uint64_t(o1.disp) & (w >= 8 ? ~0ull : (1ull << (8 * w)) - 1));
-    else if (Slow* s1 = load_operand(op, o1, w, false, rcx)) s = s1;
+    if (is_imm(o1)) {
+      const size_t mark = held_mark();
+      a.mov_imm64(rcx, uint64_t(o1.disp) & (w >= 8 ? ~0ull : (1ull << (8 * w)) - 1));
+      held_after(mark, {rcx});
+    } else if (Slow* s1 = load_operand(op, o1, w, false, rcx)) s = s1;
+    const size_t mark = held_mark();
     a.mov(8, rdx, rax);
     x64::Alu op_code = x64::kAdd;
     interp::CcKind kind = interp::kCcLogic;
@@ -703,6 +774,7 @@ struct InterpBackend::Jit {
     }
     a.alu(w == 8 ? 8 : 4, op_code, rdx, rcx);  // operands are zero-extended: the low w bytes are the result
     mask_to(rdx, w);
+    held_after(mark, {rdx});
     if (writes) {
       store_operand(o0, rdx, w);
     }
@@ -753,26 +825,30 @@ struct InterpBackend::Jit {
     const unsigned w = o0.size;
     const uint8_t count = uint8_t(uint64_t(i.op[1].disp) & (w == 8 ? 63 : 31));
     Slow* s = load_operand(op, o0, w, true, rax);
+    const size_t mark = held_mark();
     a.mov(8, rdx, rax);
     const ZydisMnemonic m = ZydisMnemonic(i.mnemonic);
     a.shift_imm(w, m == ZYDIS_MNEMONIC_SHL ? x64::kShl : m == ZYDIS_MNEMONIC_SHR ? x64::kShr : x64::kSar, rdx, count);
-    // CF is the host's (the last bit out); OF as docs/interp-alu.md fixes it for every count.
-    a.setcc(x64::kB, rcx);
-    a.movzx(rcx, 1, rcx);
-    if (m == ZYDIS_MNEMONIC_SHL) {
-      a.mov(8, r9, rdx);
-      a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
-      a.alu_imm(4, x64::kAnd, r9, 1);
-      a.alu(4, x64::kXor, r9, rcx);
-    } else if (m == ZYDIS_MNEMONIC_SHR) {
-      a.mov(8, r9, rax);
-      a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
-      a.alu_imm(4, x64::kAnd, r9, 1);
-    } else {
-      a.mov_imm64(r9, 0);
+    if (store) {
+      // CF is the host's (the last bit out); OF as docs/interp-alu.md fixes it for every count.
+      a.setcc(x64::kB, rcx);
+      a.movzx(rcx, 1, rcx);
+      if (m == ZYDIS_MNEMONIC_SHL) {
+        a.mov(8, r9, rdx);
+        a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
+        a.alu_imm(4, x64::kAnd, r9, 1);
+        a.alu(4, x64::kXor, r9, rcx);
+      } else if (m == ZYDIS_MNEMONIC_SHR) {
+        a.mov(8, r9, rax);
+        a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
+        a.alu_imm(4, x64::kAnd, r9, 1);
+      } else {
+        a.mov_imm64(r9, 0);
+      }
+      a.shift_imm(4, x64::kShl, r9, 11);
+      a.alu(4, x64::kOr, rcx, r9);
     }
-    a.shift_imm(4, x64::kShl, r9, 11);
-    a.alu(4, x64::kOr, rcx, r9);
+    held_after(mark, {rdx, rcx, r9});
     store_operand(o0, rdx, w);
     if (store) store_flags(interp::kCcSzp, w, rdx, x64::kNoReg, rcx);
     now_known(interp::kCcSzp, w);
@@ -856,6 +932,7 @@ struct InterpBackend::Jit {
     a.shift_imm(4, x64::kShl, r9, 11);
     a.alu(4, x64::kOr, rcx, r9);
     partial_flags_merge(int32_t(interp::kCf | interp::kOf));
+    carry_in_rcx();
   }
 
   // BT/BTS/BTR/BTC on a register, or on memory with an immediate bit offset (a register offset can
@@ -884,6 +961,7 @@ struct InterpBackend::Jit {
     if (writes) store_operand(o0, rax, w);
     partial_flags_merge(int32_t(interp::kCf));
     if (s) a.bind(s->resume);
+    else carry_in_rcx();
   }
 
   void emit_imul(const Op& op, bool store) {
@@ -938,7 +1016,7 @@ struct InterpBackend::Jit {
 
   void emit_push(const Op& op) {
     Slow& s = slow_path(op);
-    a.load(8, r8, gpr(kRsp));
+    load_gpr(r8, kRsp);
     a.lea(rsi, x64::at(r8, -8));
     a.mov(8, r8, rsi);
     translate(8, true, s.entry);
@@ -946,12 +1024,12 @@ struct InterpBackend::Jit {
     if (is_imm(o0)) a.mov_imm64(rax, uint64_t(o0.disp));
     else a.load(8, rax, gpr(o0.reg));
     a.store(8, x64::at(rsi), rax);
-    a.store(8, gpr(kRsp), r8);
+    store_gpr(kRsp, r8);
     a.bind(s.resume);
   }
   // RAX = the 8 bytes at the guest's RSP, through the software TLB (a miss jumps to `s`); R8 = that RSP.
   void load_stack_top(Slow& s) {
-    a.load(8, rsi, gpr(kRsp));
+    load_gpr(rsi, kRsp);
     a.mov(8, r8, rsi);
     translate(8, false, s.entry);
     a.load(8, rax, x64::at(rsi));
@@ -960,8 +1038,8 @@ struct InterpBackend::Jit {
     Slow& s = slow_path(op);
     load_stack_top(s);
     a.alu_imm(8, x64::kAdd, r8, 8);
-    a.store(8, gpr(kRsp), r8);
-    a.store(8, gpr(op.insn.op[0].reg), rax);
+    store_gpr(kRsp, r8);
+    store_gpr(op.insn.op[0].reg, rax);
     a.bind(s.resume);
   }
 
@@ -996,13 +1074,13 @@ struct InterpBackend::Jit {
   }
   void emit_call(const Op& op) {
     Slow& s = slow_path(op);
-    a.load(8, r8, gpr(kRsp));
+    load_gpr(r8, kRsp);
     a.lea(rsi, x64::at(r8, -8));
     a.mov(8, r8, rsi);
     translate(8, true, s.entry);
     a.mov_imm64(rax, op.next_rip);
     a.store(8, x64::at(rsi), rax);
-    a.store(8, gpr(kRsp), r8);
+    store_gpr(kRsp, r8);
     set_rip(op.target);
     chain_exit(op, slot_for(op, op.target), false);
     a.bind(s.resume);
@@ -1013,7 +1091,7 @@ struct InterpBackend::Jit {
     canonical_or(rax, s.entry);
     const uint16_t extra = op.insn.operand_count >= 1 && is_imm(op.insn.op[0]) ? uint16_t(op.insn.op[0].disp) : 0;
     a.alu_imm(8, x64::kAdd, r8, 8 + extra);
-    a.store(8, gpr(kRsp), r8);
+    store_gpr(kRsp, r8);
     a.store(8, field(&c.s_.rip), rax);
     chain_exit(op, 0, true);
     a.bind(s.resume);

@@ -40,6 +40,7 @@ struct Label {
 class Assembler {
  public:
   std::vector<uint8_t> code;
+  unsigned binds = 0;  // labels bound so far: code after a bound label can be reached from elsewhere
 
   size_t size() const { return code.size(); }
   void u8(uint8_t v) { code.push_back(v); }
@@ -257,6 +258,7 @@ class Assembler {
     use(l);
   }
   void bind(Label& l) {
+    ++binds;
     l.position = int(code.size());
     for (unsigned i = 0; i < l.inline_count; ++i) patch(l.inline_uses[i], l.position);
     for (int at : l.more_uses) patch(at, l.position);
