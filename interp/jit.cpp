@@ -109,8 +109,92 @@ struct InterpBackend::Jit {
     kCallRel,    // CALL rel
     kRet,        // RET [imm16]
     kNop,
+    kSse,        // SSE moves, bitwise and packed-integer operations (sse_template)
     kFallThrough,  // the synthetic block end
   };
+  // The SSE instructions with a template: what they are, and the host instruction that does a binary
+  // one (the same legacy encoding on XMM0 and XMM1: these are exact integer and bitwise operations).
+  struct SseTemplate {
+    enum Kind : uint8_t { kNone, kMove, kBinary, kPmovmskb, kMovq, kMovLow } kind = kNone;
+    uint8_t prefix = 0, opcode = 0;
+    bool aligned = false;  // a 16-byte memory operand must be 16-byte aligned (#GP otherwise)
+    unsigned low = 8;      // kMovLow: MOVSD 8 bytes, MOVSS 4
+  };
+  static SseTemplate sse_template(const DecodedInsn& i) {
+    using T = SseTemplate;
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    const bool x0 = o0.kind == interp::OpKind::kXmm, x1 = o1.kind == interp::OpKind::kXmm;
+    if (!(x0 || x1) || i.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT || (x0 && o0.reg >= 16) || (x1 && o1.reg >= 16)) return {};
+    const bool m0 = o0.kind == interp::OpKind::kMem, m1 = o1.kind == interp::OpKind::kMem;
+    auto binary = [&](uint8_t prefix, uint8_t opcode) {
+      const bool ok = x0 && (x1 || (m1 && o1.size == 16)) && i.operand_count == (opcode == 0x70 ? 3 : 2);
+      return ok ? T{T::kBinary, prefix, opcode, true} : T{};
+    };
+    switch (ZydisMnemonic(i.mnemonic)) {
+      case ZYDIS_MNEMONIC_MOVAPS: case ZYDIS_MNEMONIC_MOVAPD: case ZYDIS_MNEMONIC_MOVDQA:
+      case ZYDIS_MNEMONIC_MOVNTDQ: case ZYDIS_MNEMONIC_MOVNTPS: case ZYDIS_MNEMONIC_MOVNTPD:
+      case ZYDIS_MNEMONIC_MOVUPS: case ZYDIS_MNEMONIC_MOVUPD: case ZYDIS_MNEMONIC_MOVDQU: {
+        const bool aligned = i.mnemonic != ZYDIS_MNEMONIC_MOVUPS && i.mnemonic != ZYDIS_MNEMONIC_MOVUPD &&
+                             i.mnemonic != ZYDIS_MNEMONIC_MOVDQU;
+        if ((x0 && x1) || (x0 && m1 && o1.size == 16) || (m0 && x1 && o0.size == 16)) return T{T::kMove, 0, 0, aligned};
+        return {};
+      }
+      case ZYDIS_MNEMONIC_MOVD: case ZYDIS_MNEMONIC_MOVQ: {
+        const unsigned w = x0 ? (x1 ? 8 : o1.size) : o0.size;
+        if ((w == 4 || w == 8) && (x0 ? (x1 || is_reg(o1) || m1) : (x1 && (is_reg(o0) || m0)))) return T{T::kMovq};
+        return {};
+      }
+      case ZYDIS_MNEMONIC_MOVSD: case ZYDIS_MNEMONIC_MOVSS: {
+        const unsigned w = i.mnemonic == ZYDIS_MNEMONIC_MOVSD ? 8 : 4;
+        if ((x0 && x1) || (x0 && m1 && o1.size == w) || (m0 && x1 && o0.size == w)) return T{T::kMovLow, 0, 0, false, w};
+        return {};
+      }
+      case ZYDIS_MNEMONIC_PMOVMSKB:
+        return o0.kind == interp::OpKind::kGpr && x1 ? T{T::kPmovmskb} : T{};
+      case ZYDIS_MNEMONIC_PXOR: return binary(0x66, 0xef);
+      case ZYDIS_MNEMONIC_POR: return binary(0x66, 0xeb);
+      case ZYDIS_MNEMONIC_PAND: return binary(0x66, 0xdb);
+      case ZYDIS_MNEMONIC_PANDN: return binary(0x66, 0xdf);
+      case ZYDIS_MNEMONIC_XORPS: return binary(0, 0x57);
+      case ZYDIS_MNEMONIC_XORPD: return binary(0x66, 0x57);
+      case ZYDIS_MNEMONIC_ANDPS: return binary(0, 0x54);
+      case ZYDIS_MNEMONIC_ANDPD: return binary(0x66, 0x54);
+      case ZYDIS_MNEMONIC_ANDNPS: return binary(0, 0x55);
+      case ZYDIS_MNEMONIC_ANDNPD: return binary(0x66, 0x55);
+      case ZYDIS_MNEMONIC_ORPS: return binary(0, 0x56);
+      case ZYDIS_MNEMONIC_ORPD: return binary(0x66, 0x56);
+      case ZYDIS_MNEMONIC_PADDB: return binary(0x66, 0xfc);
+      case ZYDIS_MNEMONIC_PADDW: return binary(0x66, 0xfd);
+      case ZYDIS_MNEMONIC_PADDD: return binary(0x66, 0xfe);
+      case ZYDIS_MNEMONIC_PADDQ: return binary(0x66, 0xd4);
+      case ZYDIS_MNEMONIC_PSUBB: return binary(0x66, 0xf8);
+      case ZYDIS_MNEMONIC_PSUBW: return binary(0x66, 0xf9);
+      case ZYDIS_MNEMONIC_PSUBD: return binary(0x66, 0xfa);
+      case ZYDIS_MNEMONIC_PSUBQ: return binary(0x66, 0xfb);
+      case ZYDIS_MNEMONIC_PSUBUSB: return binary(0x66, 0xd8);
+      case ZYDIS_MNEMONIC_PSUBUSW: return binary(0x66, 0xd9);
+      case ZYDIS_MNEMONIC_PADDUSB: return binary(0x66, 0xdc);
+      case ZYDIS_MNEMONIC_PADDUSW: return binary(0x66, 0xdd);
+      case ZYDIS_MNEMONIC_PCMPEQB: return binary(0x66, 0x74);
+      case ZYDIS_MNEMONIC_PCMPEQW: return binary(0x66, 0x75);
+      case ZYDIS_MNEMONIC_PCMPEQD: return binary(0x66, 0x76);
+      case ZYDIS_MNEMONIC_PCMPGTB: return binary(0x66, 0x64);
+      case ZYDIS_MNEMONIC_PCMPGTW: return binary(0x66, 0x65);
+      case ZYDIS_MNEMONIC_PCMPGTD: return binary(0x66, 0x66);
+      case ZYDIS_MNEMONIC_PMINUB: return binary(0x66, 0xda);
+      case ZYDIS_MNEMONIC_PMAXUB: return binary(0x66, 0xde);
+      case ZYDIS_MNEMONIC_PUNPCKLBW: return binary(0x66, 0x60);
+      case ZYDIS_MNEMONIC_PUNPCKLWD: return binary(0x66, 0x61);
+      case ZYDIS_MNEMONIC_PUNPCKLDQ: return binary(0x66, 0x62);
+      case ZYDIS_MNEMONIC_PUNPCKLQDQ: return binary(0x66, 0x6c);
+      case ZYDIS_MNEMONIC_PUNPCKHBW: return binary(0x66, 0x68);
+      case ZYDIS_MNEMONIC_PUNPCKHWD: return binary(0x66, 0x69);
+      case ZYDIS_MNEMONIC_PUNPCKHDQ: return binary(0x66, 0x6a);
+      case ZYDIS_MNEMONIC_PUNPCKHQDQ: return binary(0x66, 0x6d);
+      case ZYDIS_MNEMONIC_PSHUFD: return i.op[2].kind == interp::OpKind::kImm ? binary(0x66, 0x70) : T{};
+      default: return {};
+    }
+  }
   // The flags an operation leaves, for conditions compiled from them and for dropping dead flag stores.
   struct FlagUse {
     bool reads = false;     // needs the flags as they were (conditions, INC/DEC's CF)
@@ -274,6 +358,11 @@ struct InterpBackend::Jit {
       default:
         break;
     }
+    if (op.fn != nullptr && sse_template(i).kind != SseTemplate::kNone) {
+      for (int k = 0; k < i.operand_count; ++k)
+        if (is_mem(i.op[k]) && !mem_ok(i.op[k], i)) return Form::kCall;
+      return Form::kSse;
+    }
     return Form::kCall;
   }
 
@@ -306,6 +395,9 @@ struct InterpBackend::Jit {
       case Form::kCmov: case Form::kSetcc:
         u.reads = true;
         u.can_exit = touches_memory(op);
+        return u;
+      case Form::kSse:  // (its first check of CR0/CR4 may leave to the handler)
+        u.can_exit = true;
         return u;
       default:  // handlers, transfers, the block's end: anything may follow
         u.reads = u.can_exit = true;
@@ -1097,6 +1189,100 @@ struct InterpBackend::Jit {
     a.bind(s.resume);
   }
 
+  // SSE templates (sse_template): XMM registers stay in s_.fxsave, XMM0/XMM1 of the host are scratch.
+  // The CR0.EM/TS and CR4.OSFXSR checks every SSE instruction makes are made once, by the block's first SSE
+  // template: nothing a block runs can change CR0 or CR4 (their writes end blocks).
+  bool sse_checked = false;
+  x64::Mem xmm(unsigned n, int32_t byte = 0) const {
+    return x64::at(rbx, off(&c.s_.fxsave[0]) + 160 + int32_t(16 * n) + byte);
+  }
+  void emit_sse(const Op& op) {
+    const DecodedInsn& i = op.insn;
+    const SseTemplate t = sse_template(i);
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    Slow& s = slow_path(op);
+    if (!sse_checked) {
+      sse_checked = true;
+      a.load(8, rax, field(&c.s_.cr0));
+      a.alu_imm(4, x64::kAnd, rax, int32_t(cr0::kEm | cr0::kTs));
+      a.jcc(x64::kNe, s.entry);
+      a.load(8, rax, field(&c.s_.cr4));
+      a.alu_imm(4, x64::kAnd, rax, int32_t(cr4::kOsfxsr));
+      a.jcc(x64::kE, s.entry);
+    }
+    // The host address of memory operand `o` (n bytes, 16 of them aligned where the instruction needs it).
+    auto memory = [&](const interp::Operand& o, unsigned n, bool write) {
+      address(op, o);
+      if (t.aligned && n == 16) {
+        a.mov(4, rax, rsi);
+        a.alu_imm(4, x64::kAnd, rax, 15);
+        a.jcc(x64::kNe, s.entry);
+      }
+      translate(n, write, s.entry);
+      return x64::at(rsi);
+    };
+    switch (t.kind) {
+      case SseTemplate::kMove:
+        if (is_mem(o0)) {
+          const x64::Mem m = memory(o0, 16, true);
+          a.movdqu_load(0, xmm(o1.reg));
+          a.movdqu_store(m, 0);
+        } else {
+          a.movdqu_load(0, is_mem(o1) ? memory(o1, 16, false) : xmm(o1.reg));
+          a.movdqu_store(xmm(o0.reg), 0);
+        }
+        break;
+      case SseTemplate::kBinary:
+        a.movdqu_load(1, is_mem(o1) ? memory(o1, 16, false) : xmm(o1.reg));
+        a.movdqu_load(0, xmm(o0.reg));
+        a.sse_rr(t.prefix, t.opcode, 0, 1);
+        if (i.operand_count == 3) a.u8(uint8_t(i.op[2].disp));
+        a.movdqu_store(xmm(o0.reg), 0);
+        break;
+      case SseTemplate::kPmovmskb:
+        a.movdqu_load(0, xmm(o1.reg));
+        a.sse_rr(0x66, 0xd7, rax, 0);
+        store_reg(o0, rax, 4);
+        break;
+      case SseTemplate::kMovq:  // to XMM: the low 4 or 8 bytes, the rest cleared; from XMM: its low bytes
+        if (o0.kind == interp::OpKind::kXmm) {
+          const unsigned w = o1.kind == interp::OpKind::kXmm ? 8 : o1.size;
+          if (o1.kind == interp::OpKind::kXmm) a.load(8, rax, xmm(o1.reg));
+          else if (is_mem(o1)) a.load(w, rax, memory(o1, w, false));
+          else load_reg(rax, o1, w);
+          a.store(8, xmm(o0.reg), rax);
+          a.store_imm(8, xmm(o0.reg, 8), 0);
+        } else {
+          const unsigned w = o0.size;
+          a.load(w, rax, xmm(o1.reg));
+          if (is_mem(o0)) {
+            const x64::Mem m = memory(o0, w, true);
+            a.store(w, m, rax);
+          } else {
+            store_reg(o0, rax, w);
+          }
+        }
+        break;
+      case SseTemplate::kMovLow:  // XMM to XMM: the low bytes, the rest kept; a load clears the rest
+        if (o0.kind == interp::OpKind::kXmm && o1.kind == interp::OpKind::kXmm) {
+          a.load(t.low, rax, xmm(o1.reg));
+          a.store(t.low, xmm(o0.reg), rax);
+        } else if (o0.kind == interp::OpKind::kXmm) {
+          a.load(t.low, rax, memory(o1, t.low, false));
+          a.store(8, xmm(o0.reg), rax);
+          a.store_imm(8, xmm(o0.reg, 8), 0);
+        } else {
+          const x64::Mem m = memory(o0, t.low, true);
+          a.load(t.low, rcx, xmm(o1.reg));
+          a.store(t.low, m, rcx);
+        }
+        break;
+      case SseTemplate::kNone:
+        break;
+    }
+    a.bind(s.resume);
+  }
+
   // ---- the block -------------------------------------------------------------------------------------------
   size_t body_offset = 0;
   void compile() {
@@ -1138,6 +1324,7 @@ struct InterpBackend::Jit {
         case Form::kCallRel: emit_call(op); break;
         case Form::kRet: emit_ret(op); break;
         case Form::kNop: break;
+        case Form::kSse: emit_sse(op); break;
         case Form::kFallThrough: set_rip(op.rip); chain_exit(op, 1, false); break;
         default:
           call_handler(op);

@@ -109,6 +109,18 @@ class Assembler {
     modrm_mem(reg, m);
   }
 
+  // SSE: [prefix] 0F opcode with XMM (or GPR) `reg` and an XMM `rm` or memory (legacy encodings, XMM0-7).
+  void sse_rr(uint8_t prefix, uint8_t opcode, unsigned reg, unsigned rm) {
+    if (prefix) u8(prefix);
+    op2_rr(4, opcode, reg, rm);
+  }
+  void sse_rm(uint8_t prefix, uint8_t opcode, unsigned reg, const Mem& m) {
+    if (prefix) u8(prefix);
+    op2_rm(4, opcode, reg, m);
+  }
+  void movdqu_load(unsigned xmm, const Mem& m) { sse_rm(0xf3, 0x6f, xmm, m); }
+  void movdqu_store(const Mem& m, unsigned xmm) { sse_rm(0xf3, 0x7f, xmm, m); }
+
   // ---- moves ----------------------------------------------------------------------------------------
   void mov(unsigned bytes, Reg dst, Reg src) { op_rr(bytes, bytes == 1 ? 0x88 : 0x89, src, dst); }
   void load(unsigned bytes, Reg dst, const Mem& m) { op_rm(bytes, bytes == 1 ? 0x8a : 0x8b, dst, m); }
