@@ -96,6 +96,10 @@ struct InterpBackend::Jit {
     kIncDec,
     kNegNot,
     kShift,      // SHL/SHR/SAR r/m, imm (32/64-bit)
+    kShiftCl,    // SHL/SHR/SAR r/m, CL (32/64-bit)
+    kBswap,      // BSWAP r32/r64
+    kSignExtendAcc,  // CDQE, CQO
+    kTransfer,   // JMP m64, CALL r/m64: the handler, then on to the next block
     kRotate,     // ROL/ROR r, imm (32/64-bit)
     kBitTest,    // BT/BTS/BTR/BTC r, r/imm or m, imm
     kImul,       // IMUL r, r/m[, imm] (32/64-bit)
@@ -287,7 +291,8 @@ struct InterpBackend::Jit {
         if (o0.kind == interp::OpKind::kGpr && wide && mem_ok(o1, i) && o1.seg == 3) return Form::kLea;
         break;
       case ZYDIS_MNEMONIC_ADD: case ZYDIS_MNEMONIC_OR: case ZYDIS_MNEMONIC_AND: case ZYDIS_MNEMONIC_SUB:
-      case ZYDIS_MNEMONIC_XOR: case ZYDIS_MNEMONIC_CMP: case ZYDIS_MNEMONIC_TEST:
+      case ZYDIS_MNEMONIC_XOR: case ZYDIS_MNEMONIC_CMP: case ZYDIS_MNEMONIC_TEST: case ZYDIS_MNEMONIC_ADC:
+      case ZYDIS_MNEMONIC_SBB:
         if (!operand_ok(o0) || is_imm(o0) || !operand_ok(o1) || (is_mem(o0) && is_mem(o1))) break;
         if (is_imm(o1) && !fits32(o1.disp)) break;
         return Form::kAlu;
@@ -301,7 +306,15 @@ struct InterpBackend::Jit {
         if (wide && (is_reg(o0) || mem_ok(o0, i)) && i.operand_count >= 2 && is_imm(o1) &&
             (uint64_t(o1.disp) & (w == 8 ? 63 : 31)) != 0)
           return Form::kShift;
+        if (wide && op.fn != nullptr && (is_reg(o0) || mem_ok(o0, i)) && i.operand_count >= 2 &&
+            o1.kind == interp::OpKind::kGpr && o1.reg == kRcx && o1.size == 1)
+          return Form::kShiftCl;
         break;
+      case ZYDIS_MNEMONIC_BSWAP:
+        if (wide && o0.kind == interp::OpKind::kGpr) return Form::kBswap;
+        break;
+      case ZYDIS_MNEMONIC_CDQE: case ZYDIS_MNEMONIC_CQO:
+        return Form::kSignExtendAcc;
       case ZYDIS_MNEMONIC_ROL: case ZYDIS_MNEMONIC_ROR:
         if (wide && o0.kind == interp::OpKind::kGpr && i.operand_count >= 2 && is_imm(o1) &&
             (uint64_t(o1.disp) & (w == 8 ? 63 : 31)) != 0)
@@ -346,9 +359,11 @@ struct InterpBackend::Jit {
       case ZYDIS_MNEMONIC_JMP:
         if (is_imm(o0) && op.target_ok) return Form::kJmp;
         if (o0.kind == interp::OpKind::kGpr && o0.size == 8) return Form::kJmpReg;
+        if (op.fn != nullptr && is_mem(o0) && o0.size == 8 && i.opsize == 64) return Form::kTransfer;
         break;
       case ZYDIS_MNEMONIC_CALL:
         if (is_imm(o0) && op.target_ok && i.opsize == 64) return Form::kCallRel;
+        if (op.fn != nullptr && (is_reg(o0) || is_mem(o0)) && o0.size == 8 && i.opsize == 64) return Form::kTransfer;
         break;
       case ZYDIS_MNEMONIC_RET:
         if (i.opsize == 64 && (i.opcode == 0xc3 || i.opcode == 0xc2)) return Form::kRet;
@@ -383,7 +398,14 @@ struct InterpBackend::Jit {
         return u;
       case Form::kAlu: case Form::kNegNot: case Form::kShift: case Form::kImul:
         u.writes = !(f == Form::kNegNot && op.insn.mnemonic == ZYDIS_MNEMONIC_NOT);
+        u.reads = op.insn.mnemonic == ZYDIS_MNEMONIC_ADC || op.insn.mnemonic == ZYDIS_MNEMONIC_SBB;  // (CF)
         u.can_exit = touches_memory(op);
+        return u;
+      case Form::kShiftCl:  // a zero count keeps the flags
+        u.reads = true;
+        u.can_exit = touches_memory(op);
+        return u;
+      case Form::kBswap: case Form::kSignExtendAcc:
         return u;
       case Form::kIncDec:
         u.reads = u.writes = true;  // (CF is kept: read)
@@ -846,6 +868,11 @@ struct InterpBackend::Jit {
     const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
     const unsigned w = o0.size;
     const bool writes = alu_writes_back(i);
+    const bool with_carry = i.mnemonic == ZYDIS_MNEMONIC_ADC || i.mnemonic == ZYDIS_MNEMONIC_SBB;
+    if (with_carry) {
+      carry_to_rax();  // CF, before anything else (a helper call may come first)
+      a.mov(8, r8, rax);
+    }
     // a -> RAX, b -> RCX (after the TLB check, which uses RCX and RDX), result -> RDX. (At most one is memory.)
     Slow* s = load_operand(op, o0, w, writes, rax);
     if (is_imm(o1)) {
@@ -862,11 +889,14 @@ struct InterpBackend::Jit {
       case ZYDIS_MNEMONIC_OR: op_code = x64::kOr; break;
       case ZYDIS_MNEMONIC_AND: case ZYDIS_MNEMONIC_TEST: op_code = x64::kAnd; break;
       case ZYDIS_MNEMONIC_XOR: op_code = x64::kXor; break;
+      case ZYDIS_MNEMONIC_ADC: op_code = x64::kAdc; kind = interp::kCcAdc; break;
+      case ZYDIS_MNEMONIC_SBB: op_code = x64::kSbb; kind = interp::kCcSbb; break;
       default: op_code = x64::kSub; kind = interp::kCcSub; break;  // SUB, CMP
     }
+    if (with_carry) a.alu_imm(1, x64::kAdd, r8, -1);  // the host's CF = the guest's (R8 is 0 or 1)
     a.alu(w == 8 ? 8 : 4, op_code, rdx, rcx);  // operands are zero-extended: the low w bytes are the result
     mask_to(rdx, w);
-    held_after(mark, {rdx});
+    held_after(mark, {rdx, r8});
     if (writes) {
       store_operand(o0, rdx, w);
     }
@@ -945,6 +975,78 @@ struct InterpBackend::Jit {
     if (store) store_flags(interp::kCcSzp, w, rdx, x64::kNoReg, rcx);
     now_known(interp::kCcSzp, w);
     if (s) a.bind(s->resume);
+  }
+
+  // SHL/SHR/SAR by CL: a count of zero (after masking) writes the operand back unchanged and keeps the flags;
+  // otherwise the flags are those of the immediate form.
+  void emit_shift_cl(const Op& op, bool store) {
+    const DecodedInsn& i = op.insn;
+    const interp::Operand& o0 = i.op[0];
+    const unsigned w = o0.size;
+    const ZydisMnemonic m = ZydisMnemonic(i.mnemonic);
+    Slow* s = load_operand(op, o0, w, true, rax);
+    x64::Label zero, done;
+    a.movzx(rcx, 1, gpr(kRcx));
+    a.alu_imm(4, x64::kAnd, rcx, w == 8 ? 63 : 31);
+    a.jcc(x64::kE, zero);
+    a.mov(8, rdx, rax);
+    a.shift_cl(w, m == ZYDIS_MNEMONIC_SHL ? x64::kShl : m == ZYDIS_MNEMONIC_SHR ? x64::kShr : x64::kSar, rdx);
+    if (store) {
+      a.setcc(x64::kB, x64::r10);
+      a.movzx(x64::r10, 1, x64::r10);
+      if (m == ZYDIS_MNEMONIC_SHL) {
+        a.mov(8, r9, rdx);
+        a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
+        a.alu_imm(4, x64::kAnd, r9, 1);
+        a.alu(4, x64::kXor, r9, x64::r10);
+      } else if (m == ZYDIS_MNEMONIC_SHR) {
+        a.mov(8, r9, rax);
+        a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
+        a.alu_imm(4, x64::kAnd, r9, 1);
+      } else {
+        a.mov_imm64(r9, 0);
+      }
+      a.shift_imm(4, x64::kShl, r9, 11);
+      a.alu(4, x64::kOr, x64::r10, r9);
+      store_flags(interp::kCcSzp, w, rdx, x64::kNoReg, x64::r10);
+    }
+    a.mov(8, rax, rdx);
+    a.bind(zero);
+    store_operand(o0, rax, w);
+    if (s) a.bind(s->resume);
+  }
+  void emit_bswap(const Op& op) {
+    const interp::Operand& o0 = op.insn.op[0];
+    load_reg(rax, o0, o0.size);
+    a.bswap(o0.size, rax);
+    store_reg(o0, rax, o0.size);
+  }
+  void emit_sign_extend_acc(const Op& op) {
+    load_gpr(rax, kRax);
+    if (op.insn.mnemonic == ZYDIS_MNEMONIC_CDQE) {
+      a.movsx(8, rax, 4, rax);
+      store_gpr(kRax, rax);
+    } else {  // CQO
+      a.shift_imm(8, x64::kSar, rax, 63);
+      store_gpr(kRdx, rax);
+    }
+  }
+  // An indirect JMP or CALL its handler does (the target from memory, the push): then, unless it faulted,
+  // exited or ended the run, straight into the target's block as chain_exit's slow path would.
+  void emit_transfer(const Op& op) {
+    a.mov(8, rdi, rbx);
+    a.mov_imm64(rsi, reinterpret_cast<uint64_t>(&op));
+    a.call_abs(reinterpret_cast<uint64_t>(op.jit_fn));
+    a.mov(8, rdi, rbx);
+    a.mov_imm64(rsi, block.count);
+    a.call_abs(reinterpret_cast<uint64_t>(&transfer_next));
+    a.test(8, rax, rax);
+    a.jcc(x64::kE, ended);
+    a.jmp_reg(rax);
+  }
+  static const void* transfer_next(InterpBackend* cpu, uint64_t retired) noexcept {
+    if (cpu->jit_trap_ || cpu->end_block_after_op_ || cpu->watch_hit_) return nullptr;
+    return next_body(cpu, retired, 0);
   }
 
   // Operations that change some of CF and OF only (ROL/ROR, BT*: interp/alu.cpp's values) keep the other
@@ -1311,6 +1413,10 @@ struct InterpBackend::Jit {
         case Form::kAlu: emit_alu(op, keep_flags[k]); break;
         case Form::kIncDec: case Form::kNegNot: emit_incdec_negnot(op, keep_flags[k]); break;
         case Form::kShift: emit_shift(op, keep_flags[k]); break;
+        case Form::kShiftCl: emit_shift_cl(op, keep_flags[k]); known = false; break;
+        case Form::kBswap: emit_bswap(op); break;
+        case Form::kSignExtendAcc: emit_sign_extend_acc(op); break;
+        case Form::kTransfer: emit_transfer(op); break;
         case Form::kRotate: emit_rotate(op); known = false; break;
         case Form::kBitTest: emit_bit_test(op); known = false; break;
         case Form::kImul: emit_imul(op, keep_flags[k]); break;

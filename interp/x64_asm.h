@@ -224,6 +224,11 @@ class Assembler {
   void inc_mem64(const Mem& m) { op_rm(8, 0xff, 0, m); }
   void add_mem64_imm(const Mem& m, int32_t imm) { alu_imm(8, kAdd, m, imm); }
   void imul(unsigned bytes, Reg dst, Reg src) { op2_rr(bytes, 0xaf, dst, src); }
+  void bswap(unsigned bytes, Reg r) {  // 4 or 8
+    rex(bytes, 0, kNoReg, r);
+    u8(0x0f);
+    u8(uint8_t(0xc8 + (r & 7)));
+  }
   void neg(unsigned bytes, Reg r) {
     prefix_rr(bytes, 0, r);
     u8(bytes == 1 ? 0xf6 : 0xf7);
