@@ -87,9 +87,10 @@ Role string_role(const DecodedInsn& insn, bool rep) {
   return insn.addrsize == 16 ? Role::kFallback : Role::kTransfer;
 }
 
-// Instructions whose whole effect is on general registers, arithmetic flags, DF, XMM/MXCSR and memory:
-// nothing the run loop looks at between instructions (IF, TF, shadows, mode, CPL, segments, exits other
-// than MMIO) can change, so they may run back to back. Everything else is left to step().
+// Instructions whose whole effect is on general registers, arithmetic flags, DF, XMM/MXCSR and memory
+// (and CLI): nothing the run loop looks at between instructions (IF becoming 1, TF, shadows, mode, CPL,
+// segments, exits other than MMIO) can change, so they may run back to back. Everything else is left to
+// step().
 Role role_of(const DecodedInsn& insn) {
   if (!insn.valid) return Role::kFallback;
   const bool rep = insn.flags & (interp::insn_flags::kRep | interp::insn_flags::kRepne);
@@ -134,6 +135,10 @@ Role role_of(const DecodedInsn& insn) {
     case ZYDIS_MNEMONIC_SFENCE: case ZYDIS_MNEMONIC_PREFETCHT0: case ZYDIS_MNEMONIC_PREFETCHT1:
     case ZYDIS_MNEMONIC_PREFETCHT2: case ZYDIS_MNEMONIC_PREFETCHNTA: case ZYDIS_MNEMONIC_PREFETCHW:
     case ZYDIS_MNEMONIC_ENDBR32: case ZYDIS_MNEMONIC_ENDBR64: case ZYDIS_MNEMONIC_CLFLUSH:
+      return Role::kInBlock;
+    // CLI only clears IF: nothing becomes deliverable, and no run-loop stop depends on it (the next
+    // stop that could, an open interrupt window, needs an STI, POPF or IRET, which end blocks).
+    case ZYDIS_MNEMONIC_CLI:
       return Role::kInBlock;
     // String instructions: a REP form ends its block (its handler runs the iterations, each a step of
     // its own); with a 16-bit address size they stay with step().
@@ -359,7 +364,8 @@ void InterpBackend::run_fast() {
     // The next block: chained when it followed this one before, else looked up.
     const int slot = s_.rip == running_op_->next_rip ? 1 : 0;
     Block* next = block->link[slot];
-    if (next && block->link_epoch == blocks_.epoch() && next->rip == s_.rip && link_current(*block, *next)) {
+    if (next && block->link_epoch == blocks_.epoch() && !next->dead && next->rip == s_.rip &&
+        link_current(*block, *next)) {
       ++fast_stats_.chained;
     } else {
       next = lookup_block();
