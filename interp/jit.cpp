@@ -226,7 +226,7 @@ struct InterpBackend::Jit {
 
   Jit(InterpBackend& cpu, const Block& b, std::vector<uint8_t>&& scratch) : c(cpu), block(b), user(((b.key >> 2) & 3) == 3) {
     a.code = std::move(scratch);
-    a.code.clear();
+    a.reset();
     slows.swap(slow_pool());
     slows.clear();
     slows.reserve(2 * b.ops.size());  // (at most two a template; Slow& stays valid)
@@ -1476,7 +1476,7 @@ bool InterpBackend::compile_block(Block& block) {
     blocks_.clear();
     jit_->reset();
   }
-  void* code = jit_->add(jit.a.code);
+  void* code = jit_->add({jit.a.code.data(), jit.a.size()});
   if (!code) return false;
   block.code = reinterpret_cast<Block::Code>(code);
   block.body = static_cast<const uint8_t*>(code) + jit.body_offset;
