@@ -167,7 +167,6 @@ void InterpBackend::exec_sse(const DecodedInsn& insn) {
       if (mnemonic == ZYDIS_MNEMONIC_FXSAVE || mnemonic == ZYDIS_MNEMONIC_FXSAVE64) {
         uint32_t mask = interp::sse::mxcsr::kWritable;
         std::memcpy(s_.fxsave.data() + kMxcsrMaskOffset, &mask, 4);
-        probe_write(m.seg, address, 512);
         // Bytes 416-511 (reserved, then software-available) are left as they are, as processors and
         // QEMU leave them: a guest may keep data there, and stale stack bytes must match KVM's. The
         // reserved bytes 10-15 of each x87 register slot are written as zero, unless the recording CPU
@@ -185,6 +184,13 @@ void InterpBackend::exec_sse(const DecodedInsn& insn) {
           std::fill(out.begin() + 8, out.begin() + 24, uint8_t{0});
           skip[6] = skip[7] = true;
         }
+        if (uint8_t* host = fast_host_range(m.seg, address, 512, true)) {
+          for (size_t i = 0; i < out.size(); ++i) {
+            if (!skip[i]) host[i] = out[i];
+          }
+          return;
+        }
+        probe_write(m.seg, address, 512);
         for (size_t offset = 0; offset < out.size(); offset += 8) {
           if (std::none_of(skip.begin() + long(offset), skip.begin() + long(offset) + 8, [](bool b) { return b; })) {
             uint64_t chunk = 0;
@@ -198,9 +204,13 @@ void InterpBackend::exec_sse(const DecodedInsn& insn) {
         }
       } else {
         std::array<uint8_t, 512> image{};
-        for (size_t offset = 0; offset < 512; offset += 8) {
-          uint64_t chunk = read_mem(m.seg, address + offset, 8);
-          std::memcpy(image.data() + offset, &chunk, 8);
+        if (const uint8_t* host = fast_host_range(m.seg, address, 512, false)) {
+          std::memcpy(image.data(), host, 512);
+        } else {
+          for (size_t offset = 0; offset < 512; offset += 8) {
+            uint64_t chunk = read_mem(m.seg, address + offset, 8);
+            std::memcpy(image.data() + offset, &chunk, 8);
+          }
         }
         uint32_t new_mxcsr = 0;
         std::memcpy(&new_mxcsr, image.data() + kMxcsrOffset, 4);

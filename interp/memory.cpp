@@ -74,6 +74,17 @@ void InterpBackend::refresh_fast_entry(uint64_t linear) {
   fill_fast_tags(entry);
 }
 
+uint8_t* InterpBackend::fast_host_range(int seg, uint64_t offset, uint64_t n, bool write) {
+  if (decode_mode() != interp::kMode64 || n == 0) return nullptr;
+  const uint64_t linear = seg >= 4 ? offset + segment_base(seg) : offset;
+  const TlbEntry& entry = tlb_[(linear >> 12) % kTlbSize];
+  const bool user = s_.cs.dpl == 3;
+  // (A non-canonical address never matches a tag: its page numbers are not those of an entry.)
+  if (((linear + n - 1) >> 12) != (linear >> 12) || (write ? entry.write_tag : entry.read_tag)[user] != (linear >> 12))
+    return nullptr;
+  return reinterpret_cast<uint8_t*>(linear + entry.addend);
+}
+
 uint64_t InterpBackend::translate_slow(uint64_t linear, Access access, bool user) {
   if (!(s_.cr0 & cr0::kPg)) return long_mode() ? linear : (linear & 0xffffffffu);
   uint64_t vpn = linear >> 12;
