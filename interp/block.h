@@ -57,7 +57,7 @@ struct Block {
   std::vector<Op> ops;  // `count` instructions, then the block's end (a synthetic fall-through op if needed)
 
   // Chaining: the blocks that followed this one last time (0: branch taken / jump target; 1: fall
-  // through), valid while `link_epoch` equals the cache's epoch and the linked block is not dead.
+  // through), valid while `link_epoch` equals the cache's epoch (any invalidation bumps it).
   Block* link[2] = {nullptr, nullptr};
   uint64_t link_epoch = 0;
 
@@ -77,14 +77,10 @@ struct Block {
 // All translated blocks, by guest-physical address, with the same bound as the decode cache: past
 // `capacity_bytes` everything is dropped and translation starts again, as QEMU flushes its
 // translation buffer. Dropped blocks go to a graveyard freed only at safe points (release_retired),
-// because the block being executed may be the one a store invalidates, and links and the jump cache may
-// still point at them (they check `dead`). Freeing the graveyard bumps the epoch, which makes every link
-// stale: it is freed once it holds kGraveyardBytes, not at every drop (a Linux boot drops blocks ten
-// thousand times, and relinking everything after each cost more than the drops).
+// because the block being executed may be the one a store invalidates.
 class BlockCache {
  public:
   static constexpr uint64_t kDefaultCapacityBytes = uint64_t{64} << 20;
-  static constexpr uint64_t kGraveyardBytes = uint64_t{4} << 20;
 
   explicit BlockCache(uint64_t ram_bytes, uint64_t capacity_bytes = kDefaultCapacityBytes);
   ~BlockCache();
@@ -111,17 +107,12 @@ class BlockCache {
   // Drops every block of page `pfn`.
   bool invalidate_page(uint64_t pfn);
   void clear();
-  // Frees dropped blocks once they add up to kGraveyardBytes, or after a flush; only between blocks,
-  // when none is being executed.
+  // Frees dropped blocks; only between blocks, when none is being executed.
   void release_retired() {
-    if (graveyard_bytes_ < kGraveyardBytes && !flushed_) return;
-    graveyard_.clear();
-    graveyard_bytes_ = 0;
-    flushed_ = false;
-    ++epoch_;
+    if (!graveyard_.empty()) graveyard_.clear();
   }
 
-  uint64_t epoch() const { return epoch_; }  // bumps whenever dropped blocks are freed: links made before are stale
+  uint64_t epoch() const { return epoch_; }  // bumps whenever a block is dropped: links made before are stale
   const uint64_t* epoch_address() const { return &epoch_; }  // for JIT code checking links
   uint64_t bytes() const { return bytes_; }
   uint64_t flushes() const { return flushes_; }
@@ -144,8 +135,6 @@ class BlockCache {
   std::vector<uint8_t> has_code_;  // per guest page: it holds blocks (checked on every slow-path store)
   std::unordered_map<uint64_t, std::vector<std::unique_ptr<Block>>> page_blocks_;  // the owners, by page
   std::vector<std::unique_ptr<Block>> graveyard_;
-  uint64_t graveyard_bytes_ = 0;
-  bool flushed_ = false;  // clear() put everything in the graveyard
   uint64_t capacity_;
   uint64_t bytes_ = 0;
   uint64_t epoch_ = 1;

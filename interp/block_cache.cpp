@@ -36,7 +36,7 @@ void BlockCache::drop(Block* block) {
   block->next_in_bucket = nullptr;
   if (Block*& hot = recent_[recent_slot(block->phys, block->rip)]; hot == block) hot = nullptr;
   bytes_ -= std::min(bytes_, block->memory_bytes());
-  graveyard_bytes_ += block->memory_bytes();
+  ++epoch_;
   ++invalidations_;
 }
 
@@ -89,7 +89,6 @@ void BlockCache::clear() {
   std::fill(buckets_.begin(), buckets_.end(), nullptr);
   std::fill(recent_.begin(), recent_.end(), nullptr);
   bytes_ = 0;
-  flushed_ = true;
   ++epoch_;
 }
 

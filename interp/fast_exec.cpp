@@ -364,8 +364,7 @@ void InterpBackend::run_fast() {
     // The next block: chained when it followed this one before, else looked up.
     const int slot = s_.rip == running_op_->next_rip ? 1 : 0;
     Block* next = block->link[slot];
-    if (next && block->link_epoch == blocks_.epoch() && !next->dead && next->rip == s_.rip &&
-        link_current(*block, *next)) {
+    if (next && block->link_epoch == blocks_.epoch() && next->rip == s_.rip && link_current(*block, *next)) {
       ++fast_stats_.chained;
     } else {
       next = lookup_block();

@@ -496,9 +496,6 @@ struct InterpBackend::Jit {
       a.jcc(x64::kNe, out);
       a.bind(check);
     }
-    // A dropped block stays allocated (in the graveyard) until the epoch moves on.
-    a.alu_imm(1, x64::kCmp, x64::at(rax, boff(&probe.dead)), 0);
-    a.jcc(x64::kNe, out);
     if (paged64) {
       // A link into another page (link_current): the TLB entry of its page must map it where it was
       // translated from, executable at this privilege.
