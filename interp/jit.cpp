@@ -952,23 +952,7 @@ struct InterpBackend::Jit {
     const ZydisMnemonic m = ZydisMnemonic(i.mnemonic);
     a.shift_imm(w, m == ZYDIS_MNEMONIC_SHL ? x64::kShl : m == ZYDIS_MNEMONIC_SHR ? x64::kShr : x64::kSar, rdx, count);
     if (store) {
-      // CF is the host's (the last bit out); OF as docs/interp-alu.md fixes it for every count.
-      a.setcc(x64::kB, rcx);
-      a.movzx(rcx, 1, rcx);
-      if (m == ZYDIS_MNEMONIC_SHL) {
-        a.mov(8, r9, rdx);
-        a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
-        a.alu_imm(4, x64::kAnd, r9, 1);
-        a.alu(4, x64::kXor, r9, rcx);
-      } else if (m == ZYDIS_MNEMONIC_SHR) {
-        a.mov(8, r9, rax);
-        a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
-        a.alu_imm(4, x64::kAnd, r9, 1);
-      } else {
-        a.mov_imm64(r9, 0);
-      }
-      a.shift_imm(4, x64::kShl, r9, 11);
-      a.alu(4, x64::kOr, rcx, r9);
+      shift_flags(m, w, rcx);
     }
     held_after(mark, {rdx, rcx, r9});
     store_operand(o0, rdx, w);
@@ -977,6 +961,27 @@ struct InterpBackend::Jit {
     if (s) a.bind(s->resume);
   }
 
+  // After a host SHL/SHR/SAR of RAX (the operand) into RDX (the result) by a non-zero count: `out` = CF | OF
+  // as the lazy kCcSzp state takes them. CF is the host's (the last bit out); OF as docs/interp-alu.md fixes
+  // it for every count. Clobbers R9.
+  void shift_flags(ZydisMnemonic m, unsigned w, Reg out) {
+    a.setcc(x64::kB, out);
+    a.movzx(out, 1, out);
+    if (m == ZYDIS_MNEMONIC_SHL) {
+      a.mov(8, r9, rdx);
+      a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
+      a.alu_imm(4, x64::kAnd, r9, 1);
+      a.alu(4, x64::kXor, r9, out);
+    } else if (m == ZYDIS_MNEMONIC_SHR) {
+      a.mov(8, r9, rax);
+      a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
+      a.alu_imm(4, x64::kAnd, r9, 1);
+    } else {
+      a.mov_imm64(r9, 0);
+    }
+    a.shift_imm(4, x64::kShl, r9, 11);
+    a.alu(4, x64::kOr, out, r9);
+  }
   // SHL/SHR/SAR by CL: a count of zero (after masking) writes the operand back unchanged and keeps the flags;
   // otherwise the flags are those of the immediate form.
   void emit_shift_cl(const Op& op, bool store) {
@@ -985,29 +990,14 @@ struct InterpBackend::Jit {
     const unsigned w = o0.size;
     const ZydisMnemonic m = ZydisMnemonic(i.mnemonic);
     Slow* s = load_operand(op, o0, w, true, rax);
-    x64::Label zero, done;
+    x64::Label zero;
     a.movzx(rcx, 1, gpr(kRcx));
     a.alu_imm(4, x64::kAnd, rcx, w == 8 ? 63 : 31);
     a.jcc(x64::kE, zero);
     a.mov(8, rdx, rax);
     a.shift_cl(w, m == ZYDIS_MNEMONIC_SHL ? x64::kShl : m == ZYDIS_MNEMONIC_SHR ? x64::kShr : x64::kSar, rdx);
     if (store) {
-      a.setcc(x64::kB, x64::r10);
-      a.movzx(x64::r10, 1, x64::r10);
-      if (m == ZYDIS_MNEMONIC_SHL) {
-        a.mov(8, r9, rdx);
-        a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
-        a.alu_imm(4, x64::kAnd, r9, 1);
-        a.alu(4, x64::kXor, r9, x64::r10);
-      } else if (m == ZYDIS_MNEMONIC_SHR) {
-        a.mov(8, r9, rax);
-        a.shift_imm(8, x64::kShr, r9, uint8_t(w * 8 - 1));
-        a.alu_imm(4, x64::kAnd, r9, 1);
-      } else {
-        a.mov_imm64(r9, 0);
-      }
-      a.shift_imm(4, x64::kShl, r9, 11);
-      a.alu(4, x64::kOr, x64::r10, r9);
+      shift_flags(m, w, x64::r10);
       store_flags(interp::kCcSzp, w, rdx, x64::kNoReg, x64::r10);
     }
     a.mov(8, rax, rdx);
