@@ -428,10 +428,14 @@ struct InterpBackend::Jit {
   }
 
   // ---- pieces ------------------------------------------------------------------------------------------
-  void call_handler(const Op& op) {
+  // RAX = the operation's handler (its guarded form) called on it.
+  void call_op(const Op& op) {
     a.mov(8, rdi, rbx);
     a.mov_imm64(rsi, reinterpret_cast<uint64_t>(&op));
     a.call_abs(reinterpret_cast<uint64_t>(op.jit_fn));
+  }
+  void call_handler(const Op& op) {
+    call_op(op);
     a.test(8, rax, rax);
     a.jcc(x64::kE, ended);
   }
@@ -1024,9 +1028,7 @@ struct InterpBackend::Jit {
   // An indirect JMP or CALL its handler does (the target from memory, the push): then, unless it faulted,
   // exited or ended the run, straight into the target's block as chain_exit's slow path would.
   void emit_transfer(const Op& op) {
-    a.mov(8, rdi, rbx);
-    a.mov_imm64(rsi, reinterpret_cast<uint64_t>(&op));
-    a.call_abs(reinterpret_cast<uint64_t>(op.jit_fn));
+    call_op(op);
     a.mov(8, rdi, rbx);
     a.mov_imm64(rsi, block.count);
     a.call_abs(reinterpret_cast<uint64_t>(&transfer_next));
