@@ -139,7 +139,8 @@ uint8_t Uart16550::read_register(unsigned reg) {
       msr_ &= 0xf0;
       return value;
     }
-    default:
+    case kScr:
+    default:  // reg is 0-7
       return scr_;
   }
 }
@@ -191,7 +192,8 @@ void Uart16550::write_register(unsigned reg, uint8_t value) {
     case kLsr:
     case kMsr:
       return;  // factory test / read-only
-    default:
+    case kScr:
+    default:  // reg is 0-7
       scr_ = value;
       return;
   }

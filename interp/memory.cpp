@@ -9,7 +9,7 @@ namespace {
 constexpr uint64_t kPresent = 1, kWritable = 2, kUser = 4, kAccessed = 1u << 5, kDirty = 1u << 6, kLarge = 1u << 7,
                    kGlobal = 1u << 8, kNx = 1ull << 63;
 constexpr uint64_t kAddrMask = 0x000ffffffffff000ull;
-constexpr uint8_t kPageFault = 14, kGeneralProtection = 13, kStackFault = 12;
+constexpr uint8_t kPageFault = 14;
 
 }  // namespace
 

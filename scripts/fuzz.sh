@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-45}"
 targets=(${FUZZ_TARGETS:-fuzz_trace_reader fuzz_image_loader fuzz_cli fuzz_interp})
 CC=clang-16 CXX=clang++-16 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDEJA_FUZZ=ON \
-  -DDEJA_WERROR=OFF >/dev/null
+  -DDEJA_WERROR=ON >/dev/null  # warnings are errors in this build too: clang sees some that GCC does not
 cmake --build build-fuzz -j"$(nproc)" --target fuzzers
 mkdir -p build-fuzz/artifacts
 passed=0 failed=0

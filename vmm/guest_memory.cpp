@@ -42,6 +42,7 @@ GuestMemory::GuestMemory(GuestMemory&& other) noexcept
       base_(other.base_),
       size_(other.size_),
       vmm_dirty_(std::move(other.vmm_dirty_)),
+      vmm_dirty_bits_(std::move(other.vmm_dirty_bits_)),
       dirty_bits_(std::move(other.dirty_bits_)),
       dirty_generation_(other.dirty_generation_) {
   other.fd_ = -1;
@@ -56,6 +57,7 @@ GuestMemory& GuestMemory::operator=(GuestMemory&& other) noexcept {
     base_ = other.base_;
     size_ = other.size_;
     vmm_dirty_ = std::move(other.vmm_dirty_);
+    vmm_dirty_bits_ = std::move(other.vmm_dirty_bits_);
     dirty_bits_ = std::move(other.dirty_bits_);
     dirty_generation_ = other.dirty_generation_;
     other.fd_ = -1;
@@ -96,7 +98,7 @@ Result<> GuestMemory::write(Gpa gpa, std::span<const uint8_t> data) {
   if (!data.empty()) {
     std::memcpy(dst->data(), data.data(), data.size());
     for (uint64_t page = gpa.value / kPageSize; page <= (gpa.value + data.size() - 1) / kPageSize; ++page) {
-      vmm_dirty_.push_back(page);
+      note_vmm_write(page);
     }
     mark_dirty(gpa.value, data.size());
   }
@@ -110,7 +112,10 @@ Result<> GuestMemory::read(Gpa gpa, std::span<uint8_t> out) const {
   return {};
 }
 
-std::vector<uint64_t> GuestMemory::take_vmm_dirty_pages() { return std::exchange(vmm_dirty_, {}); }
+std::vector<uint64_t> GuestMemory::take_vmm_dirty_pages() {
+  for (uint64_t page : vmm_dirty_) vmm_dirty_bits_[page >> 6] &= ~(uint64_t{1} << (page & 63));
+  return std::exchange(vmm_dirty_, {});
+}
 
 std::vector<uint64_t> GuestMemory::take_dirty_pages() {
   ++dirty_generation_;

@@ -46,8 +46,9 @@ class GuestMemory {
     return write(gpa, std::span(reinterpret_cast<const uint8_t*>(&value), sizeof(T)));
   }
 
-  // Pages written by the VMM (not the guest) since the last call; the interp backend drops
-  // decoded code for them, checkpoints store them.
+  // Pages written by the VMM (not the guest) since the last call, each once, in the order first written;
+  // the interp backend drops decoded code for them. A backend that never asks (KVM) keeps at most one
+  // entry per page: a bitmap dedupes, so the list is bounded by RAM's page count, not by the writes.
   std::vector<uint64_t> take_vmm_dirty_pages();
 
   // Checkpoint dirty tracking: one bit per page written since the last take_dirty_pages(), by the
@@ -70,17 +71,31 @@ class GuestMemory {
   void mark_all_dirty();
   // A checkpoint restore rewrote these pages behind everyone's back: they go on the VMM-write list
   // (decode caches drop them) but not into the dirty bitmap (they equal the restored image).
-  void note_restored_pages(std::span<const uint64_t> pages) { vmm_dirty_.insert(vmm_dirty_.end(), pages.begin(), pages.end()); }
+  void note_restored_pages(std::span<const uint64_t> pages) {
+    for (uint64_t page : pages) note_vmm_write(page);
+  }
 
  private:
   GuestMemory(int fd, uint8_t* base, uint64_t size)
-      : fd_(fd), base_(base), size_(size), dirty_bits_((size / kPageSize + 63) / 64, 0) {}
+      : fd_(fd),
+        base_(base),
+        size_(size),
+        vmm_dirty_bits_((size / kPageSize + 63) / 64, 0),
+        dirty_bits_((size / kPageSize + 63) / 64, 0) {}
   void release();
+  void note_vmm_write(uint64_t page) {
+    uint64_t& word = vmm_dirty_bits_[page >> 6];
+    const uint64_t bit = uint64_t{1} << (page & 63);
+    if (word & bit) return;
+    word |= bit;
+    vmm_dirty_.push_back(page);
+  }
 
   int fd_ = -1;
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
-  std::vector<uint64_t> vmm_dirty_;
+  std::vector<uint64_t> vmm_dirty_;       // pages, each at most once (vmm_dirty_bits_)
+  std::vector<uint64_t> vmm_dirty_bits_;  // one bit per page on vmm_dirty_
   std::vector<uint64_t> dirty_bits_;
   uint64_t dirty_generation_ = 0;
 };
