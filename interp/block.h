@@ -67,7 +67,10 @@ struct Block {
   // that ended the block (a fault or exit is left in the backend's jit_trap_).
   using Code = const Op* (*)(InterpBackend* cpu);
   Code code = nullptr;
-  const void* body = nullptr;  // the code after its prologue: where a chained block jumps to
+  const void* body = nullptr;  // the code after its prologue: where next_body's chains jump to
+  // Where a linked block's exit jumps to (interp/jit.cpp, emit_chain_entries): [0] from a block of the
+  // same page, [1] from another page, [2] and [3] the same after a counted branch.
+  const void* chain_entry[4] = {};
   uint32_t code_bytes = 0;
 
   uint64_t end_linear() const { return linear + bytes; }

@@ -96,7 +96,9 @@ Role role_of(const DecodedInsn& insn) {
   const bool rep = insn.flags & (interp::insn_flags::kRep | interp::insn_flags::kRepne);
   switch (ZydisMnemonic(insn.mnemonic)) {
     case ZYDIS_MNEMONIC_MOV:
-      if (has_operand(insn, OpKind::kSeg) || has_operand(insn, OpKind::kCr) || has_operand(insn, OpKind::kDr))
+      // Reading a segment register's selector (a kernel saves them at every context switch) has no effect
+      // beyond its destination; loading one, and control and debug registers, change the CPU's mode.
+      if (insn.op[0].kind == OpKind::kSeg || has_operand(insn, OpKind::kCr) || has_operand(insn, OpKind::kDr))
         return Role::kFallback;
       return Role::kInBlock;
     case ZYDIS_MNEMONIC_PUSH:
@@ -137,9 +139,16 @@ Role role_of(const DecodedInsn& insn) {
     case ZYDIS_MNEMONIC_ENDBR32: case ZYDIS_MNEMONIC_ENDBR64: case ZYDIS_MNEMONIC_CLFLUSH:
       return Role::kInBlock;
     // CLI only clears IF: nothing becomes deliverable, and no run-loop stop depends on it (the next
-    // stop that could, an open interrupt window, needs an STI, POPF or IRET, which end blocks).
+    // stop that could, an open interrupt window, needs an STI, POPF or IRET, which end the run).
     case ZYDIS_MNEMONIC_CLI:
       return Role::kInBlock;
+    // After these the run loop must look at the CPU before the next instruction: IF may be 1 now (and
+    // STI's shadow on), TF set, CPL and mode changed (IRET), a translation gone (INVLPG). They end their
+    // block and the run of blocks (bind_op: reference_ends_run), which is what step() costs without the
+    // round trip through the runner. A Linux boot runs 350,000 of them.
+    case ZYDIS_MNEMONIC_STI: case ZYDIS_MNEMONIC_POPF: case ZYDIS_MNEMONIC_POPFD: case ZYDIS_MNEMONIC_POPFQ:
+    case ZYDIS_MNEMONIC_IRET: case ZYDIS_MNEMONIC_IRETD: case ZYDIS_MNEMONIC_IRETQ: case ZYDIS_MNEMONIC_INVLPG:
+      return Role::kTransfer;
     // String instructions: a REP form ends its block (its handler runs the iterations, each a step of
     // its own); with a 16-bit address size they stay with step().
     case ZYDIS_MNEMONIC_MOVSB: case ZYDIS_MNEMONIC_MOVSW: case ZYDIS_MNEMONIC_MOVSQ:

@@ -112,6 +112,20 @@ struct InterpBackend::Ops {
     c.s_.rip = c.next_rip_;
     return nullptr;
   }
+  // An instruction after which the run loop must look at the CPU (role_of): it ends its block and the
+  // run of blocks. STI's interrupt shadow is set as step() sets it; the run loop then runs the next
+  // instruction alone.
+  static const Op* reference_ends_run(InterpBackend& c, const Op* op) {
+    c.materialize_flags();
+    enter_reference(c, op);
+    c.shadow_next_ = false;
+    c.execute(op->insn);
+    if (c.exit_pending_) [[unlikely]] throw_deferred_exit(c);
+    c.s_.rip = c.next_rip_;
+    c.s_.interrupt_shadow = c.shadow_next_;
+    c.end_block_after_op_ = true;
+    return nullptr;
+  }
   // The end of a block that does not end in a control transfer (not an instruction).
   static const Op* fall_through(InterpBackend& c, const Op* op) {
     c.s_.rip = op->rip;
@@ -885,6 +899,10 @@ void InterpBackend::bind_op(Op& op, bool transfer) {
       break;
     case ZYDIS_MNEMONIC_RET:
       if (mode64 && insn.opsize == 64 && (insn.opcode == 0xc3 || insn.opcode == 0xc2)) fn = O::pair<&O::ret<8>>();
+      break;
+    case ZYDIS_MNEMONIC_STI: case ZYDIS_MNEMONIC_POPF: case ZYDIS_MNEMONIC_POPFD: case ZYDIS_MNEMONIC_POPFQ:
+    case ZYDIS_MNEMONIC_IRET: case ZYDIS_MNEMONIC_IRETD: case ZYDIS_MNEMONIC_IRETQ: case ZYDIS_MNEMONIC_INVLPG:
+      fn = O::pair<&O::reference_ends_run>();
       break;
     default:
       break;

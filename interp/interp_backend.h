@@ -400,7 +400,6 @@ class InterpBackend : public Backend {
   std::optional<WatchHit> watch_hit_;  // set during a step that touched a watched range
   uint64_t* dirty_bits_;               // GuestMemory's checkpoint dirty bitmap: every store marks its page
   uint64_t step_origin_ = 0;  // executed() when single-stepping last stopped
-  std::atomic<bool> kicked_{false};
   bool window_requested_ = false;
   std::optional<uint8_t> pending_irq_;
   bool shadow_next_ = false;  // set by STI/MOV SS during the current instruction
@@ -436,6 +435,7 @@ class InterpBackend : public Backend {
   uint64_t fast_step_limit_ = ~0ull;  // step_limit() while blocks run (REP strings stop there between iterations)
   uint64_t branch_limit_ = ~0ull;     // the armed counter overflow while blocks run
   bool chain_ok_ = false;             // JIT code may jump from block to block (no breakpoints, no block stepping)
+  std::atomic<bool> kicked_{false};   // (right after chain_ok_: JIT code reads the two as one word)
   // 64-bit blocks by RIP for JIT code's transfers to a target its link does not hold (a RET to another
   // caller, a JMP through a register): a direct-mapped memo of Jit::next_body's finds, an entry valid while
   // its epoch is the block cache's; JIT code checks the key and the TLB as for a link before following it.

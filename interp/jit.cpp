@@ -216,6 +216,7 @@ struct InterpBackend::Jit {
   };
   std::vector<Slow> slows;
   const bool user;
+  const bool paged64;  // 64-bit code with paging: links into other pages are possible (linkable)
   // The lazy-flags producer earlier in this block whose operands are stored, if known.
   bool known = false;
   // Where RCX bit 0 is CF (after ROL/ROR and BT*, which leave the new CF there): the code size and label
@@ -224,7 +225,11 @@ struct InterpBackend::Jit {
   unsigned carry_in_rcx_binds = 0;
   uint32_t known_kind = 0, known_width = 0;
 
-  Jit(InterpBackend& cpu, const Block& b, std::vector<uint8_t>&& scratch) : c(cpu), block(b), user(((b.key >> 2) & 3) == 3) {
+  Jit(InterpBackend& cpu, const Block& b, std::vector<uint8_t>&& scratch)
+      : c(cpu),
+        block(b),
+        user(((b.key >> 2) & 3) == 3),
+        paged64((b.key & kKeyPaging) && (b.key & 3) == interp::kMode64) {
     a.code = std::move(scratch);
     a.reset();
     slows.swap(slow_pool());
@@ -449,19 +454,20 @@ struct InterpBackend::Jit {
     a.pop(rbx);
     a.ret();
   }
-  // After a transfer done inline (RIP set, its branch counted): jump straight to the block linked in
-  // `slot` when the runner would enter it now (the same checks run_fast makes between blocks: it fits
-  // in the step limit, no counter overflow, no kick, chaining allowed), else return `op` to the runner,
-  // which links blocks. `dynamic`: the target varies (RET, JMP r64): the linked block must start at RIP.
-  // `counted`: the exit counted a conditional branch. Only then can the counter have reached its limit:
-  // every block is entered below it, and only a block's last instruction counts a branch.
-  void chain_exit(const Op& op, int slot, bool dynamic, bool counted = false) {
+  // After a transfer done inline (RIP set, its branch counted): on to the block linked in `slot` through
+  // one of its chain entries (emit_chain_entries), which checks what the runner would before entering it
+  // (the step limit, the counter, a kick, chaining allowed, its page's mapping); a block not linked goes
+  // through next_body, which looks it up and links it. `target`: the RIP set (nullopt: it varies, as for
+  // RET and JMP r64, and the linked block must start at RIP). `counted`: the exit counted a conditional
+  // branch. Only then can the counter have reached its limit: every block is entered below it, and only
+  // a block's last instruction counts a branch.
+  void chain_exit(const Op& op, int slot, std::optional<uint64_t> target, bool counted = false) {
     static const Block probe;
     const auto boff = [](const auto* member) {
       return int32_t(reinterpret_cast<const char*>(member) - reinterpret_cast<const char*>(&probe));
     };
+    const bool dynamic = !target;
     x64::Label out, try_cache, check;
-    const bool paged64 = (block.key & kKeyPaging) && (block.key & 3) == interp::kMode64;
     const bool use_cache = dynamic && paged64;
     x64::Label& miss = use_cache ? try_cache : out;
     const x64::Mem epoch = x64::at(rbx, off(c.blocks_.epoch_address()));
@@ -480,7 +486,7 @@ struct InterpBackend::Jit {
     }
     if (use_cache) {
       // The jump cache's entry for RIP: the same RIP, a current epoch (the block is alive: only then is it
-      // read), the same key; then the same checks as a link's.
+      // read), the same key; then the same entry as a link's.
       a.jmp(check);
       a.bind(try_cache);
       const int32_t jc = off(&c.jump_cache_[0]);
@@ -500,54 +506,12 @@ struct InterpBackend::Jit {
       a.jcc(x64::kNe, out);
       a.bind(check);
     }
-    if (paged64) {
-      // A link into another page (link_current): the TLB entry of its page must map it where it was
-      // translated from, executable at this privilege.
-      x64::Label current;
-      a.load(8, rcx, x64::at(rax, boff(&probe.linear)));
-      a.shift_imm(8, x64::kShr, rcx, 12);
-      a.mov_imm64(rdx, block.linear >> 12);
-      a.alu(8, x64::kCmp, rcx, rdx);
-      a.jcc(x64::kE, current);
-      a.mov(4, rdx, rcx);
-      a.alu_imm(4, x64::kAnd, rdx, int32_t(kTlbSize - 1));
-      a.shift_imm(4, x64::kShl, rdx, 6);
-      const int32_t tlb0 = off(&c.tlb_[0]);
-      a.alu(8, x64::kCmp, rcx, x64::at(rbx, rdx, 1, tlb0 + int32_t(offsetof(TlbEntry, tag))));
-      a.jcc(x64::kNe, out);
-      a.load(8, rcx, x64::at(rax, boff(&probe.phys)));
-      a.alu_imm(8, x64::kAnd, rcx, -4096);
-      a.alu(8, x64::kCmp, rcx, x64::at(rbx, rdx, 1, tlb0 + int32_t(offsetof(TlbEntry, phys))));
-      a.jcc(x64::kNe, out);
-      a.alu_imm(1, x64::kCmp, x64::at(rbx, rdx, 1, tlb0 + int32_t(offsetof(TlbEntry, nx))), 0);
-      a.jcc(x64::kNe, out);
-      if (user) {
-        a.alu_imm(1, x64::kCmp, x64::at(rbx, rdx, 1, tlb0 + int32_t(offsetof(TlbEntry, user))), 0);
-        a.jcc(x64::kE, out);
-      }
-      a.bind(current);
-    }
-    a.load(8, rcx, field(&c.steps_));
-    a.alu_imm(8, x64::kAdd, rcx, int32_t(block.count));  // the steps once this block has retired
-    a.load(4, rdx, x64::at(rax, boff(&probe.count)));
-    a.alu(8, x64::kAdd, rdx, rcx);
-    a.alu(8, x64::kCmp, rdx, field(&c.fast_step_limit_));
-    a.jcc(x64::kA, out);
-    if (counted) {
-      a.load(8, rdx, field(&c.branches_));
-      a.alu(8, x64::kCmp, rdx, field(&c.branch_limit_));
-      a.jcc(x64::kAe, out);
-    }
-    a.movzx(rdx, 1, x64::at(rbx, off(&c.chain_ok_)));
-    a.test(4, rdx, rdx);
-    a.jcc(x64::kE, out);
-    a.movzx(rdx, 1, x64::at(rbx, off(&c.kicked_)));
-    a.test(4, rdx, rdx);
-    a.jcc(x64::kNe, out);
-    a.store(8, field(&c.steps_), rcx);
-    a.store(8, x64::at(rbx, off(&c.running_block_)), rax);
-    a.inc_mem64(field(&c.fast_stats_.chained));
-    a.jmp_mem(x64::at(rax, boff(&probe.body)));
+    // A block of another page (always possible for a varying target) must find its page mapped as when it
+    // was translated: the entry that checks the software TLB.
+    const bool other_page = paged64 && (dynamic || (*target >> 12) != (block.linear >> 12));
+    a.mov_imm64(rcx, block.count);
+    a.mov_imm64(rdx, reinterpret_cast<uint64_t>(&op));
+    a.jmp_mem(x64::at(rax, boff(&probe.chain_entry[(counted ? 2 : 0) | (other_page ? 1 : 0)])));
     a.bind(out);
     // Not linked (another page, another target): the cache may have the block all the same.
     x64::Label back;
@@ -1236,11 +1200,11 @@ struct InterpBackend::Jit {
     condition_jump(op.cond, taken);
     set_rip(op.next_rip);
     count_branch();
-    chain_exit(op, 1, false, true);
+    chain_exit(op, 1, op.next_rip, true);
     a.bind(taken);
     set_rip(op.target);
     count_branch();
-    chain_exit(op, slot_for(op, op.target), false, true);
+    chain_exit(op, slot_for(op, op.target), op.target, true);
   }
   // 64-bit targets from registers or the stack: #GP when not canonical, which the handler raises.
   void canonical_or(Reg r, x64::Label& bad) {
@@ -1255,7 +1219,7 @@ struct InterpBackend::Jit {
     a.load(8, rax, gpr(op.insn.op[0].reg));
     canonical_or(rax, s.entry);
     a.store(8, field(&c.s_.rip), rax);
-    chain_exit(op, 0, true);
+    chain_exit(op, 0, std::nullopt);
     a.bind(s.resume);  // (the handler ended the block: its slow path goes to `ended`)
   }
   void emit_call(const Op& op) {
@@ -1268,7 +1232,7 @@ struct InterpBackend::Jit {
     a.store(8, x64::at(rsi), rax);
     store_gpr(kRsp, r8);
     set_rip(op.target);
-    chain_exit(op, slot_for(op, op.target), false);
+    chain_exit(op, slot_for(op, op.target), op.target);
     a.bind(s.resume);
   }
   void emit_ret(const Op& op) {
@@ -1279,7 +1243,7 @@ struct InterpBackend::Jit {
     a.alu_imm(8, x64::kAdd, r8, 8 + extra);
     store_gpr(kRsp, r8);
     a.store(8, field(&c.s_.rip), rax);
-    chain_exit(op, 0, true);
+    chain_exit(op, 0, std::nullopt);
     a.bind(s.resume);
   }
 
@@ -1379,10 +1343,69 @@ struct InterpBackend::Jit {
 
   // ---- the block -------------------------------------------------------------------------------------------
   size_t body_offset = 0;
+  // Where a linked block's exit (chain_exit) comes in, with RBX set and RBX's push on the stack, RAX this
+  // block, RCX the instructions the block before retired, RDX its operation and RIP this block's. Each
+  // entry checks what the runner would before entering this block (counted: the counter's limit; other
+  // page: this page still mapped as when it was translated, executable at this privilege; all: the step
+  // limit, a kick, chaining allowed), then counts the block before and makes this one the running block.
+  // A refusal hands the block before's operation back to the runner (`refused`), as its own exit would.
+  // The checks live here, once, rather than at each of the many exits that lead here.
+  size_t entry_offset[4] = {};  // indexed like Block::chain_entry
+  x64::Label refused;
+  void emit_chain_entries() {
+    const auto counter_check = [&] {
+      a.load(8, r8, field(&c.branches_));
+      a.alu(8, x64::kCmp, r8, field(&c.branch_limit_));
+      a.jcc(x64::kAe, refused);
+    };
+    x64::Label checks;
+    if (paged64) {
+      entry_offset[3] = a.size();
+      counter_check();
+      entry_offset[1] = a.size();
+      const uint64_t vpn = block.linear >> 12;
+      const int32_t entry = off(&c.tlb_[vpn % kTlbSize]);
+      a.mov_imm64(r8, vpn);
+      a.alu(8, x64::kCmp, r8, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, tag))));
+      a.jcc(x64::kNe, refused);
+      a.mov_imm64(r8, block.phys & ~0xfffull);
+      a.alu(8, x64::kCmp, r8, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, phys))));
+      a.jcc(x64::kNe, refused);
+      a.alu_imm(1, x64::kCmp, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, nx))), 0);
+      a.jcc(x64::kNe, refused);
+      if (user) {
+        a.alu_imm(1, x64::kCmp, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, user))), 0);
+        a.jcc(x64::kE, refused);
+      }
+      a.jmp(checks);
+    }
+    entry_offset[2] = a.size();
+    counter_check();
+    a.bind(checks);
+    entry_offset[0] = a.size();
+    if (!paged64) {
+      entry_offset[1] = entry_offset[0];
+      entry_offset[3] = entry_offset[2];
+    }
+    a.alu(8, x64::kAdd, rcx, field(&c.steps_));  // the steps once the block before has retired
+    a.lea(r8, x64::at(rcx, int32_t(block.count)));
+    a.alu(8, x64::kCmp, r8, field(&c.fast_step_limit_));
+    a.jcc(x64::kA, refused);
+    // chain_ok_ and kicked_ as one word: chaining allowed and no kick.
+    a.alu_imm(2, x64::kCmp, x64::at(rbx, off(&c.chain_ok_)), 1);
+    a.jcc(x64::kNe, refused);
+    a.store(8, field(&c.steps_), rcx);
+    a.store(8, x64::at(rbx, off(&c.running_block_)), rax);
+  }
+
   void compile() {
     a.push(rbx);  // also aligns the stack for calls
     a.mov(8, rbx, rdi);
-    body_offset = a.size();  // chained blocks come in here, with RBX set and RBX's push on the stack
+    x64::Label body;
+    a.jmp(body);
+    emit_chain_entries();
+    a.bind(body);
+    body_offset = a.size();  // next_body's chains come in here, with RBX set and RBX's push on the stack
     const size_t n = block.ops.size();
     std::vector<Form> forms(n);
     std::vector<bool> keep_flags(n, true);
@@ -1417,13 +1440,13 @@ struct InterpBackend::Jit {
         case Form::kPush: emit_push(op); break;
         case Form::kPop: emit_pop(op); break;
         case Form::kJcc: emit_jcc(op); break;
-        case Form::kJmp: set_rip(op.target); chain_exit(op, slot_for(op, op.target), false); break;
+        case Form::kJmp: set_rip(op.target); chain_exit(op, slot_for(op, op.target), op.target); break;
         case Form::kJmpReg: emit_jmp_reg(op); break;
         case Form::kCallRel: emit_call(op); break;
         case Form::kRet: emit_ret(op); break;
         case Form::kNop: break;
         case Form::kSse: emit_sse(op); break;
-        case Form::kFallThrough: set_rip(op.rip); chain_exit(op, 1, false); break;
+        case Form::kFallThrough: set_rip(op.rip); chain_exit(op, 1, op.rip); break;
         default:
           call_handler(op);
           // What the handler left in the flags is not known here (unless it cannot touch them).
@@ -1445,6 +1468,10 @@ struct InterpBackend::Jit {
     a.load(8, rax, x64::at(rbx, off(&c.running_op_)));
     a.pop(rbx);
     a.ret();
+    a.bind(refused);
+    a.mov(8, rax, rdx);
+    a.pop(rbx);
+    a.ret();
   }
 };
 
@@ -1453,6 +1480,9 @@ bool InterpBackend::compile_block(Block& block) {
   if (!jit_->ok()) return false;
   static_assert(sizeof(TlbEntry) == 64, "the JIT indexes the software TLB by shifting");
   static_assert(sizeof(JumpEntry) == 32, "the JIT indexes the jump cache by shifting");
+  static_assert(sizeof(kicked_) == 1, "chain entries read chain_ok_ and kicked_ as one word");
+  DEJA_ASSERT(member_offset(this, &kicked_) == member_offset(this, &chain_ok_) + 1,
+              "chain entries read chain_ok_ and kicked_ as one word");
   Jit jit(*this, block, std::move(jit_->scratch));
   jit.compile();
   struct GiveBack {  // the scratch buffer goes back, capacity and all, whatever happens below
@@ -1469,6 +1499,7 @@ bool InterpBackend::compile_block(Block& block) {
   if (!code) return false;
   block.code = reinterpret_cast<Block::Code>(code);
   block.body = static_cast<const uint8_t*>(code) + jit.body_offset;
+  for (int k = 0; k < 4; ++k) block.chain_entry[k] = static_cast<const uint8_t*>(code) + jit.entry_offset[k];
   block.code_bytes = uint32_t(jit.a.size());
   jit_->note_for_perf(code, jit.a.size(), block.rip);
   if (const char* dir = std::getenv("DEJA_JIT_DUMP")) {
