@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -57,9 +58,10 @@ struct Block {
   std::vector<Op> ops;  // `count` instructions, then the block's end (a synthetic fall-through op if needed)
 
   // Chaining: the blocks that followed this one last time (0: branch taken / jump target; 1: fall
-  // through), valid while `link_epoch` equals the cache's epoch (any invalidation bumps it).
+  // through), set through BlockCache::link. A dropped block is unlinked from every block linked to it
+  // (`incoming`), so a link always names a live block.
   Block* link[2] = {nullptr, nullptr};
-  uint64_t link_epoch = 0;
+  std::vector<std::pair<Block*, uint8_t>> incoming;  // (block, slot) whose link names this one
 
   Block* next_in_bucket = nullptr;  // hash chain by physical address
 
@@ -110,13 +112,23 @@ class BlockCache {
   // Drops every block of page `pfn`.
   bool invalidate_page(uint64_t pfn);
   void clear();
+  // Makes `to` the block linked in `slot` of `from` (nullptr: none).
+  void link(Block& from, int slot, Block* to) {
+    Block* old = from.link[slot];
+    if (old == to) return;
+    if (old) forget_incoming(*old, &from, slot);
+    from.link[slot] = to;
+    if (to) to->incoming.emplace_back(&from, uint8_t(slot));
+  }
+  // Called with every block dropped, before anything can run again (the JIT's jump cache forgets it).
+  void set_drop_listener(std::function<void(const Block&)> listener) { on_drop_ = std::move(listener); }
   // Frees dropped blocks; only between blocks, when none is being executed.
   void release_retired() {
     if (!graveyard_.empty()) graveyard_.clear();
   }
 
-  uint64_t epoch() const { return epoch_; }  // bumps whenever a block is dropped: links made before are stale
-  const uint64_t* epoch_address() const { return &epoch_; }  // for JIT code checking links
+  uint64_t epoch() const { return epoch_; }  // bumps when everything is dropped (clear)
+  const uint64_t* epoch_address() const { return &epoch_; }  // for JIT code checking the jump cache
   uint64_t bytes() const { return bytes_; }
   uint64_t flushes() const { return flushes_; }
   uint64_t invalidations() const { return invalidations_; }
@@ -132,12 +144,23 @@ class BlockCache {
     return (rip * 0x9e3779b97f4a7c15ull) >> (64 - 12);
   }
   void drop(Block* block);
+  static void forget_incoming(Block& to, const Block* from, int slot) {
+    auto& in = to.incoming;
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (in[i].first == from && in[i].second == slot) {
+        in[i] = in.back();
+        in.pop_back();
+        return;
+      }
+    }
+  }
 
   std::vector<Block*> buckets_;
   std::vector<Block*> recent_ = std::vector<Block*>(kRecent, nullptr);  // never holds a dropped block
   std::vector<uint8_t> has_code_;  // per guest page: it holds blocks (checked on every slow-path store)
   std::unordered_map<uint64_t, std::vector<std::unique_ptr<Block>>> page_blocks_;  // the owners, by page
   std::vector<std::unique_ptr<Block>> graveyard_;
+  std::function<void(const Block&)> on_drop_;
   uint64_t capacity_;
   uint64_t bytes_ = 0;
   uint64_t epoch_ = 1;

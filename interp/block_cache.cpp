@@ -29,14 +29,19 @@ Block* BlockCache::insert(std::unique_ptr<Block> block) {
 }
 
 void BlockCache::drop(Block* block) {
-  Block** link = &buckets_[bucket(block->phys)];
-  while (*link && *link != block) link = &(*link)->next_in_bucket;
-  if (*link) *link = block->next_in_bucket;
+  Block** in_bucket = &buckets_[bucket(block->phys)];
+  while (*in_bucket && *in_bucket != block) in_bucket = &(*in_bucket)->next_in_bucket;
+  if (*in_bucket) *in_bucket = block->next_in_bucket;
   block->dead = true;
   block->next_in_bucket = nullptr;
   if (Block*& hot = recent_[recent_slot(block->phys, block->rip)]; hot == block) hot = nullptr;
+  // No link may name it once it is freed: the blocks linked to it forget it, and it leaves the incoming
+  // lists of those it links to.
+  for (const auto& [from, slot] : block->incoming) from->link[slot] = nullptr;
+  block->incoming.clear();
+  for (int slot = 0; slot < 2; ++slot) link(*block, slot, nullptr);
+  if (on_drop_) on_drop_(*block);
   bytes_ -= std::min(bytes_, block->memory_bytes());
-  ++epoch_;
   ++invalidations_;
 }
 

@@ -337,7 +337,8 @@ void InterpBackend::run_fast() {
   } flags_on_exit{*this};
   for (;;) {
     // Between blocks nothing dropped is referenced any more (`block` itself is live: just looked up, or
-    // linked in this epoch), so the graveyard goes here too: a long chain must not pile it up.
+    // linked, and links name live blocks only), so the graveyard goes here too: a long chain must not pile
+    // it up.
     blocks_.release_retired();
     ++fast_stats_.blocks_entered;
     running_block_ = block;
@@ -373,18 +374,14 @@ void InterpBackend::run_fast() {
     // The next block: chained when it followed this one before, else looked up.
     const int slot = s_.rip == running_op_->next_rip ? 1 : 0;
     Block* next = block->link[slot];
-    if (next && block->link_epoch == blocks_.epoch() && next->rip == s_.rip && link_current(*block, *next)) {
+    if (next && next->rip == s_.rip && link_current(*block, *next)) {
       ++fast_stats_.chained;
     } else {
       next = lookup_block();
       // Links within one linear page, or into another one checked at each use (linkable, link_current).
       // Only blocks that run as blocks are linked (JIT code jumps into a linked block's code).
       if (next && linkable(*block, *next) && next->count > 0 && (next->code != nullptr || block->code == nullptr)) {
-        if (block->link_epoch != blocks_.epoch()) {
-          block->link[0] = block->link[1] = nullptr;
-          block->link_epoch = blocks_.epoch();
-        }
-        block->link[slot] = next;
+        blocks_.link(*block, slot, next);
       }
     }
     if (!next || next->count == 0 || steps_ + next->count > limit ||

@@ -30,6 +30,11 @@ InterpBackend::InterpBackend(GuestMemory& memory, const CpuModel& model)
   std::memcpy(s_.fxsave.data(), &fcw, 2);
   std::memcpy(s_.fxsave.data() + 24, &mxcsr, 4);
   s_.cr0 = cr0::kEt;
+  // The jump cache names live blocks only (as links do): a dropped block leaves it at once.
+  blocks_.set_drop_listener([this](const interp::Block& block) {
+    JumpEntry& entry = jump_cache_[jump_index(block.rip)];
+    if (entry.block == &block) entry = JumpEntry{};
+  });
 }
 
 InterpBackend::~InterpBackend() = default;

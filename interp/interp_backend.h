@@ -438,7 +438,8 @@ class InterpBackend : public Backend {
   std::atomic<bool> kicked_{false};   // (right after chain_ok_: JIT code reads the two as one word)
   // 64-bit blocks by RIP for JIT code's transfers to a target its link does not hold (a RET to another
   // caller, a JMP through a register): a direct-mapped memo of Jit::next_body's finds, an entry valid while
-  // its epoch is the block cache's; JIT code checks the key and the TLB as for a link before following it.
+  // its epoch is the block cache's (a dropped block's entry is cleared at once, a flush bumps the epoch);
+  // JIT code checks the key and enters as through a link.
   struct JumpEntry {
     uint64_t rip = ~0ull;
     interp::Block* block = nullptr;

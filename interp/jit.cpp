@@ -475,10 +475,6 @@ struct InterpBackend::Jit {
     a.load(8, rax, x64::at(rdx));
     a.test(8, rax, rax);
     a.jcc(x64::kE, miss);
-    a.load(8, rcx, x64::at(rdx, int32_t(reinterpret_cast<const char*>(&block.link_epoch) -
-                                        reinterpret_cast<const char*>(&block.link[slot]))));
-    a.alu(8, x64::kCmp, rcx, epoch);
-    a.jcc(x64::kNe, miss);
     if (dynamic) {
       a.load(8, rcx, x64::at(rax, boff(&probe.rip)));
       a.alu(8, x64::kCmp, rcx, field(&c.s_.rip));
@@ -527,8 +523,7 @@ struct InterpBackend::Jit {
   }
   // The block at RIP, when the runner would go on into it now and it is translated already: its body,
   // with this block's steps counted and it the running block; else nullptr (the runner takes over).
-  // Looks things up only: no translation, no page walk (a walk can fault or set accessed bits, which
-  // only the fetch the reference would make may do), nothing freed.
+  // Looks things up, walking the page tables as the runner would: no translation, nothing freed.
   // Links the block found into `slot` of the running one (linkable): the link is then taken inline next
   // time.
   static const void* next_body(InterpBackend* cpu, uint64_t retired, uint64_t slot) noexcept {
@@ -541,10 +536,24 @@ struct InterpBackend::Jit {
     const uint64_t linear = (key & 3) == interp::kMode64 ? c.s_.rip : ((c.s_.cs.base + c.s_.rip) & 0xffffffffu);
     uint64_t phys;
     if (c.s_.cr0 & cr0::kPg) {
-      // The reference's fetch translation on a TLB hit (which has no side effects).
       const TlbEntry& e = c.tlb_[(linear >> 12) % kTlbSize];
-      if (e.tag != (linear >> 12) || (((key >> 2) & 3) == 3 && !e.user) || e.nx) return nullptr;
-      phys = e.phys | (linear & 0xfff);
+      if (e.tag == (linear >> 12)) {
+        // The reference's fetch translation on a TLB hit (which has no side effects).
+        if ((((key >> 2) & 3) == 3 && !e.user) || e.nx) return nullptr;
+        phys = e.phys | (linear & 0xfff);
+      } else {
+        // A miss: the page walk the runner's lookup_block would make now, for the fetch the reference
+        // makes next (the checks above are the runner's, so it would go on). A walk that faults leaves
+        // no trace but CR2, put back: step() raises the fault then.
+        if ((key & 3) == interp::kMode64 && uint64_t(int64_t(linear << 16) >> 16) != linear) return nullptr;
+        const uint64_t cr2 = c.s_.cr2;
+        try {
+          phys = c.translate(linear, Access::kExec, ((key >> 2) & 3) == 3);
+        } catch (const GuestException&) {
+          c.s_.cr2 = cr2;
+          return nullptr;
+        }
+      }
     } else {
       phys = c.long_mode() ? linear : (linear & 0xffffffffu);
     }
@@ -554,11 +563,7 @@ struct InterpBackend::Jit {
     if ((key & kKeyPaging) && (key & 3) == interp::kMode64)
       c.jump_cache_[jump_index(c.s_.rip)] = JumpEntry{c.s_.rip, next, c.blocks_.epoch(), 0};
     if (linkable(*from, *next)) {
-      if (from->link_epoch != c.blocks_.epoch()) {
-        from->link[0] = from->link[1] = nullptr;
-        from->link_epoch = c.blocks_.epoch();
-      }
-      from->link[slot] = next;
+      c.blocks_.link(*from, int(slot), next);
     }
     c.steps_ = steps;
     c.running_block_ = next;
