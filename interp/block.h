@@ -127,8 +127,6 @@ class BlockCache {
     if (!graveyard_.empty()) graveyard_.clear();
   }
 
-  uint64_t epoch() const { return epoch_; }  // bumps when everything is dropped (clear)
-  const uint64_t* epoch_address() const { return &epoch_; }  // for JIT code checking the jump cache
   uint64_t bytes() const { return bytes_; }
   uint64_t flushes() const { return flushes_; }
   uint64_t invalidations() const { return invalidations_; }
@@ -163,7 +161,6 @@ class BlockCache {
   std::function<void(const Block&)> on_drop_;
   uint64_t capacity_;
   uint64_t bytes_ = 0;
-  uint64_t epoch_ = 1;
   uint64_t flushes_ = 0;
   uint64_t invalidations_ = 0;
   uint64_t translations_ = 0;

@@ -86,6 +86,7 @@ void BlockCache::clear() {
   for (auto& [pfn, blocks] : page_blocks_) {
     for (auto& b : blocks) {
       b->dead = true;
+      if (on_drop_) on_drop_(*b);
       graveyard_.push_back(std::move(b));
     }
     if (pfn < has_code_.size()) has_code_[pfn] = 0;
@@ -94,7 +95,6 @@ void BlockCache::clear() {
   std::fill(buckets_.begin(), buckets_.end(), nullptr);
   std::fill(recent_.begin(), recent_.end(), nullptr);
   bytes_ = 0;
-  ++epoch_;
 }
 
 }  // namespace deja::interp

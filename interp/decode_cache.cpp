@@ -78,7 +78,13 @@ bool decode_bytes(const uint8_t* bytes, size_t len, uint8_t mode, DecodedInsn& o
   ZydisDecodedOperand zops[ZYDIS_MAX_OPERAND_COUNT];
   out = DecodedInsn{};
   out.mode = mode;
-  ZyanStatus status = ZydisDecoderDecodeFull(&decoders.by_mode[mode], bytes, len, &zi, zops);
+  // The instruction, then its visible operands only (the implicit ones, decoded by DecodeFull, are never
+  // read here).
+  ZydisDecoderContext context;
+  const ZydisDecoder& decoder = decoders.by_mode[mode];
+  ZyanStatus status = ZydisDecoderDecodeInstruction(&decoder, &context, bytes, len, &zi);
+  if (ZYAN_SUCCESS(status))
+    status = ZydisDecoderDecodeOperands(&decoder, &context, &zi, zops, std::min<ZyanU8>(zi.operand_count_visible, 4));
   if (!ZYAN_SUCCESS(status)) {
     if (status == ZYDIS_STATUS_NO_MORE_DATA && len < ZYDIS_MAX_INSTRUCTION_LENGTH) return false;
     out.valid = false;

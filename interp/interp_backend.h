@@ -437,14 +437,13 @@ class InterpBackend : public Backend {
   bool chain_ok_ = false;             // JIT code may jump from block to block (no breakpoints, no block stepping)
   std::atomic<bool> kicked_{false};   // (right after chain_ok_: JIT code reads the two as one word)
   // 64-bit blocks by RIP for JIT code's transfers to a target its link does not hold (a RET to another
-  // caller, a JMP through a register): a direct-mapped memo of Jit::next_body's finds, an entry valid while
-  // its epoch is the block cache's (a dropped block's entry is cleared at once, a flush bumps the epoch);
-  // JIT code checks the key and enters as through a link.
+  // caller, a JMP through a register): a direct-mapped memo of Jit::next_body's finds. It names live blocks
+  // only, as links do (a dropped block's entry is cleared at once); JIT code checks the key and enters as
+  // through a link.
   struct JumpEntry {
-    uint64_t rip = ~0ull;
+    uint64_t rip = uint64_t{1} << 63;  // empty: never a 64-bit RIP (not canonical)
     interp::Block* block = nullptr;
-    uint64_t epoch = 0;
-    uint64_t unused = 0;  // (32 bytes: JIT code indexes by shifting)
+    uint64_t unused[2] = {};  // (32 bytes: JIT code indexes by shifting)
   };
   static constexpr size_t kJumpCacheSize = 4096;
   static size_t jump_index(uint64_t rip) { return (rip ^ (rip >> 12)) & (kJumpCacheSize - 1); }

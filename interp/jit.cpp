@@ -470,7 +470,6 @@ struct InterpBackend::Jit {
     x64::Label out, try_cache, check;
     const bool use_cache = dynamic && paged64;
     x64::Label& miss = use_cache ? try_cache : out;
-    const x64::Mem epoch = x64::at(rbx, off(c.blocks_.epoch_address()));
     a.mov_imm64(rdx, reinterpret_cast<uint64_t>(&block.link[slot]));
     a.load(8, rax, x64::at(rdx));
     a.test(8, rax, rax);
@@ -481,8 +480,7 @@ struct InterpBackend::Jit {
       a.jcc(x64::kNe, miss);
     }
     if (use_cache) {
-      // The jump cache's entry for RIP: the same RIP, a current epoch (the block is alive: only then is it
-      // read), the same key; then the same entry as a link's.
+      // The jump cache's entry for RIP: the same RIP, the same key; then the same entry as a link's.
       a.jmp(check);
       a.bind(try_cache);
       const int32_t jc = off(&c.jump_cache_[0]);
@@ -493,9 +491,6 @@ struct InterpBackend::Jit {
       a.alu_imm(4, x64::kAnd, rdx, int32_t(kJumpCacheSize - 1));
       a.shift_imm(4, x64::kShl, rdx, 5);
       a.alu(8, x64::kCmp, rcx, x64::at(rbx, rdx, 1, jc + int32_t(offsetof(JumpEntry, rip))));
-      a.jcc(x64::kNe, out);
-      a.load(8, rcx, x64::at(rbx, rdx, 1, jc + int32_t(offsetof(JumpEntry, epoch))));
-      a.alu(8, x64::kCmp, rcx, epoch);
       a.jcc(x64::kNe, out);
       a.load(8, rax, x64::at(rbx, rdx, 1, jc + int32_t(offsetof(JumpEntry, block))));
       a.alu_imm(4, x64::kCmp, x64::at(rax, boff(&probe.key)), int32_t(block.key));
@@ -561,7 +556,7 @@ struct InterpBackend::Jit {
     if (!next || !next->body || steps + next->count > c.fast_step_limit_) return nullptr;
     Block* from = c.running_block_;
     if ((key & kKeyPaging) && (key & 3) == interp::kMode64)
-      c.jump_cache_[jump_index(c.s_.rip)] = JumpEntry{c.s_.rip, next, c.blocks_.epoch(), 0};
+      c.jump_cache_[jump_index(c.s_.rip)] = JumpEntry{c.s_.rip, next};
     if (linkable(*from, *next)) {
       c.blocks_.link(*from, int(slot), next);
     }

@@ -49,11 +49,11 @@ class Assembler {
     size_ = 0;
     if (code.size() < 4096) code.resize(4096);
   }
-  void u8(uint8_t v) {
+  [[gnu::always_inline]] void u8(uint8_t v) {
     room(1);
     code[size_++] = v;
   }
-  void u32(uint32_t v) {
+  [[gnu::always_inline]] void u32(uint32_t v) {
     room(4);
     std::memcpy(&code[size_], &v, 4);
     size_ += 4;
@@ -298,7 +298,7 @@ class Assembler {
 
  private:
   size_t size_ = 0;
-  void room(size_t n) {
+  [[gnu::always_inline]] void room(size_t n) {
     if (size_ + n > code.size()) [[unlikely]] code.resize(code.size() * 2 + n);
   }
   void use(Label& l) {

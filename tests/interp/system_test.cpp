@@ -1,4 +1,5 @@
 // Interp backend: paging faults, IDT delivery (IST, privilege change), SYSCALL/SYSRET, interrupts, mode switches.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "tests/interp/interp_test_util.h"
@@ -267,6 +268,36 @@ TEST(InterpSystem, StiShadowDelaysInterruptWindow) {
   // Not after STI itself (the shadow covers the next instruction), but after the NOP.
   EXPECT_EQ(vm.state().rip, kCode + 2);
   EXPECT_EQ(*vm.cpu->instruction_count(), 2u);
+}
+
+// STI, POPF and IRET run inside blocks and end the run of blocks: an interrupt IF held back lands where the
+// reference delivers it, in every executor.
+TEST(InterpSystem, InterruptHeldByIfLandsAfterStiPopfAndIretInsideBlocks) {
+  struct Case {
+    const char* name;
+    const char* code;
+    uint64_t rbx;  // what the handler finds: the instructions before it ran, none after
+  };
+  const Case cases[] = {
+      {"sti (after its shadow)", "mov rbx, 1\n sti\n mov rbx, 2\n mov rbx, 3\n hlt\n", 2},
+      {"popfq", "mov rbx, 1\n push 0x202\n popfq\n mov rbx, 2\n hlt\n", 1},
+      {"iretq", "mov rbx, 1\n mov rax, rsp\n push 0x10\n push rax\n push 0x202\n push 0x08\n"
+                "lea rax, [rip + 1f]\n push rax\n iretq\n 1: mov rbx, 2\n hlt\n", 1},
+  };
+  for (const InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(fmt::format("{} in {}", c.name, interp_mode_name(mode)));
+      TestVm vm = TestVm::long_mode();
+      vm.cpu->set_mode(mode);
+      vm.idt_gate(0x20, kHandler);
+      handler(vm, kHandler, "mov r15, rbx\n hlt\n");
+      vm.code(c.code);
+      ASSERT_TRUE(vm.cpu->inject_interrupt(0x20).has_value());  // IF is 0: it waits
+      ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+      EXPECT_EQ(vm.state().gpr[kR15], c.rbx);
+      EXPECT_EQ(vm.state().rip, kHandler + 4);  // (after the handler's HLT)
+    }
+  }
 }
 
 TEST(InterpSystem, MovSsShadowBlocksInjection) {
