@@ -685,6 +685,7 @@ struct InterpBackend::Jit {
     const size_t mark = held_mark();  // (stores only)
     a.store_imm(4, lazy_cc(), int32_t(interp::cc_code(kind, w)));
     a.store(8, lazy_dst(), dst);
+    if (kind == interp::kCcLogic) src1 = src2 = x64::kNoReg;  // (nothing reads them: its flags are dst's)
     if (src1 != x64::kNoReg) a.store(8, lazy_src1(), src1);
     if (src2 != x64::kNoReg) a.store(8, lazy_src2(), src2);
     held_after(mark, {});
