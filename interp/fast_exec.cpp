@@ -89,7 +89,8 @@ Role string_role(const DecodedInsn& insn, bool rep) {
 
 // Instructions whose whole effect is on general registers, arithmetic flags, DF, XMM/MXCSR and memory
 // (and CLI): nothing the run loop looks at between instructions (IF becoming 1, TF, shadows, mode, CPL,
-// segments, exits other than MMIO) can change, so they may run back to back. Everything else is left to
+// segments, exits other than MMIO) can change, so they may run back to back. A few more end their block
+// and the run (STI, POPF, IRET, INVLPG; RDTSC, IN, OUT, which may exit). Everything else is left to
 // step().
 Role role_of(const DecodedInsn& insn) {
   if (!insn.valid) return Role::kFallback;
@@ -148,6 +149,11 @@ Role role_of(const DecodedInsn& insn) {
     // round trip through the runner. A Linux boot runs 350,000 of them.
     case ZYDIS_MNEMONIC_STI: case ZYDIS_MNEMONIC_POPF: case ZYDIS_MNEMONIC_POPFD: case ZYDIS_MNEMONIC_POPFQ:
     case ZYDIS_MNEMONIC_IRET: case ZYDIS_MNEMONIC_IRETD: case ZYDIS_MNEMONIC_IRETQ: case ZYDIS_MNEMONIC_INVLPG:
+      return Role::kTransfer;
+    // The commonest exits (defer_exit): the block ends at them, and when the instruction exits the run
+    // returns with it unretired (bind_op: reference_may_exit), as step() would; step() runs it again with
+    // the VMM's answer. A Linux boot makes 200,000 of them.
+    case ZYDIS_MNEMONIC_RDTSC: case ZYDIS_MNEMONIC_RDTSCP: case ZYDIS_MNEMONIC_IN: case ZYDIS_MNEMONIC_OUT:
       return Role::kTransfer;
     // String instructions: a REP form ends its block (its handler runs the iterations, each a step of
     // its own); with a 16-bit address size they stay with step().
@@ -364,8 +370,9 @@ void InterpBackend::run_fast() {
     }
     running_block_ = nullptr;
     // The handler that returned nullptr has set RIP; the block retired up to and including it (the
-    // synthetic end is not an instruction).
-    steps_ += running_op_->index + (running_op_->index < block->count && !running_op_->self_counting ? 1 : 0);
+    // synthetic end is not an instruction), or up to it when it stops for an exit (exit_pending_).
+    steps_ += running_op_->index +
+              (running_op_->index < block->count && !running_op_->self_counting && !exit_pending_ ? 1 : 0);
     // Whatever would stop the run loop before the next instruction stops here, before that
     // instruction's fetch (a translation can set accessed bits): the reference would not have fetched it.
     if (end_block_after_op_ || watch_hit_ || branches_ >= branch_limit || steps_ >= limit || block_stepping_ ||

@@ -78,8 +78,8 @@ struct InterpBackend::Ops {
     c.next_rip_ = op->next_rip;
   }
 
-  // The instructions that defer their exits never run in blocks; were one to, its exit is thrown as
-  // every exit from a block is.
+  // An instruction that defers its exit inside a block other than through reference_may_exit (none does):
+  // its exit is thrown as every exit from a block is.
   [[noreturn]] static void throw_deferred_exit(InterpBackend& c) {
     c.exit_pending_ = false;
     throw ExitRequest{};
@@ -124,6 +124,21 @@ struct InterpBackend::Ops {
     c.s_.rip = c.next_rip_;
     c.s_.interrupt_shadow = c.shadow_next_;
     c.end_block_after_op_ = true;
+    return nullptr;
+  }
+  // An instruction that may exit without unwinding (defer_exit: RDTSC, IN, OUT) ends its block. When it
+  // exits, it is not retired: RIP stays on it, the runner does not count it and returns, and run() hands
+  // exit_ to the VMM, as after step().
+  static const Op* reference_may_exit(InterpBackend& c, const Op* op) {
+    c.materialize_flags();
+    enter_reference(c, op);
+    c.execute(op->insn);
+    if (c.exit_pending_) {
+      c.s_.rip = op->rip;
+      c.end_block_after_op_ = true;
+    } else {
+      c.s_.rip = c.next_rip_;
+    }
     return nullptr;
   }
   // The end of a block that does not end in a control transfer (not an instruction).
@@ -903,6 +918,9 @@ void InterpBackend::bind_op(Op& op, bool transfer) {
     case ZYDIS_MNEMONIC_STI: case ZYDIS_MNEMONIC_POPF: case ZYDIS_MNEMONIC_POPFD: case ZYDIS_MNEMONIC_POPFQ:
     case ZYDIS_MNEMONIC_IRET: case ZYDIS_MNEMONIC_IRETD: case ZYDIS_MNEMONIC_IRETQ: case ZYDIS_MNEMONIC_INVLPG:
       fn = O::pair<&O::reference_ends_run>();
+      break;
+    case ZYDIS_MNEMONIC_RDTSC: case ZYDIS_MNEMONIC_RDTSCP: case ZYDIS_MNEMONIC_IN: case ZYDIS_MNEMONIC_OUT:
+      fn = O::pair<&O::reference_may_exit>();
       break;
     default:
       break;

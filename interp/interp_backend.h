@@ -301,10 +301,10 @@ class InterpBackend : public Backend {
   void check_io_permission();
   // Leaves run() with exit_ (its rip: the current instruction's, unless `rip` says otherwise).
   [[noreturn]] void request_exit(std::optional<uint64_t> rip = std::nullopt);
-  // The same without unwinding, for the run loop's commonest exits (RDTSC, IN, OUT: always through
-  // step(), never inside a block): the instruction returns at once, changing nothing more; step() leaves
-  // it unretired and run() returns exit_ as its ExitRequest catch does. (A C++ throw costs microseconds:
-  // they were 5-8% of a Linux boot.)
+  // The same without unwinding, for the run loop's commonest exits (RDTSC, IN, OUT): the instruction
+  // returns at once, changing nothing more; step() (or, at a block's end, the runner: reference_may_exit)
+  // leaves it unretired and run() returns exit_ as its ExitRequest catch does. (A C++ throw costs
+  // microseconds: they were 5-8% of a Linux boot.)
   void defer_exit() {
     exit_.rip = insn_rip_;
     exit_pending_ = true;

@@ -139,6 +139,41 @@ TEST(InterpBasic, PortInputExit) {
   EXPECT_EQ(vm.state().gpr[kRax], 0xdeadbeefu);
 }
 
+// RDTSC, IN and OUT end their block and, when they exit, leave it unretired: the exit names them, counts
+// only the instructions before them, and the instruction runs again with the answer. In every executor.
+TEST(InterpBasic, ExitsInsideBlocksLeaveTheInstructionUnretired) {
+  for (const InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    SCOPED_TRACE(interp_mode_name(mode));
+    TestVm vm = TestVm::long_mode();
+    vm.cpu->set_mode(mode);
+    vm.code("mov rbx, 1\n mov ecx, 2\n rdtsc\n mov esi, eax\n in al, 0x40\n mov edi, eax\n out 0x41, al\n"
+            "add ebx, 1\n hlt\n");
+    VcpuExit* exit = *vm.cpu->run();
+    ASSERT_EQ(exit->kind, ExitKind::kRdtsc);
+    EXPECT_EQ(exit->rip, kCode + 12);  // mov rbx, 1 (7 bytes), mov ecx, 2 (5 bytes)
+    EXPECT_EQ(vm.state().rip, kCode + 12);
+    EXPECT_EQ(*vm.cpu->instruction_count(), 2u);
+    exit->value = 0x1234;
+    exit = *vm.cpu->run();
+    ASSERT_EQ(exit->kind, ExitKind::kIoIn);
+    EXPECT_EQ(exit->port, 0x40);
+    EXPECT_EQ(exit->rip, kCode + 16);  // rdtsc (2), mov esi, eax (2)
+    EXPECT_EQ(*vm.cpu->instruction_count(), 4u);
+    exit->value = 0x56;
+    exit = *vm.cpu->run();
+    ASSERT_EQ(exit->kind, ExitKind::kIoOut);
+    EXPECT_EQ(exit->port, 0x41);
+    EXPECT_EQ(exit->value, 0x56u);
+    EXPECT_EQ(*vm.cpu->instruction_count(), 6u);
+    ASSERT_EQ((*vm.cpu->run())->kind, ExitKind::kHlt);
+    const CpuState s = vm.state();
+    EXPECT_EQ(s.gpr[kRsi], 0x1234u);
+    EXPECT_EQ(s.gpr[kRdi], 0x1256u);  // IN AL keeps the rest of RAX (RDTSC's value)
+    EXPECT_EQ(s.gpr[kRbx], 2u);
+    EXPECT_EQ(*vm.cpu->instruction_count(), 9u);
+  }
+}
+
 TEST(InterpBasic, MmioReadAndWriteExit) {
   TestVm vm = TestVm::long_mode();
   vm.code("mov rbx, 0x10000000\n mov eax, [rbx + 8]\n add eax, 1\n mov [rbx + 16], eax\n hlt\n");
