@@ -1012,6 +1012,38 @@ struct InterpBackend::Jit {
   // helper (what the handlers do too: materializing changes nothing the guest can see). The helper call
   // comes before the operation loads anything (it clobbers the caller-saved registers).
   void partial_flags_prepare() {
+    if (known && (known_kind == interp::kCcSub || known_kind == interp::kCcAdd)) {
+      // The producer is known here: its CF, OF and AF computed inline (cc_compute's formulas) make the state
+      // kCcSzp, which takes the new bits in place, instead of a helper call materializing everything.
+      const unsigned bits = known_width * 8;
+      const bool sub = known_kind == interp::kCcSub;
+      a.load(8, rax, lazy_src1());
+      a.load(8, rcx, lazy_src2());
+      a.load(8, rdx, lazy_dst());
+      if (sub) a.alu(8, x64::kCmp, rax, rcx);  // a < b: the borrow (operands are stored masked)
+      else a.alu(8, x64::kCmp, rdx, rax);      // r < a: the carry
+      a.setcc(x64::kB, r8);
+      a.movzx(r8, 1, r8);                      // CF (bit 0)
+      a.mov(8, x64::r9, rax);
+      a.alu(8, x64::kXor, x64::r9, rcx);
+      a.alu(8, x64::kXor, x64::r9, rdx);
+      a.alu_imm(4, x64::kAnd, x64::r9, int32_t(interp::kAf));
+      a.alu(8, x64::kOr, r8, x64::r9);         // AF
+      // OF: sub: (a ^ b) & (a ^ r); add: (a ^ r) & (b ^ r); its sign bit.
+      a.mov(8, x64::r9, sub ? rax : rcx);
+      a.alu(8, x64::kXor, x64::r9, sub ? rcx : rdx);
+      a.mov(8, x64::r10, rax);
+      a.alu(8, x64::kXor, x64::r10, rdx);
+      a.alu(8, x64::kAnd, x64::r9, x64::r10);
+      a.shift_imm(8, x64::kShr, x64::r9, uint8_t(bits - 1));
+      a.alu_imm(4, x64::kAnd, x64::r9, 1);
+      a.shift_imm(4, x64::kShl, x64::r9, 11);
+      a.alu(8, x64::kOr, r8, x64::r9);         // OF
+      a.store(8, lazy_src2(), r8);
+      a.store_imm(4, lazy_cc(), int32_t(interp::cc_code(interp::kCcSzp, known_width)));
+      now_known(interp::kCcSzp, known_width);
+      return;
+    }
     x64::Label ok;
     a.load(4, rax, lazy_cc());
     a.shift_imm(4, x64::kShr, rax, 2);

@@ -174,6 +174,31 @@ TEST(InterpBasic, ExitsInsideBlocksLeaveTheInstructionUnretired) {
   }
 }
 
+// BT and ROL change CF (and OF) only: after an ADD or CMP earlier in the same block the JIT merges their
+// bits into that producer's flags computed inline. Every flag must come out as the reference's.
+TEST(InterpBasic, PartialFlagWritersKeepTheOtherFlagsOfAKnownProducer) {
+  const char* cases[] = {
+      "mov eax, 0x7fffffff\n mov ebx, 1\n add eax, 1\n bt ebx, 0\n pushfq\n pop rcx\n hlt\n",
+      "mov eax, 0x0f\n add al, 0xf1\n bt ebx, 3\n pushfq\n pop rcx\n hlt\n",
+      "mov eax, 0x80000000\n cmp eax, 1\n rol edx, 1\n pushfq\n pop rcx\n hlt\n",
+      "mov rax, 5\n mov rbx, 0x10\n sub rax, rbx\n bt rbx, 4\n pushfq\n pop rcx\n hlt\n",
+      "mov ax, 0x8000\n sub ax, 1\n ror edx, 3\n pushfq\n pop rcx\n hlt\n",
+  };
+  for (const char* code : cases) {
+    SCOPED_TRACE(code);
+    uint64_t reference_flags = 0;
+    for (const InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+      TestVm vm = TestVm::long_mode();
+      vm.cpu->set_mode(mode);
+      vm.code(code);
+      ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+      const uint64_t flags = vm.state().gpr[kRcx] & 0x8d5;  // OF SF ZF AF PF CF
+      if (mode == InterpMode::kReference) reference_flags = flags;
+      else EXPECT_EQ(flags, reference_flags) << interp_mode_name(mode);
+    }
+  }
+}
+
 TEST(InterpBasic, MmioReadAndWriteExit) {
   TestVm vm = TestVm::long_mode();
   vm.code("mov rbx, 0x10000000\n mov eax, [rbx + 8]\n add eax, 1\n mov [rbx + 16], eax\n hlt\n");
