@@ -112,8 +112,11 @@ class BlockCache {
   // Drops every block of page `pfn`.
   bool invalidate_page(uint64_t pfn);
   void clear();
-  // Makes `to` the block linked in `slot` of `from` (nullptr: none).
+  // Makes `to` the block linked in `slot` of `from` (nullptr: none). A dropped block links nowhere (the
+  // runner's lookup after a block can drop it: a page walk's accessed bit stored into its page), and
+  // nothing links to one: its memory goes at the next release_retired().
   void link(Block& from, int slot, Block* to) {
+    if (from.dead || (to && to->dead)) return;
     Block* old = from.link[slot];
     if (old == to) return;
     if (old) forget_incoming(*old, &from, slot);

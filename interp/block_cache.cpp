@@ -39,7 +39,10 @@ void BlockCache::drop(Block* block) {
   // lists of those it links to.
   for (const auto& [from, slot] : block->incoming) from->link[slot] = nullptr;
   block->incoming.clear();
-  for (int slot = 0; slot < 2; ++slot) link(*block, slot, nullptr);
+  for (int slot = 0; slot < 2; ++slot) {
+    if (Block* to = block->link[slot]) forget_incoming(*to, block, slot);
+    block->link[slot] = nullptr;
+  }
   if (on_drop_) on_drop_(*block);
   bytes_ -= std::min(bytes_, block->memory_bytes());
   ++invalidations_;

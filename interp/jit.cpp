@@ -504,11 +504,18 @@ struct InterpBackend::Jit {
     a.mov_imm64(rdx, reinterpret_cast<uint64_t>(&op));
     a.jmp_mem(x64::at(rax, boff(&probe.chain_entry[(counted ? 2 : 0) | (other_page ? 1 : 0)])));
     a.bind(out);
-    // Not linked (another page, another target): the cache may have the block all the same.
+    // Not linked (another page, another target): the cache may have the block all the same. A Jcc's two
+    // exits share this code, each with its slot in RDX.
+    a.mov_imm64(rdx, uint64_t(slot));
+    if (lookup_op == &op) {
+      a.jmp(lookup);
+      return;
+    }
+    lookup_op = &op;
+    a.bind(lookup);
     x64::Label back;
     a.mov(8, rdi, rbx);
     a.mov_imm64(rsi, block.count);
-    a.mov_imm64(rdx, uint64_t(slot));
     a.call_abs(reinterpret_cast<uint64_t>(&next_body));
     a.test(8, rax, rax);
     a.jcc(x64::kE, back);
@@ -548,6 +555,8 @@ struct InterpBackend::Jit {
           c.s_.cr2 = cr2;
           return nullptr;
         }
+        // (Its accessed bits can rewrite code, this block's too: then the runner takes over.)
+        if (c.end_block_after_op_) return nullptr;
       }
     } else {
       phys = c.long_mode() ? linear : (linear & 0xffffffffu);
@@ -1384,6 +1393,9 @@ struct InterpBackend::Jit {
   // A refusal hands the block before's operation back to the runner (`refused`), as its own exit would.
   // The checks live here, once, rather than at each of the many exits that lead here.
   size_t entry_offset[4] = {};  // indexed like Block::chain_entry
+  // chain_exit's call of next_body for the operation `lookup_op` (a Jcc has two exits).
+  const Op* lookup_op = nullptr;
+  x64::Label lookup;
   x64::Label refused;
   void emit_chain_entries() {
     const auto counter_check = [&] {
