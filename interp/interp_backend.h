@@ -436,6 +436,7 @@ class InterpBackend : public Backend {
   uint64_t branch_limit_ = ~0ull;     // the armed counter overflow while blocks run
   bool chain_ok_ = false;             // JIT code may jump from block to block (no breakpoints, no block stepping)
   std::atomic<bool> kicked_{false};   // (right after chain_ok_: JIT code reads the two as one word)
+  const interp::Op* chain_op_ = nullptr;  // a chain entry's caller's operation, across its call of next_body
   // 64-bit blocks by RIP for JIT code's transfers to a target its link does not hold (a RET to another
   // caller, a JMP through a register): a direct-mapped memo of Jit::next_body's finds. It names live blocks
   // only, as links do (a dropped block's entry is cleared at once); JIT code checks the key and enters as

@@ -526,8 +526,9 @@ struct InterpBackend::Jit {
   // The block at RIP, when the runner would go on into it now and it is translated already: its body,
   // with this block's steps counted and it the running block; else nullptr (the runner takes over).
   // Looks things up, walking the page tables as the runner would: no translation, nothing freed.
-  // Links the block found into `slot` of the running one (linkable): the link is then taken inline next
-  // time.
+  // Links the block found into `slot` of the running one (linkable; kNoLink: none): the link is then taken
+  // inline next time.
+  static constexpr uint64_t kNoLink = 2;  // next_body's `slot` when it is to link nothing
   static const void* next_body(InterpBackend* cpu, uint64_t retired, uint64_t slot) noexcept {
     InterpBackend& c = *cpu;
     const uint64_t steps = c.steps_ + retired;
@@ -566,7 +567,7 @@ struct InterpBackend::Jit {
     Block* from = c.running_block_;
     if ((key & kKeyPaging) && (key & 3) == interp::kMode64)
       c.jump_cache_[jump_index(c.s_.rip)] = JumpEntry{c.s_.rip, next};
-    if (linkable(*from, *next)) {
+    if (slot != kNoLink && linkable(*from, *next)) {
       c.blocks_.link(*from, int(slot), next);
     }
     c.steps_ = steps;
@@ -1396,7 +1397,7 @@ struct InterpBackend::Jit {
   // chain_exit's call of next_body for the operation `lookup_op` (a Jcc has two exits).
   const Op* lookup_op = nullptr;
   x64::Label lookup;
-  x64::Label refused;
+  x64::Label refused, refused_unmapped;
   void emit_chain_entries() {
     const auto counter_check = [&] {
       a.load(8, r8, field(&c.branches_));
@@ -1412,15 +1413,15 @@ struct InterpBackend::Jit {
       const int32_t entry = off(&c.tlb_[vpn % kTlbSize]);
       a.mov_imm64(r8, vpn);
       a.alu(8, x64::kCmp, r8, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, tag))));
-      a.jcc(x64::kNe, refused);
+      a.jcc(x64::kNe, refused_unmapped);
       a.mov_imm64(r8, block.phys & ~0xfffull);
       a.alu(8, x64::kCmp, r8, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, phys))));
-      a.jcc(x64::kNe, refused);
+      a.jcc(x64::kNe, refused_unmapped);
       a.alu_imm(1, x64::kCmp, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, nx))), 0);
-      a.jcc(x64::kNe, refused);
+      a.jcc(x64::kNe, refused_unmapped);
       if (user) {
         a.alu_imm(1, x64::kCmp, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, user))), 0);
-        a.jcc(x64::kE, refused);
+        a.jcc(x64::kE, refused_unmapped);
       }
       a.jmp(checks);
     }
@@ -1513,6 +1514,23 @@ struct InterpBackend::Jit {
     a.load(8, rax, x64::at(rbx, off(&c.running_op_)));
     a.pop(rbx);
     a.ret();
+    // This page's TLB entry is not the one it was translated with (mostly: evicted, as a 256-entry
+    // direct-mapped TLB does): next_body makes the walk the runner's lookup would, and goes on to whatever
+    // block RIP now maps to, without a round trip through the runner (900,000 a Linux boot).
+    if (paged64) {
+      x64::Label gone;
+      a.bind(refused_unmapped);
+      a.store(8, x64::at(rbx, off(&c.chain_op_)), rdx);
+      a.mov(8, rdi, rbx);
+      a.mov(8, rsi, rcx);
+      a.mov_imm64(rdx, kNoLink);
+      a.call_abs(reinterpret_cast<uint64_t>(&next_body));
+      a.test(8, rax, rax);
+      a.jcc(x64::kE, gone);
+      a.jmp_reg(rax);
+      a.bind(gone);
+      a.load(8, rdx, x64::at(rbx, off(&c.chain_op_)));
+    }
     a.bind(refused);
     a.mov(8, rax, rdx);
     a.pop(rbx);
