@@ -261,7 +261,7 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
       if (insn.opsize == 16) target &= 0xffff;
       else if (insn.opsize == 32) target &= 0xffffffffu;
       op.target = target;
-      op.target_ok = mode != interp::kMode64 || uint64_t(int64_t(target << 16) >> 16) == target;
+      op.target_ok = mode != interp::kMode64 || is_canonical(target);
     }
     bind_op(op, role == Role::kTransfer);
     // A REP string instruction must count its iterations; one without a handler for that is left to step().

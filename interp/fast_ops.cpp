@@ -651,7 +651,7 @@ struct InterpBackend::Ops {
   // to the operand size otherwise (set_rip in the reference).
   [[gnu::always_inline]] static uint64_t checked_target(InterpBackend& c, const Op* op, uint64_t target) {
     if (op->insn.mode == interp::kMode64) {
-      if (uint64_t(int64_t(target << 16) >> 16) != target) c.raise(kGp, 0, true);
+      if (!is_canonical(target)) c.raise(kGp, 0, true);
       return target;
     }
     return op->insn.opsize == 16 ? target & 0xffff : target & 0xffffffffu;

@@ -80,6 +80,8 @@ class InterpBackend : public Backend {
   // Fast-path statistics, for --stats and the benchmarks.
   struct FastStats {
     uint64_t blocks_translated = 0, block_invalidations = 0, block_cache_flushes = 0, block_cache_bytes = 0;
+    // chained: blocks the runner or next_body went on to (JIT code's own links are not counted: a counter
+    // there would cost a memory increment at every block).
     uint64_t blocks_entered = 0, chained = 0, fallback_steps = 0;
   };
   FastStats fast_stats() const;
@@ -277,8 +279,9 @@ class InterpBackend : public Backend {
   void set_efer(uint64_t value);
   void update_mode();
   void write_rflags(uint64_t value, uint64_t mask);
+  static bool is_canonical(uint64_t address) { return uint64_t(int64_t(address << 16) >> 16) == address; }
   uint64_t canonical_check(uint64_t address, bool use_ss) const {
-    if (uint64_t(int64_t(address << 16) >> 16) != address) [[unlikely]] raise(use_ss ? 12 : 13, 0, true);
+    if (!is_canonical(address)) [[unlikely]] raise(use_ss ? 12 : 13, 0, true);
     return address;
   }
   // The linear address of segment:offset for a data access; in 64-bit mode only FS and GS have a base,

@@ -514,14 +514,18 @@ struct InterpBackend::Jit {
     lookup_op = &op;
     a.bind(lookup);
     x64::Label back;
-    a.mov(8, rdi, rbx);
     a.mov_imm64(rsi, block.count);
-    a.call_abs(reinterpret_cast<uint64_t>(&next_body));
-    a.test(8, rax, rax);
-    a.jcc(x64::kE, back);
-    a.jmp_reg(rax);
+    go_through_next_body(back);
     a.bind(back);
     end_block(op);
+  }
+  // Calls next_body (RSI retired, RDX slot) and jumps to the body it returns; `none` when it returns none.
+  void go_through_next_body(x64::Label& none) {
+    a.mov(8, rdi, rbx);
+    a.call_abs(reinterpret_cast<uint64_t>(&next_body));
+    a.test(8, rax, rax);
+    a.jcc(x64::kE, none);
+    a.jmp_reg(rax);
   }
   // The block at RIP, when the runner would go on into it now and it is translated already: its body,
   // with this block's steps counted and it the running block; else nullptr (the runner takes over).
@@ -548,7 +552,7 @@ struct InterpBackend::Jit {
         // A miss: the page walk the runner's lookup_block would make now, for the fetch the reference
         // makes next (the checks above are the runner's, so it would go on). A walk that faults leaves
         // no trace but CR2, put back: step() raises the fault then.
-        if ((key & 3) == interp::kMode64 && uint64_t(int64_t(linear << 16) >> 16) != linear) return nullptr;
+        if ((key & 3) == interp::kMode64 && !is_canonical(linear)) return nullptr;
         const uint64_t cr2 = c.s_.cr2;
         try {
           phys = c.translate(linear, Access::kExec, ((key >> 2) & 3) == 3);
@@ -1521,13 +1525,9 @@ struct InterpBackend::Jit {
       x64::Label gone;
       a.bind(refused_unmapped);
       a.store(8, x64::at(rbx, off(&c.chain_op_)), rdx);
-      a.mov(8, rdi, rbx);
       a.mov(8, rsi, rcx);
       a.mov_imm64(rdx, kNoLink);
-      a.call_abs(reinterpret_cast<uint64_t>(&next_body));
-      a.test(8, rax, rax);
-      a.jcc(x64::kE, gone);
-      a.jmp_reg(rax);
+      go_through_next_body(gone);
       a.bind(gone);
       a.load(8, rdx, x64::at(rbx, off(&c.chain_op_)));
     }

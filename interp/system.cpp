@@ -346,7 +346,7 @@ uint64_t InterpBackend::msr_read(uint32_t index) {
 void InterpBackend::msr_write(uint32_t index, uint64_t value) {
   if (cpl() != 0) raise(kGp, 0, true);
   auto canonical = [&](uint64_t address) {
-    if (uint64_t(int64_t(address << 16) >> 16) != address) raise(kGp, 0, true);
+    if (!is_canonical(address)) raise(kGp, 0, true);
     return address;
   };
   if (CpuModel::cpu_owns_msr(index)) {

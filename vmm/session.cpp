@@ -734,7 +734,7 @@ void Session::print_stats() {
     const InterpBackend::FastStats fast = interp->fast_stats();
     say("interp executor: {}", interp_mode_name(interp->mode()));
     if (interp->mode() != InterpMode::kReference) {
-      say("  blocks translated {}, entered {} (chained {}), instructions left to the reference executor {}",
+      say("  blocks translated {}, entered {} (chained by lookup {}), instructions left to the reference executor {}",
           fast.blocks_translated, fast.blocks_entered, fast.chained, fast.fallback_steps);
       say("  blocks dropped by code writes {}, cache flushes {}, cache bytes {}", fast.block_invalidations,
           fast.block_cache_flushes, fast.block_cache_bytes);
