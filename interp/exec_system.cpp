@@ -193,8 +193,9 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       const auto& m = insn.op[0];
       uint64_t linear = effective_address(m, insn) + (mode64() && m.seg < 4 ? 0 : segment_base(m.seg));
       if (!mode64()) linear &= 0xffffffffu;
-      for (auto& entry : tlb_) {
-        if (entry.tag == (linear >> 12)) entry = TlbEntry{};
+      if (TlbEntry& entry = tlb_entry(linear); entry.tag == (linear >> 12)) {
+        entry = TlbEntry{};
+        entry.listed = true;  // (still in tlb_live_)
       }
       invalidate_fetch();
       return;

@@ -196,7 +196,7 @@ struct InterpBackend::Ops {
 
   template <unsigned N>
   [[gnu::always_inline]] static uint64_t load(InterpBackend& c, const Op* op, const Mem& m) {
-    const TlbEntry& t = c.tlb_[(m.linear >> 12) % kTlbSize];
+    const TlbEntry& t = c.tlb_entry(m.linear);
     if (t.read_tag[c.s_.cs.dpl == 3] == ((m.linear + N - 1) >> 12)) [[likely]] {
       uint64_t v = 0;
       std::memcpy(&v, reinterpret_cast<const void*>(m.linear + t.addend), N);
@@ -206,7 +206,7 @@ struct InterpBackend::Ops {
   }
   template <unsigned N>
   [[gnu::always_inline]] static void store(InterpBackend& c, const Op* op, const Mem& m, uint64_t v) {
-    const TlbEntry& t = c.tlb_[(m.linear >> 12) % kTlbSize];
+    const TlbEntry& t = c.tlb_entry(m.linear);
     if (t.write_tag[c.s_.cs.dpl == 3] == ((m.linear + N - 1) >> 12)) [[likely]] {
       std::memcpy(reinterpret_cast<void*>(m.linear + t.addend), &v, N);
       return;
@@ -547,7 +547,7 @@ struct InterpBackend::Ops {
   static uint64_t bulk(InterpBackend& c, uint64_t rcx, uint64_t amask, int src_seg, const Op* op, uint64_t limit) {
     const bool user = c.s_.cs.dpl == 3;
     const Mem dst = at(c, op, 0, c.s_.gpr[kRdi] & amask);
-    const TlbEntry& td = c.tlb_[(dst.linear >> 12) % kTlbSize];
+    const TlbEntry& td = c.tlb_entry(dst.linear);
     if (td.write_tag[user] != (dst.linear >> 12)) return 0;
     uint64_t k = std::min<uint64_t>(rcx, (4096 - (dst.linear & 0xfff)) / N);
     k = std::min<uint64_t>(k, limit - c.steps_);
@@ -555,7 +555,7 @@ struct InterpBackend::Ops {
     const uint8_t* from = nullptr;
     if (Kind == Str::kMovs) {
       const Mem src = at(c, op, src_seg, c.s_.gpr[kRsi] & amask);
-      const TlbEntry& ts = c.tlb_[(src.linear >> 12) % kTlbSize];
+      const TlbEntry& ts = c.tlb_entry(src.linear);
       if (ts.read_tag[user] != (src.linear >> 12)) return 0;
       k = std::min<uint64_t>(k, (4096 - (src.linear & 0xfff)) / N);
       from = reinterpret_cast<const uint8_t*>(src.linear + ts.addend);

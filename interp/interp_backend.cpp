@@ -169,7 +169,7 @@ Result<VcpuExit*> InterpBackend::run() {
     // The checkpoint dirty bitmap was cleared: fast stores (which do not mark) must find their pages
     // marked again, so they take the slow path once per page.
     dirty_generation_ = memory_.dirty_generation();
-    for (auto& entry : tlb_) fill_fast_tags(entry);
+    for (const uint16_t index : tlb_live_) fill_fast_tags(tlb_[index]);
   }
   if (exit_outstanding_) {
     exit_outstanding_ = false;
@@ -318,7 +318,7 @@ Result<> InterpBackend::set_debug(const DebugControl& control) {
   debug_ = control;
   // Pages with a watchpoint lose their fast tags (every access must be checked); pages without one get them back.
   if (watch_changed)
-    for (auto& entry : tlb_) fill_fast_tags(entry);
+    for (const uint16_t index : tlb_live_) fill_fast_tags(tlb_[index]);
   step_origin_ = executed();
   return {};
 }
@@ -419,6 +419,16 @@ std::vector<std::string> InterpBackend::cpu_quirks() const {
   if (quirks_.fxsave_no_x87_pointers) out.emplace_back(kCpuQuirkFxsaveNoX87Pointers);
   if (quirks_.fxsave_skips_reserved_bytes) out.emplace_back(kCpuQuirkFxsaveSkipsReservedBytes);
   return out;
+}
+
+Result<> InterpBackend::adopt_software_tlb_entries(uint32_t entries) {
+  if (entries < 16 || entries > kSoftwareTlbMaxEntries || (entries & (entries - 1)) != 0)
+    return fail(ErrorKind::kUnsupported, "the software CPU cannot have a TLB of {} entries (a power of two from 16 to {})",
+                entries, kSoftwareTlbMaxEntries);
+  flush_tlb(true);
+  tlb_mask_ = entries - 1;
+  blocks_.clear();  // (JIT code has the TLB's size in it)
+  return {};
 }
 
 Result<> InterpBackend::adopt_cpu_quirks(std::span<const std::string> quirks) {

@@ -55,6 +55,7 @@ class InterpBackend : public Backend {
   Result<> restore_internal(std::span<const uint8_t> state) override;
   std::vector<std::string> cpu_quirks() const override;
   Result<> adopt_cpu_quirks(std::span<const std::string> quirks) override;
+  Result<> adopt_software_tlb_entries(uint32_t entries) override;
 
   // Makes the progress counter behave like a hardware PMU (for testing CoordinateSeeker without one):
   // an armed overflow stops the vCPU a random 0..skid branches late, drawn from a generator seeded with `seed`.
@@ -114,8 +115,8 @@ class InterpBackend : public Backend {
     uint64_t write_tag[2] = {~0ull, ~0ull};
     uint64_t addend = 0;
     bool writable = false, user = false, nx = false, global = false, dirty = false;
+    bool listed = false;  // its index is in tlb_live_
   };
-  static constexpr size_t kTlbSize = 256;
 
   // Execution.
   void step();
@@ -160,7 +161,7 @@ class InterpBackend : public Backend {
   // where `next` was translated from, executable at the block's privilege.
   bool link_current(const interp::Block& from, const interp::Block& next) const {
     if (((next.linear ^ from.linear) >> 12) == 0 || !(from.key & kKeyPaging)) return true;
-    const TlbEntry& e = tlb_[(next.linear >> 12) % kTlbSize];
+    const TlbEntry& e = tlb_entry(next.linear);
     return e.tag == (next.linear >> 12) && e.phys == (next.phys & ~0xfffull) && !e.nx &&
            (((from.key >> 2) & 3) != 3 || e.user);
   }
@@ -218,7 +219,7 @@ class InterpBackend : public Backend {
   // Memory.
   uint64_t translate(uint64_t linear, Access access, bool user) {
     if (s_.cr0 & cr0::kPg) [[likely]] {
-      const TlbEntry& entry = tlb_[(linear >> 12) % kTlbSize];
+      const TlbEntry& entry = tlb_entry(linear);
       // Hit: a read, or a write to a page already marked dirty and writable for this privilege.
       if (entry.tag == (linear >> 12) && (!user || entry.user) &&
           (access == Access::kRead ||
@@ -229,7 +230,7 @@ class InterpBackend : public Backend {
     return translate_slow(linear, access, user);
   }
   uint64_t translate_slow(uint64_t linear, Access access, bool user);
-  uint64_t walk(uint64_t linear, Access access, bool user, TlbEntry& entry);
+  uint64_t walk(uint64_t linear, Access access, bool user);
   void read_linear(uint64_t linear, void* out, unsigned size, Access access = Access::kRead);
   void write_linear(uint64_t linear, const void* data, unsigned size);
   void read_phys(uint64_t gpa, void* out, unsigned size);
@@ -347,7 +348,24 @@ class InterpBackend : public Backend {
   uint64_t fetch_cache_generation_ = 0;
   const uint16_t* fetch_slots_ = nullptr;
   interp::DecodedInsn* fetch_insns_ = nullptr;  // instructions that straddle a page boundary are not cached
-  std::array<TlbEntry, kTlbSize> tlb_{};
+  // The software TLB: tlb_mask_ + 1 direct-mapped entries, a machine-model parameter (stale entries and the
+  // accessed bits walks set are guest-visible), so a trace records it (MachineConfig.software_tlb_entries).
+  // The indexes of the entries ever filled since the last flush are listed, each once, so that a flush or a
+  // scan costs what is in use rather than the whole array.
+  std::array<TlbEntry, kSoftwareTlbMaxEntries> tlb_{};
+  uint64_t tlb_mask_ = kSoftwareTlbEntries - 1;
+  std::vector<uint16_t> tlb_live_;
+  TlbEntry& tlb_entry(uint64_t linear) { return tlb_[(linear >> 12) & tlb_mask_]; }
+  const TlbEntry& tlb_entry(uint64_t linear) const { return tlb_[(linear >> 12) & tlb_mask_]; }
+  // The entry page `vpn` goes to, emptied and listed: for a fill.
+  TlbEntry& tlb_fill(uint64_t vpn) {
+    TlbEntry& entry = tlb_[vpn & tlb_mask_];
+    if (!entry.listed) tlb_live_.push_back(uint16_t(vpn & tlb_mask_));
+    entry = TlbEntry{};
+    entry.listed = true;
+    entry.tag = vpn;
+    return entry;
+  }
 
   VcpuExit exit_;
   // The pending exit's response: the instruction that caused it is executed again and consumes it.

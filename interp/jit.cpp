@@ -543,7 +543,7 @@ struct InterpBackend::Jit {
     const uint64_t linear = (key & 3) == interp::kMode64 ? c.s_.rip : ((c.s_.cs.base + c.s_.rip) & 0xffffffffu);
     uint64_t phys;
     if (c.s_.cr0 & cr0::kPg) {
-      const TlbEntry& e = c.tlb_[(linear >> 12) % kTlbSize];
+      const TlbEntry& e = c.tlb_entry(linear);
       if (e.tag == (linear >> 12)) {
         // The reference's fetch translation on a TLB hit (which has no side effects).
         if ((((key >> 2) & 3) == 3 && !e.user) || e.nx) return nullptr;
@@ -683,7 +683,7 @@ struct InterpBackend::Jit {
     a.shift_imm(8, x64::kShr, rdx, 12);
     a.mov(4, rcx, rsi);
     a.shift_imm(4, x64::kShr, rcx, 12);
-    a.alu_imm(4, x64::kAnd, rcx, int32_t(kTlbSize - 1));
+    a.alu_imm(4, x64::kAnd, rcx, int32_t(c.tlb_mask_));
     a.shift_imm(4, x64::kShl, rcx, 6);
     const int32_t tag = write ? int32_t(offsetof(TlbEntry, write_tag)) : int32_t(offsetof(TlbEntry, read_tag));
     a.alu(8, x64::kCmp, rdx, tlb(tag, user ? 8 : 0));
@@ -1414,7 +1414,7 @@ struct InterpBackend::Jit {
       counter_check();
       entry_offset[1] = a.size();
       const uint64_t vpn = block.linear >> 12;
-      const int32_t entry = off(&c.tlb_[vpn % kTlbSize]);
+      const int32_t entry = off(&c.tlb_[vpn & c.tlb_mask_]);
       a.mov_imm64(r8, vpn);
       a.alu(8, x64::kCmp, r8, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, tag))));
       a.jcc(x64::kNe, refused_unmapped);

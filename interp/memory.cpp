@@ -27,10 +27,14 @@ uint64_t InterpBackend::segment_base(int seg_index) const {
 
 void InterpBackend::flush_tlb(bool include_global) {
   invalidate_fetch();
-  bool keep_global = !include_global && (s_.cr4 & cr4::kPge);
-  for (auto& entry : tlb_) {
-    if (!(keep_global && entry.global)) entry = TlbEntry{};
+  const bool keep_global = !include_global && (s_.cr4 & cr4::kPge);
+  size_t kept = 0;
+  for (const uint16_t index : tlb_live_) {
+    TlbEntry& entry = tlb_[index];
+    if (keep_global && entry.global) tlb_live_[kept++] = index;
+    else entry = TlbEntry{};
   }
+  tlb_live_.resize(kept);
 }
 
 void InterpBackend::fill_fast_tags(TlbEntry& entry) {
@@ -55,29 +59,29 @@ void InterpBackend::fill_fast_tags(TlbEntry& entry) {
 }
 
 void InterpBackend::revoke_fast_writes(uint64_t pfn) {
-  for (auto& entry : tlb_)
+  for (const uint16_t index : tlb_live_) {
+    TlbEntry& entry = tlb_[index];
     if (entry.tag != ~0ull && (entry.phys >> 12) == pfn) entry.write_tag[0] = entry.write_tag[1] = ~0ull;
+  }
 }
 
 void InterpBackend::refresh_fast_entry(uint64_t linear) {
-  TlbEntry& entry = tlb_[(linear >> 12) % kTlbSize];
   if (!(s_.cr0 & cr0::kPg)) {
     // Without paging the reference never looks at the TLB: an identity entry serves the fast path
     // alone (flush_tlb() clears it when paging comes on).
-    entry = TlbEntry{};
-    entry.tag = linear >> 12;
+    TlbEntry& entry = tlb_fill(linear >> 12);
     entry.phys = linear & ~0xfffull;
     entry.writable = entry.user = entry.dirty = true;
-  } else if (entry.tag != (linear >> 12)) {
-    return;
+    fill_fast_tags(entry);
+  } else if (TlbEntry& entry = tlb_entry(linear); entry.tag == (linear >> 12)) {
+    fill_fast_tags(entry);
   }
-  fill_fast_tags(entry);
 }
 
 uint8_t* InterpBackend::fast_host_range(int seg, uint64_t offset, uint64_t n, bool write) {
   if (decode_mode() != interp::kMode64 || n == 0) return nullptr;
   const uint64_t linear = seg >= 4 ? offset + segment_base(seg) : offset;
-  const TlbEntry& entry = tlb_[(linear >> 12) % kTlbSize];
+  const TlbEntry& entry = tlb_entry(linear);
   const bool user = s_.cs.dpl == 3;
   // (A non-canonical address never matches a tag: its page numbers are not those of an entry.)
   if (((linear + n - 1) >> 12) != (linear >> 12) || (write ? entry.write_tag : entry.read_tag)[user] != (linear >> 12))
@@ -88,7 +92,7 @@ uint8_t* InterpBackend::fast_host_range(int seg, uint64_t offset, uint64_t n, bo
 uint64_t InterpBackend::translate_slow(uint64_t linear, Access access, bool user) {
   if (!(s_.cr0 & cr0::kPg)) return long_mode() ? linear : (linear & 0xffffffffu);
   uint64_t vpn = linear >> 12;
-  TlbEntry& entry = tlb_[vpn % kTlbSize];
+  TlbEntry& entry = tlb_[vpn & tlb_mask_];
   if (entry.tag == vpn) [[likely]] {
     bool ok = true;
     if (user && !entry.user) ok = false;
@@ -96,10 +100,10 @@ uint64_t InterpBackend::translate_slow(uint64_t linear, Access access, bool user
     if (access == Access::kExec && entry.nx) ok = false;
     if (ok) return entry.phys | (linear & 0xfff);
   }
-  return walk(linear, access, user, entry);
+  return walk(linear, access, user);
 }
 
-uint64_t InterpBackend::walk(uint64_t linear, Access access, bool user, TlbEntry& entry) {
+uint64_t InterpBackend::walk(uint64_t linear, Access access, bool user) {
   const bool nxe = s_.efer & efer::kNxe;
   auto fault = [&](bool present, bool reserved) {
     uint32_t code = (present ? 1u : 0u) | (access == Access::kWrite ? 2u : 0u) | (user ? 4u : 0u) |
@@ -192,8 +196,7 @@ uint64_t InterpBackend::walk(uint64_t linear, Access access, bool user, TlbEntry
     if (value != levels[i].value) store(levels[i].gpa, value, wide);
   }
   bool dirty = access == Access::kWrite || (levels[depth - 1].value & kDirty);
-  entry = TlbEntry{};
-  entry.tag = linear >> 12;
+  TlbEntry& entry = tlb_fill(linear >> 12);
   entry.phys = phys_page;
   entry.writable = writable;
   entry.user = user_ok;

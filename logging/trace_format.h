@@ -19,7 +19,7 @@ namespace deja {
 // Version 4: derived time (MachineConfig.derived_time, Async.instructions): an older replay would wait for Clock and
 // Rdtsc events that are not there.
 // Versions 1 to 3 are the same layout without them: this deja reads all four.
-constexpr uint32_t kTraceFormatVersion = 4;
+constexpr uint32_t kTraceFormatVersion = 5;
 constexpr uint32_t kOldestTraceFormatVersion = 1;
 
 // Layout constants (docs/trace-format.md is the normative description).

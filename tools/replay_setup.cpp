@@ -302,6 +302,10 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
   session.count_rdtsc_as_guest_exits(rc.rdtsc_exits_are_guest_exits());
   if (rc.digest_interval() != 0) session.set_digest_interval(rc.digest_interval());
   session.complete_mmio_write_exits(rc.mmio_write_exits_complete());
+  const uint32_t tlb_entries = rc.software_tlb_entries() ? rc.software_tlb_entries() : kSoftwareTlbEntriesBeforeRecorded;
+  if (auto ok = session.machine().backend().adopt_software_tlb_entries(tlb_entries); !ok) {
+    return std::unexpected(Error{ok.error().kind, fmt::format("{}: {}", options.trace_path, ok.error().message)});
+  }
   const std::vector<std::string> quirks(rc.cpu_quirks().begin(), rc.cpu_quirks().end());
   if (auto ok = session.machine().backend().adopt_cpu_quirks(quirks); !ok) {
     // Not a refusal: many guests never see the difference, and one that does diverges, which replay reports.

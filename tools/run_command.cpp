@@ -394,6 +394,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     c->set_rdtsc_exits_are_guest_exits(session.rdtsc_exits_are_guest_exits());
     c->set_digest_interval(options.digest_interval);
     c->set_mmio_write_exits_complete(session.mmio_write_exits_complete());
+    c->set_software_tlb_entries(kSoftwareTlbEntries);
     for (const std::string& quirk : session.machine().backend().cpu_quirks()) c->add_cpu_quirks(quirk);
     c->set_tsc_hz(CpuModel::kTscHz);
     if (auto rates = session.engine().derived_time_rates()) {

@@ -100,6 +100,13 @@ inline constexpr std::string_view kCpuQuirkFxsaveNoX87Pointers = "fxsave-no-x87-
 // QEMU's TCG writes only the 10 register bytes of each 16-byte x87 slot: FXSAVE leaves bytes 10-15 as they were.
 inline constexpr std::string_view kCpuQuirkFxsaveSkipsReservedBytes = "fxsave-skips-reserved-bytes";
 
+// The software CPU's TLB (interp): direct-mapped, this many entries. Part of its machine model (a stale entry,
+// and the accessed bits a walk sets, are guest-visible), so a trace records it (MachineConfig.software_tlb_entries)
+// and a replay on the software CPU adopts it. Traces before the field had 256.
+inline constexpr uint32_t kSoftwareTlbEntries = 2048;
+inline constexpr uint32_t kSoftwareTlbEntriesBeforeRecorded = 256;
+inline constexpr uint32_t kSoftwareTlbMaxEntries = 2048;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -120,6 +127,10 @@ class Backend {
     if (quirks.empty()) return {};
     return fail(ErrorKind::kUnsupported, "the {} backend cannot reproduce CPU quirk {}", name(), quirks.front());
   }
+
+  // The software TLB's size of the machine a trace was recorded on (a power of two, kSoftwareTlbEntries by
+  // default). A backend whose TLB is the hardware's has no such parameter and ignores it.
+  virtual Result<> adopt_software_tlb_entries(uint32_t /*entries*/) { return {}; }
 
   // Runs the vCPU until the next exit. The returned exit stays valid, and the VMM fills its
   // response fields (value / ok / fault), until the next run(). Errors are host failures only;

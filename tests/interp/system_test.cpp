@@ -68,6 +68,29 @@ TEST(InterpSystem, TlbHonoursInvlpgAndCr3Reload) {
   EXPECT_EQ(s.gpr[kRcx], 0xbbbbu);
 }
 
+// The TLB's size is machine model: a trace records it and a replay adopts it. Page 0x1e0000 and page 0x0e0000 share
+// an entry of a 256-entry TLB, so the second evicts the first's stale translation; with 2048 entries it stays.
+TEST(InterpSystem, TlbSizeDecidesWhichStaleTranslationsSurvive) {
+  for (const uint32_t entries : {256u, kSoftwareTlbEntries}) {
+    SCOPED_TRACE(entries);
+    TestVm vm = TestVm::long_mode();
+    ASSERT_TRUE(vm.cpu->adopt_software_tlb_entries(entries));
+    vm.write64(0x1e0000, 0xaaaa);
+    vm.write64(0x1d0000, 0xbbbb);
+    vm.code(R"(
+      mov rax, [0x1e0000]
+      mov qword ptr [0x7000 + 0x1e0 * 8], 0x1d0007
+      mov rbx, [0x0e0000]
+      mov rcx, [0x1e0000]
+      hlt
+    )");
+    ASSERT_EQ(vm.run().kind, ExitKind::kHlt);
+    EXPECT_EQ(vm.state().gpr[kRcx], entries == 256 ? 0xbbbbu : 0xaaaau);
+  }
+  TestVm vm = TestVm::long_mode();
+  for (const uint32_t entries : {0u, 8u, 1000u, 4096u}) EXPECT_FALSE(vm.cpu->adopt_software_tlb_entries(entries)) << entries;
+}
+
 // With CR4.PGE a global translation survives a CR3 reload; a non-global one is walked again.
 TEST(InterpSystem, GlobalPagesSurviveCr3Reload) {
   TestVm vm = TestVm::long_mode();
