@@ -210,9 +210,12 @@ struct InterpBackend::Jit {
   const Block& block;
   x64::Assembler a;
   x64::Label ended;  // after a handler ended the block: return running_op_
+  // What the holder tracks (holder_): the 16 guest registers, then the lazy flags' operands.
+  static constexpr int kHeldDst = 16, kHeldSrc1 = 17, kHeldSrc2 = 18, kHeldSlots = 19;
   struct Slow {
     x64::Label entry, resume;
     const Op* op;
+    int8_t held[kHeldSlots];  // what the fast path leaves held at `resume`: the slow path loads the same
   };
   std::vector<Slow> slows;
   const bool user;
@@ -591,7 +594,7 @@ struct InterpBackend::Jit {
   // ~5 cycles on a dependency chain, which is what integer code mostly is). What is held is known only
   // while nothing but these accessors has been emitted since they last ran and no label has been bound
   // since (code after a label can be reached from elsewhere): any other code may change any host register.
-  int8_t holder_[16];               // guest register -> the host register holding all 64 bits of it, or -1
+  int8_t holder_[kHeldSlots];       // slot -> the host register holding all 64 bits of it, or -1
   size_t held_at_ = SIZE_MAX;       // the code size when that was last true
   unsigned held_binds_ = 0;
   void held_begin() {
@@ -607,11 +610,44 @@ struct InterpBackend::Jit {
   }
   // For code a template emits between accessors that writes the given host registers only and binds no
   // label: held_mark() before it, held_after() after it, and what the other registers hold stays known.
-  size_t held_mark() const { return a.size() == held_at_ && a.binds == held_binds_ ? held_at_ : SIZE_MAX - 1; }
+  size_t held_mark() const { return held_now() ? held_at_ : SIZE_MAX - 1; }
   void held_after(size_t mark, std::initializer_list<Reg> written) {
     if (mark != held_at_ || a.binds != held_binds_) return;
     for (Reg r : written) held_clobber(r);
     held_end();
+  }
+  bool held_now() const { return a.size() == held_at_ && a.binds == held_binds_; }
+  // Emits `emit`, code that writes the host registers `written` only (no label bound, no store into what the
+  // holder tracks), keeping what the others hold known.
+  template <typename F>
+  void raw(std::initializer_list<Reg> written, F&& emit) {
+    const size_t mark = held_mark();
+    emit();
+    held_after(mark, written);
+  }
+  x64::Mem slot_mem(int slot) const {
+    return slot < 16 ? gpr(slot) : slot == kHeldDst ? lazy_dst() : slot == kHeldSrc1 ? lazy_src1() : lazy_src2();
+  }
+  // The host register holding slot `slot`: the one that already does, else `scratch` loaded with it.
+  Reg slot_reg(int slot, Reg scratch) {
+    held_begin();
+    const int8_t h = holder_[slot];
+    if (h < 0) {
+      a.load(8, scratch, slot_mem(slot));
+      held_clobber(scratch);
+      holder_[slot] = int8_t(scratch);
+    }
+    held_end();
+    return h < 0 ? scratch : Reg(h);
+  }
+  // Binds slow path `s`'s resume point. What the fast path leaves held there stays known: the slow path
+  // loads the same host registers before it jumps back (the handler it ran has stored everything).
+  void bind_resume(Slow& s) {
+    const bool known_here = held_now();
+    if (known_here) std::memcpy(s.held, holder_, sizeof holder_);
+    else std::memset(s.held, -1, sizeof s.held);
+    a.bind(s.resume);
+    if (known_here) held_end();
   }
   // Host `r` = guest register `g` (all 64 bits).
   void load_gpr(Reg r, int g) {
@@ -637,9 +673,11 @@ struct InterpBackend::Jit {
     if (w == 8) return load_gpr(r, o.reg);
     held_begin();
     const int8_t h = holder_[o.reg];
+    const bool high8 = o.kind == interp::OpKind::kGprHigh8;
     if (w == 4 && h >= 0) a.mov(4, r, Reg(h));
     else if (w == 4) a.load(4, r, gpr(o.reg));
-    else a.movzx(r, w, gpr(o.reg, o.kind == interp::OpKind::kGprHigh8 ? 1 : 0));
+    else if (h >= 0 && !high8) a.movzx(r, w, Reg(h));
+    else a.movzx(r, w, gpr(o.reg, high8 ? 1 : 0));
     held_clobber(r);
     held_end();
   }
@@ -662,23 +700,27 @@ struct InterpBackend::Jit {
     if (o.base == interp::kRipBase) {
       uint64_t linear = op.next_rip + uint64_t(o.disp);
       if (op.insn.addrsize == 32) linear &= 0xffffffffu;
-      a.mov_imm64(rsi, linear);
+      raw({rsi}, [&] { a.mov_imm64(rsi, linear); });
     } else {
       if (o.base != interp::kNoReg) load_gpr(rsi, o.base);
-      else a.mov_imm64(rsi, 0);
+      else raw({rsi}, [&] { a.mov_imm64(rsi, 0); });
       if (o.index != interp::kNoReg) {
         load_gpr(rdx, o.index);
-        a.lea(rsi, x64::at(rsi, rdx, o.scale, int32_t(o.disp)));
+        raw({rsi}, [&] { a.lea(rsi, x64::at(rsi, rdx, o.scale, int32_t(o.disp))); });
       } else if (o.disp != 0) {
-        a.lea(rsi, x64::at(rsi, int32_t(o.disp)));
+        raw({rsi}, [&] { a.lea(rsi, x64::at(rsi, int32_t(o.disp))); });
       }
-      if (op.insn.addrsize == 32) a.mov(4, rsi, rsi);
+      if (op.insn.addrsize == 32) raw({rsi}, [&] { a.mov(4, rsi, rsi); });
     }
-    if (o.seg == 4 || o.seg == 5) a.alu(8, x64::kAdd, rsi, x64::at(rbx, off(o.seg == 4 ? &c.s_.fs.base : &c.s_.gs.base)));
+    if (o.seg == 4 || o.seg == 5)
+      raw({rsi}, [&] { a.alu(8, x64::kAdd, rsi, x64::at(rbx, off(o.seg == 4 ? &c.s_.fs.base : &c.s_.gs.base))); });
   }
   // RSI = linear address of an n-byte access: jumps to `miss` unless its page has the fast tag (read
   // or write, at the block's privilege); else RSI becomes the host address. Clobbers RCX, RDX.
   void translate(unsigned n, bool write, x64::Label& miss) {
+    raw({rsi, rcx, rdx}, [&] { translate_raw(n, write, miss); });
+  }
+  void translate_raw(unsigned n, bool write, x64::Label& miss) {
     a.lea(rdx, x64::at(rsi, int32_t(n - 1)));
     a.shift_imm(8, x64::kShr, rdx, 12);
     a.mov(4, rcx, rsi);
@@ -691,8 +733,10 @@ struct InterpBackend::Jit {
     a.alu(8, x64::kAdd, rsi, tlb(int32_t(offsetof(TlbEntry, addend))));
   }
   void load_host(Reg r, unsigned w) {
-    if (w >= 4) a.load(w, r, x64::at(rsi));
-    else a.movzx(r, w, x64::at(rsi));
+    raw({r}, [&] {
+      if (w >= 4) a.load(w, r, x64::at(rsi));
+      else a.movzx(r, w, x64::at(rsi));
+    });
   }
 
   void store_flags(interp::CcKind kind, unsigned w, Reg dst, Reg src1, Reg src2) {
@@ -703,6 +747,11 @@ struct InterpBackend::Jit {
     if (src1 != x64::kNoReg) a.store(8, lazy_src1(), src1);
     if (src2 != x64::kNoReg) a.store(8, lazy_src2(), src2);
     held_after(mark, {});
+    if (held_now()) {
+      holder_[kHeldDst] = int8_t(dst);
+      if (src1 != x64::kNoReg) holder_[kHeldSrc1] = int8_t(src1);
+      if (src2 != x64::kNoReg) holder_[kHeldSrc2] = int8_t(src2);
+    }
   }
   void now_known(interp::CcKind kind, unsigned w) {
     known = true;
@@ -714,26 +763,46 @@ struct InterpBackend::Jit {
   void condition_jump(unsigned cc, x64::Label& taken) { a.jcc(condition_flags(cc), taken); }
   // Sets the host's flags so that the host condition returned holds when guest condition `cc` does.
   // Clobbers RAX (and, when the producer is not known here, every caller-saved register: a helper call).
+  // The lazy operands come from the host registers still holding them where they do.
   x64::Cond condition_flags(unsigned cc) {
     const unsigned pair = (cc >> 1) & 7;
     const bool uses_cf = pair == 1 || pair == 3;
     const bool szp_only = pair == 2 || pair == 4 || pair == 5;
     const unsigned w = known_width;
+    // The host's flags of src1 `op` src2 (a kCmp leaves src1 where it is; a kAdd goes to RAX).
+    const auto on_operands = [&](x64::Alu op) {
+      Reg x = slot_reg(kHeldSrc1, rax);
+      if (op != x64::kCmp && x != rax) {
+        raw({rax}, [&] { a.mov(8, rax, x); });
+        x = rax;
+      }
+      held_begin();
+      const int8_t y = holder_[kHeldSrc2];
+      const auto emit = [&] {
+        if (y >= 0) a.alu(w, op, x, Reg(y));
+        else a.alu(w, op, x, lazy_src2());
+      };
+      if (op == x64::kCmp) raw({}, emit);
+      else raw({rax}, emit);
+    };
+    const auto test_result = [&] {
+      const Reg x = slot_reg(kHeldDst, rax);
+      raw({}, [&] { a.test(w, x, x); });
+    };
     if (known && known_kind == interp::kCcSub) {
-      a.load(8, rax, lazy_src1());
-      a.alu(w, x64::kCmp, rax, lazy_src2());
+      on_operands(x64::kCmp);
     } else if (known && known_kind == interp::kCcAdd) {
-      a.load(8, rax, lazy_src1());
-      a.alu(w, x64::kAdd, rax, lazy_src2());
+      on_operands(x64::kAdd);
     } else if (known && known_kind == interp::kCcLogic) {
-      a.load(8, rax, lazy_dst());
-      a.test(w, rax, rax);
+      test_result();
     } else if (known && (known_kind == interp::kCcInc || known_kind == interp::kCcDec) && !uses_cf) {
-      a.load(8, rax, lazy_src1());
-      a.alu_imm(w, known_kind == interp::kCcInc ? x64::kAdd : x64::kSub, rax, 1);
+      const Reg x = slot_reg(kHeldSrc1, rax);
+      raw({rax}, [&] {
+        if (x != rax) a.mov(8, rax, x);
+        a.alu_imm(w, known_kind == interp::kCcInc ? x64::kAdd : x64::kSub, rax, 1);
+      });
     } else if (known && known_kind == interp::kCcSzp && szp_only) {
-      a.load(8, rax, lazy_dst());
-      a.test(w, rax, rax);
+      test_result();
     } else {
       a.mov(8, rdi, rbx);
       a.mov_imm64(rsi, cc);
@@ -791,7 +860,7 @@ struct InterpBackend::Jit {
         load_reg(rax, o1, w);
         a.store(w, x64::at(rsi), rax);
       }
-      a.bind(s.resume);
+      bind_resume(s);
       return;
     }
     if (is_mem(o1)) {
@@ -800,7 +869,7 @@ struct InterpBackend::Jit {
       translate(w, false, s.entry);
       load_host(rax, w);
       store_reg(o0, rax, w);
-      a.bind(s.resume);
+      bind_resume(s);
       return;
     }
     if (is_imm(o1)) a.mov_imm64(rax, uint64_t(o1.disp) & (w >= 8 ? ~0ull : (1ull << (8 * w)) - 1));
@@ -836,7 +905,7 @@ struct InterpBackend::Jit {
     else if (sw == 4) a.mov(4, rax, rax);
     if (w == 2) a.movzx(rax, 2, rax);
     store_reg(o0, rax, w);
-    if (s) a.bind(s->resume);
+    if (s) bind_resume(*s);
   }
 
   void emit_lea(const Op& op) {
@@ -862,6 +931,8 @@ struct InterpBackend::Jit {
       const size_t mark = held_mark();
       a.mov_imm64(rcx, uint64_t(o1.disp) & (w >= 8 ? ~0ull : (1ull << (8 * w)) - 1));
       held_after(mark, {rcx});
+    } else if (is_reg(o0) && o1.kind == o0.kind && o1.reg == o0.reg) {  // TEST r, r and the like
+      raw({rcx}, [&] { a.mov(8, rcx, rax); });
     } else if (Slow* s1 = load_operand(op, o1, w, false, rcx)) s = s1;
     const size_t mark = held_mark();
     a.mov(8, rdx, rax);
@@ -885,7 +956,7 @@ struct InterpBackend::Jit {
     }
     if (store) store_flags(kind, w, rdx, rax, rcx);
     now_known(kind, w);
-    if (s) a.bind(s->resume);
+    if (s) bind_resume(*s);
   }
 
   void emit_incdec_negnot(const Op& op, bool store) {
@@ -921,7 +992,7 @@ struct InterpBackend::Jit {
       }
       now_known(interp::kCcSub, w);
     }
-    if (s) a.bind(s->resume);
+    if (s) bind_resume(*s);
   }
 
   void emit_shift(const Op& op, bool store) {
@@ -941,7 +1012,7 @@ struct InterpBackend::Jit {
     store_operand(o0, rdx, w);
     if (store) store_flags(interp::kCcSzp, w, rdx, x64::kNoReg, rcx);
     now_known(interp::kCcSzp, w);
-    if (s) a.bind(s->resume);
+    if (s) bind_resume(*s);
   }
 
   // After a host SHL/SHR/SAR of RAX (the operand) into RDX (the result) by a non-zero count: `out` = CF | OF
@@ -986,7 +1057,7 @@ struct InterpBackend::Jit {
     a.mov(8, rax, rdx);
     a.bind(zero);
     store_operand(o0, rax, w);
-    if (s) a.bind(s->resume);
+    if (s) bind_resume(*s);
   }
   void emit_bswap(const Op& op) {
     const interp::Operand& o0 = op.insn.op[0];
@@ -1157,7 +1228,7 @@ struct InterpBackend::Jit {
     a.movzx(rcx, 1, rcx);
     if (writes) store_operand(o0, rax, w);
     partial_flags_merge(int32_t(interp::kCf));
-    if (s) a.bind(s->resume);
+    if (s) bind_resume(*s);
     else carry_in_rcx();
   }
 
@@ -1180,32 +1251,36 @@ struct InterpBackend::Jit {
     store_reg(o0, rdx, w);
     if (store) store_flags(interp::kCcSzp, w, rdx, x64::kNoReg, rcx);
     now_known(interp::kCcSzp, w);
-    if (s) a.bind(s->resume);
+    if (s) bind_resume(*s);
   }
 
   // CMOVcc and SETcc read the flags only: the condition is computed first (it has no side effects, and a
   // helper call for it would clobber the operands), then the operand accesses as the handler makes them.
   // A CMOV reads its source whatever the condition, and a 32-bit one writes its destination either way.
+  void setcc_r8(unsigned cc) {
+    const x64::Cond cond = condition_flags(cc);
+    raw({r8}, [&] { a.setcc(cond, r8); });
+  }
   void emit_cmov(const Op& op) {
     const interp::Operand &o0 = op.insn.op[0], &o1 = op.insn.op[1];
     const unsigned w = o0.size;
-    a.setcc(condition_flags(op.cond), r8);
+    setcc_r8(op.cond);
     Slow* s = load_operand(op, o1, w, false, rcx);
     load_reg(rax, o0, w);
     a.test(1, r8, r8);
     a.cmov(8, x64::kNe, rax, rcx);
     store_reg(o0, rax, w);
-    if (s) a.bind(s->resume);
+    if (s) bind_resume(*s);
   }
   void emit_setcc(const Op& op) {
     const interp::Operand& o0 = op.insn.op[0];
-    a.setcc(condition_flags(op.cond), r8);
+    setcc_r8(op.cond);
     if (is_mem(o0)) {
       Slow& s = slow_path(op);
       address(op, o0);
       translate(1, true, s.entry);
       a.store(1, x64::at(rsi), r8);
-      a.bind(s.resume);
+      bind_resume(s);
       return;
     }
     store_reg(o0, r8, 1);
@@ -1214,30 +1289,32 @@ struct InterpBackend::Jit {
   void emit_push(const Op& op) {
     Slow& s = slow_path(op);
     load_gpr(r8, kRsp);
-    a.lea(rsi, x64::at(r8, -8));
-    a.mov(8, r8, rsi);
+    raw({rsi, r8}, [&] {
+      a.lea(rsi, x64::at(r8, -8));
+      a.mov(8, r8, rsi);
+    });
     translate(8, true, s.entry);
     const interp::Operand& o0 = op.insn.op[0];
-    if (is_imm(o0)) a.mov_imm64(rax, uint64_t(o0.disp));
-    else a.load(8, rax, gpr(o0.reg));
-    a.store(8, x64::at(rsi), rax);
+    if (is_imm(o0)) raw({rax}, [&] { a.mov_imm64(rax, uint64_t(o0.disp)); });
+    else load_gpr(rax, o0.reg);  // (RSP's old value: R8 no longer holds RSP)
+    raw({}, [&] { a.store(8, x64::at(rsi), rax); });
     store_gpr(kRsp, r8);
-    a.bind(s.resume);
+    bind_resume(s);
   }
   // RAX = the 8 bytes at the guest's RSP, through the software TLB (a miss jumps to `s`); R8 = that RSP.
   void load_stack_top(Slow& s) {
     load_gpr(rsi, kRsp);
-    a.mov(8, r8, rsi);
+    raw({r8}, [&] { a.mov(8, r8, rsi); });
     translate(8, false, s.entry);
-    a.load(8, rax, x64::at(rsi));
+    load_host(rax, 8);
   }
   void emit_pop(const Op& op) {
     Slow& s = slow_path(op);
     load_stack_top(s);
-    a.alu_imm(8, x64::kAdd, r8, 8);
+    raw({r8}, [&] { a.alu_imm(8, x64::kAdd, r8, 8); });
     store_gpr(kRsp, r8);
     store_gpr(op.insn.op[0].reg, rax);
-    a.bind(s.resume);
+    bind_resume(s);
   }
 
   void count_branch() { a.inc_mem64(field(&c.branches_)); }
@@ -1267,7 +1344,7 @@ struct InterpBackend::Jit {
     canonical_or(rax, s.entry);
     a.store(8, field(&c.s_.rip), rax);
     chain_exit(op, 0, std::nullopt);
-    a.bind(s.resume);  // (the handler ended the block: its slow path goes to `ended`)
+    bind_resume(s);  // (the handler ended the block: its slow path goes to `ended`)
   }
   void emit_call(const Op& op) {
     Slow& s = slow_path(op);
@@ -1280,7 +1357,7 @@ struct InterpBackend::Jit {
     store_gpr(kRsp, r8);
     set_rip(op.target);
     chain_exit(op, slot_for(op, op.target), op.target);
-    a.bind(s.resume);
+    bind_resume(s);
   }
   void emit_ret(const Op& op) {
     Slow& s = slow_path(op);
@@ -1291,7 +1368,7 @@ struct InterpBackend::Jit {
     store_gpr(kRsp, r8);
     a.store(8, field(&c.s_.rip), rax);
     chain_exit(op, 0, std::nullopt);
-    a.bind(s.resume);
+    bind_resume(s);
   }
 
   // SSE templates (sse_template): XMM registers stay in s_.fxsave, XMM0/XMM1 of the host are scratch.
@@ -1385,7 +1462,7 @@ struct InterpBackend::Jit {
       case SseTemplate::kNone:
         break;
     }
-    a.bind(s.resume);
+    bind_resume(s);
   }
 
   // ---- the block -------------------------------------------------------------------------------------------
@@ -1512,6 +1589,8 @@ struct InterpBackend::Jit {
     for (auto& s : slows) {
       a.bind(s.entry);
       call_handler(*s.op);
+      for (int slot = 0; slot < kHeldSlots; ++slot)
+        if (s.held[slot] >= 0) a.load(8, Reg(s.held[slot]), slot_mem(slot));
       a.jmp(s.resume);
     }
     a.bind(ended);

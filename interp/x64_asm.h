@@ -140,7 +140,16 @@ class Assembler {
   void store(unsigned bytes, const Mem& m, Reg src) { op_rm(bytes, bytes == 1 ? 0x88 : 0x89, src, m); }
   // Zero- and sign-extending loads to 32/64 bits.
   void movzx(Reg dst, unsigned src_bytes, const Mem& m) { op2_rm(4, src_bytes == 1 ? 0xb6 : 0xb7, dst, m); }
-  void movzx(Reg dst, unsigned src_bytes, Reg src) { op2_rr(4, src_bytes == 1 ? 0xb6 : 0xb7, dst, src); }
+  void movzx(Reg dst, unsigned src_bytes, Reg src) {
+    if (src_bytes == 1 && src >= 4 && src < 8) {  // SPL..DIL need a REX (without one they are AH..BH)
+      rex(4, dst, kNoReg, src, true);
+      u8(0x0f);
+      u8(0xb6);
+      modrm_rr(dst, src);
+      return;
+    }
+    op2_rr(4, src_bytes == 1 ? 0xb6 : 0xb7, dst, src);
+  }
   void movsx(unsigned bytes, Reg dst, unsigned src_bytes, Reg src) {
     if (src_bytes == 4) {
       op_rr(bytes, 0x63, dst, src);  // MOVSXD
