@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <unordered_map>
@@ -73,6 +74,13 @@ struct Block {
   // Where a linked block's exit jumps to (interp/jit.cpp, emit_chain_entries): [0] from a block of the
   // same page, [1] from another page, [2] and [3] the same after a counted branch.
   const void* chain_entry[4] = {};
+  // A slot whose exit goes to a fixed RIP (a direct transfer, a fall-through) jumps straight to the linked
+  // block's chain entry: `exit_jump` is where its jump's rel32 is (nullptr: the exit reads `link` instead,
+  // as one to a varying RIP does), `exit_entry` which chain entry it takes, `exit_unlinked` where it goes
+  // while nothing is linked. BlockCache::link writes the jump.
+  uint8_t* exit_jump[2] = {nullptr, nullptr};
+  const void* exit_unlinked[2] = {nullptr, nullptr};
+  uint8_t exit_entry[2] = {0, 0};
   uint32_t code_bytes = 0;
 
   uint64_t end_linear() const { return linear + bytes; }
@@ -120,7 +128,7 @@ class BlockCache {
     Block* old = from.link[slot];
     if (old == to) return;
     if (old) forget_incoming(*old, &from, slot);
-    from.link[slot] = to;
+    set_link(from, slot, to);
     if (to) to->incoming.emplace_back(&from, uint8_t(slot));
   }
   // Called with every block dropped, before anything can run again (the JIT's jump cache forgets it).
@@ -145,6 +153,14 @@ class BlockCache {
     return (rip * 0x9e3779b97f4a7c15ull) >> (64 - 12);
   }
   void drop(Block* block);
+  static void set_link(Block& from, int slot, Block* to) {
+    from.link[slot] = to;
+    if (uint8_t* rel32 = from.exit_jump[slot]) {
+      const auto target = reinterpret_cast<intptr_t>(to ? to->chain_entry[from.exit_entry[slot]] : from.exit_unlinked[slot]);
+      const auto displacement = int32_t(target - reinterpret_cast<intptr_t>(rel32 + 4));
+      std::memcpy(rel32, &displacement, 4);
+    }
+  }
   static void forget_incoming(Block& to, const Block* from, int slot) {
     auto& in = to.incoming;
     for (size_t i = 0; i < in.size(); ++i) {

@@ -37,11 +37,11 @@ void BlockCache::drop(Block* block) {
   if (Block*& hot = recent_[recent_slot(block->phys, block->rip)]; hot == block) hot = nullptr;
   // No link may name it once it is freed: the blocks linked to it forget it, and it leaves the incoming
   // lists of those it links to.
-  for (const auto& [from, slot] : block->incoming) from->link[slot] = nullptr;
+  for (const auto& [from, slot] : block->incoming) set_link(*from, slot, nullptr);
   block->incoming.clear();
   for (int slot = 0; slot < 2; ++slot) {
     if (Block* to = block->link[slot]) forget_incoming(*to, block, slot);
-    block->link[slot] = nullptr;
+    set_link(*block, slot, nullptr);
   }
   if (on_drop_) on_drop_(*block);
   bytes_ -= std::min(bytes_, block->memory_bytes());

@@ -470,42 +470,55 @@ struct InterpBackend::Jit {
       return int32_t(reinterpret_cast<const char*>(member) - reinterpret_cast<const char*>(&probe));
     };
     const bool dynamic = !target;
-    x64::Label out, try_cache, check;
-    const bool use_cache = dynamic && paged64;
-    x64::Label& miss = use_cache ? try_cache : out;
-    a.mov_imm64(rdx, reinterpret_cast<uint64_t>(&block.link[slot]));
-    a.load(8, rax, x64::at(rdx));
-    a.test(8, rax, rax);
-    a.jcc(x64::kE, miss);
-    if (dynamic) {
-      a.load(8, rcx, x64::at(rax, boff(&probe.rip)));
-      a.alu(8, x64::kCmp, rcx, field(&c.s_.rip));
-      a.jcc(x64::kNe, miss);
-    }
-    if (use_cache) {
-      // The jump cache's entry for RIP: the same RIP, the same key; then the same entry as a link's.
-      a.jmp(check);
-      a.bind(try_cache);
-      const int32_t jc = off(&c.jump_cache_[0]);
-      a.load(8, rcx, field(&c.s_.rip));
-      a.mov(8, rdx, rcx);
-      a.shift_imm(8, x64::kShr, rdx, 12);
-      a.alu(8, x64::kXor, rdx, rcx);
-      a.alu_imm(4, x64::kAnd, rdx, int32_t(kJumpCacheSize - 1));
-      a.shift_imm(4, x64::kShl, rdx, 5);
-      a.alu(8, x64::kCmp, rcx, x64::at(rbx, rdx, 1, jc + int32_t(offsetof(JumpEntry, rip))));
-      a.jcc(x64::kNe, out);
-      a.load(8, rax, x64::at(rbx, rdx, 1, jc + int32_t(offsetof(JumpEntry, block))));
-      a.alu_imm(4, x64::kCmp, x64::at(rax, boff(&probe.key)), int32_t(block.key));
-      a.jcc(x64::kNe, out);
-      a.bind(check);
-    }
     // A block of another page (always possible for a varying target) must find its page mapped as when it
     // was translated: the entry that checks the software TLB.
     const bool other_page = paged64 && (dynamic || (*target >> 12) != (block.linear >> 12));
+    const int entry = (counted ? 2 : 0) | (other_page ? 1 : 0);
+    x64::Label out;
     a.mov_imm64(rcx, block.count);
     a.mov_imm64(rdx, reinterpret_cast<uint64_t>(&op));
-    a.jmp_mem(x64::at(rax, boff(&probe.chain_entry[(counted ? 2 : 0) | (other_page ? 1 : 0)])));
+    if (!dynamic && exit_at[slot] == SIZE_MAX) {
+      // A direct jump to the linked block's entry, which BlockCache::link writes; unlinked, it jumps to the
+      // next instruction, the lookup. (A Jcc to the next instruction has both exits in slot 1: the second
+      // reads the link.)
+      a.u8(0xe9);
+      exit_at[slot] = a.size();
+      exit_entry[slot] = uint8_t(entry);
+      a.u32(0);
+    } else {
+      // The link, if it names the block for RIP (a varying target), else (paged 64-bit code, a varying
+      // target) the jump cache's entry for RIP if it has the same RIP and key.
+      const bool use_cache = dynamic && paged64;
+      x64::Label try_cache, found;
+      x64::Label& miss = use_cache ? try_cache : out;
+      a.mov_imm64(rax, reinterpret_cast<uint64_t>(&block.link[slot]));
+      a.load(8, rax, x64::at(rax));
+      a.test(8, rax, rax);
+      a.jcc(x64::kE, miss);
+      if (dynamic) {
+        a.load(8, r8, x64::at(rax, boff(&probe.rip)));
+        a.alu(8, x64::kCmp, r8, field(&c.s_.rip));
+        a.jcc(x64::kNe, miss);
+      }
+      if (use_cache) {
+        a.jmp(found);
+        a.bind(try_cache);
+        const int32_t jc = off(&c.jump_cache_[0]);
+        a.load(8, r8, field(&c.s_.rip));
+        a.mov(8, r9, r8);
+        a.shift_imm(8, x64::kShr, r9, 12);
+        a.alu(8, x64::kXor, r9, r8);
+        a.alu_imm(4, x64::kAnd, r9, int32_t(kJumpCacheSize - 1));
+        a.shift_imm(4, x64::kShl, r9, 5);
+        a.alu(8, x64::kCmp, r8, x64::at(rbx, r9, 1, jc + int32_t(offsetof(JumpEntry, rip))));
+        a.jcc(x64::kNe, out);
+        a.load(8, rax, x64::at(rbx, r9, 1, jc + int32_t(offsetof(JumpEntry, block))));
+        a.alu_imm(4, x64::kCmp, x64::at(rax, boff(&probe.key)), int32_t(block.key));
+        a.jcc(x64::kNe, out);
+        a.bind(found);
+      }
+      a.jmp_mem(x64::at(rax, boff(&probe.chain_entry[entry])));
+    }
     a.bind(out);
     // Not linked (another page, another target): the cache may have the block all the same. A Jcc's two
     // exits share this code, each with its slot in RDX.
@@ -584,6 +597,10 @@ struct InterpBackend::Jit {
   }
   int slot_for(const Op& op, uint64_t target) const { return target == op.next_rip ? 1 : 0; }
   void set_rip(uint64_t rip) {
+    if (fits32(int64_t(rip))) {  // (a kernel's RIPs too: sign-extended)
+      a.store_imm(8, field(&c.s_.rip), int32_t(rip));
+      return;
+    }
     a.mov_imm64(rax, rip);
     a.store(8, field(&c.s_.rip), rax);
   }
@@ -1475,6 +1492,9 @@ struct InterpBackend::Jit {
   // A refusal hands the block before's operation back to the runner (`refused`), as its own exit would.
   // The checks live here, once, rather than at each of the many exits that lead here.
   size_t entry_offset[4] = {};  // indexed like Block::chain_entry
+  // Each slot's direct exit (Block::exit_jump): where its rel32 is (SIZE_MAX: none) and the entry it takes.
+  size_t exit_at[2] = {SIZE_MAX, SIZE_MAX};
+  uint8_t exit_entry[2] = {0, 0};
   // chain_exit's call of next_body for the operation `lookup_op` (a Jcc has two exits).
   const Op* lookup_op = nullptr;
   x64::Label lookup;
@@ -1522,6 +1542,7 @@ struct InterpBackend::Jit {
     a.alu_imm(2, x64::kCmp, x64::at(rbx, off(&c.chain_ok_)), 1);
     a.jcc(x64::kNe, refused);
     a.store(8, field(&c.steps_), rcx);
+    a.mov_imm64(rax, reinterpret_cast<uint64_t>(&block));  // (a direct exit does not say which block it enters)
     a.store(8, x64::at(rbx, off(&c.running_block_)), rax);
   }
 
@@ -1642,6 +1663,12 @@ bool InterpBackend::compile_block(Block& block) {
   block.code = reinterpret_cast<Block::Code>(code);
   block.body = static_cast<const uint8_t*>(code) + jit.body_offset;
   for (int k = 0; k < 4; ++k) block.chain_entry[k] = static_cast<const uint8_t*>(code) + jit.entry_offset[k];
+  for (int slot = 0; slot < 2; ++slot) {
+    if (jit.exit_at[slot] == SIZE_MAX) continue;
+    block.exit_jump[slot] = static_cast<uint8_t*>(code) + jit.exit_at[slot];
+    block.exit_unlinked[slot] = block.exit_jump[slot] + 4;
+    block.exit_entry[slot] = jit.exit_entry[slot];
+  }
   block.code_bytes = uint32_t(jit.a.size());
   jit_->note_for_perf(code, jit.a.size(), block.rip);
   if (const char* dir = std::getenv("DEJA_JIT_DUMP")) {
