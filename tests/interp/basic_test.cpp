@@ -406,6 +406,38 @@ TEST(InterpBasic, CrossPageLinkFollowsARemappedPage) {
   }
 }
 
+// JIT code's exits to a fixed RIP jump straight to the linked block, the jump written into their code. A
+// block so linked to (in another page) is rewritten after the loop has run through it: the jump must be
+// undone with the block, so that the next pass runs the new code; the pass after that links again.
+TEST(InterpBasic, DirectExitsFollowTheirTargetsRewrite) {
+  for (InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    TestVm vm = TestVm::long_mode();
+    vm.cpu->set_mode(mode);
+    vm.code(R"(
+      xor ebx, ebx
+      mov r12d, 10
+      lea rdi, [rip + target]
+    1:
+      cmp r12d, 5
+      jne 3f
+      mov dword ptr [rdi + 1], 2
+    3:
+      jmp target
+    back:
+      add ebx, eax
+      dec r12d
+      jnz 1b
+      hlt
+      .balign 4096
+    target:
+      mov eax, 1
+      jmp back
+    )");
+    ASSERT_EQ(vm.run().kind, ExitKind::kHlt) << interp_mode_name(mode);
+    EXPECT_EQ(vm.state().gpr[kRbx], 15u) << interp_mode_name(mode);  // 5 passes of 1, then 5 of 2
+  }
+}
+
 // A budget stops the run loop on its instruction exactly, also inside a REP string instruction that is not the
 // first instruction of its block (its iterations counted from where the block started stopped it late: the
 // instructions before it in the block were not counted yet).
