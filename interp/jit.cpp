@@ -1618,8 +1618,8 @@ struct InterpBackend::Jit {
     a.load(8, rax, x64::at(rbx, off(&c.running_op_)));
     a.pop(rbx);
     a.ret();
-    // This page's TLB entry is not the one it was translated with (mostly: evicted, as a 256-entry
-    // direct-mapped TLB does): next_body makes the walk the runner's lookup would, and goes on to whatever
+    // This page's TLB entry is not the one it was translated with (flushed by a CR3 load, or evicted from
+    // the direct-mapped TLB): next_body makes the walk the runner's lookup would, and goes on to whatever
     // block RIP now maps to, without a round trip through the runner (900,000 a Linux boot).
     if (paged64) {
       x64::Label gone;
