@@ -231,9 +231,11 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
   fmt::print(out, "recorded by  deja {} (build {})\n", h.deja_version(), h.build_id());
   fmt::print(out, "host         {}\n", h.host());
   fmt::print(out, "started      {}\n", utc_time(h.start_unix_ns()));
-  fmt::print(out, "models       cpu {} v{}, devices v{}\n", h.cpu_model().empty() ? "deja-v1" : h.cpu_model(),
-             h.cpu_model_version(), h.device_model_version());
   const trace::MachineConfig& c = h.config();
+  // (Traces before software_tlb_entries was recorded ran the software CPU with 256.)
+  fmt::print(out, "models       cpu {} v{}, devices v{}, software TLB {} entries\n",
+             h.cpu_model().empty() ? "deja-v1" : h.cpu_model(), h.cpu_model_version(), h.device_model_version(),
+             c.software_tlb_entries() ? c.software_tlb_entries() : 256);
   fmt::print(out, "machine      {} backend={} vcpus={} memory={} MiB progress={} tsc_hz={} rdtsc_trapped={} serial_input={}\n",
              c.machine().empty() ? "pc" : c.machine(), c.backend(), c.vcpus(), c.memory_bytes() >> 20, c.progress_mode(), c.tsc_hz(), c.rdtsc_trapped() ? "yes" : "no",
              c.serial_input() ? "yes" : "no");
