@@ -612,6 +612,9 @@ struct InterpBackend::Jit {
   // while nothing but these accessors has been emitted since they last ran and no label has been bound
   // since (code after a label can be reached from elsewhere): any other code may change any host register.
   int8_t holder_[kHeldSlots];       // slot -> the host register holding all 64 bits of it, or -1
+  // holder_[kHeldSrc2] when src2 is an immediate, held_src2_immediate_ (sign-extended): no register needed.
+  static constexpr int8_t kHeldImmediate = -2;
+  int32_t held_src2_immediate_ = 0;
   size_t held_at_ = SIZE_MAX;       // the code size when that was last true
   unsigned held_binds_ = 0;
   void held_begin() {
@@ -661,6 +664,8 @@ struct InterpBackend::Jit {
   // loads the same host registers before it jumps back (the handler it ran has stored everything).
   void bind_resume(Slow& s) {
     const bool known_here = held_now();
+    // (An immediate src2 is the fast path's: the handler on the slow path stores its own representation.)
+    if (holder_[kHeldSrc2] == kHeldImmediate) holder_[kHeldSrc2] = -1;
     if (known_here) std::memcpy(s.held, holder_, sizeof holder_);
     else std::memset(s.held, -1, sizeof s.held);
     a.bind(s.resume);
@@ -756,18 +761,28 @@ struct InterpBackend::Jit {
     });
   }
 
-  void store_flags(interp::CcKind kind, unsigned w, Reg dst, Reg src1, Reg src2) {
+  // `src2_imm`: src2 is this immediate (sign-extended), not a register.
+  void store_flags(interp::CcKind kind, unsigned w, Reg dst, Reg src1, Reg src2,
+                   std::optional<int32_t> src2_imm = std::nullopt) {
     const size_t mark = held_mark();  // (stores only)
     a.store_imm(4, lazy_cc(), int32_t(interp::cc_code(kind, w)));
     a.store(8, lazy_dst(), dst);
-    if (kind == interp::kCcLogic) src1 = src2 = x64::kNoReg;  // (nothing reads them: its flags are dst's)
+    if (kind == interp::kCcLogic) {  // (nothing reads them: its flags are dst's)
+      src1 = src2 = x64::kNoReg;
+      src2_imm.reset();
+    }
     if (src1 != x64::kNoReg) a.store(8, lazy_src1(), src1);
     if (src2 != x64::kNoReg) a.store(8, lazy_src2(), src2);
+    if (src2_imm) a.store_imm(8, lazy_src2(), *src2_imm);
     held_after(mark, {});
     if (held_now()) {
       holder_[kHeldDst] = int8_t(dst);
       if (src1 != x64::kNoReg) holder_[kHeldSrc1] = int8_t(src1);
       if (src2 != x64::kNoReg) holder_[kHeldSrc2] = int8_t(src2);
+      if (src2_imm) {
+        holder_[kHeldSrc2] = kHeldImmediate;
+        held_src2_immediate_ = *src2_imm;
+      }
     }
   }
   void now_known(interp::CcKind kind, unsigned w) {
@@ -797,6 +812,7 @@ struct InterpBackend::Jit {
       const int8_t y = holder_[kHeldSrc2];
       const auto emit = [&] {
         if (y >= 0) a.alu(w, op, x, Reg(y));
+        else if (y == kHeldImmediate) a.alu_imm(w, op, x, held_src2_immediate_);
         else a.alu(w, op, x, lazy_src2());
       };
       if (op == x64::kCmp) raw({}, emit);
@@ -944,10 +960,12 @@ struct InterpBackend::Jit {
     }
     // a -> RAX, b -> RCX (after the TLB check, which uses RCX and RDX), result -> RDX. (At most one is memory.)
     Slow* s = load_operand(op, o0, w, writes, rax);
-    if (is_imm(o1)) {
-      const size_t mark = held_mark();
-      a.mov_imm64(rcx, uint64_t(o1.disp) & (w >= 8 ? ~0ull : (1ull << (8 * w)) - 1));
-      held_after(mark, {rcx});
+    // An immediate the host instruction and the lazy store can take as a sign-extended imm32 needs no register.
+    const uint64_t imm = is_imm(o1) ? uint64_t(o1.disp) & (w >= 8 ? ~0ull : (1ull << (8 * w)) - 1) : 0;
+    const bool imm_inline = is_imm(o1) && !with_carry && fits32(int64_t(imm));
+    if (is_imm(o1) && !imm_inline) {
+      raw({rcx}, [&] { a.mov_imm64(rcx, imm); });
+    } else if (is_imm(o1)) {
     } else if (is_reg(o0) && o1.kind == o0.kind && o1.reg == o0.reg) {  // TEST r, r and the like
       raw({rcx}, [&] { a.mov(8, rcx, rax); });
     } else if (Slow* s1 = load_operand(op, o1, w, false, rcx)) s = s1;
@@ -965,13 +983,16 @@ struct InterpBackend::Jit {
       default: op_code = x64::kSub; kind = interp::kCcSub; break;  // SUB, CMP
     }
     if (with_carry) a.alu_imm(1, x64::kAdd, r8, -1);  // the host's CF = the guest's (R8 is 0 or 1)
-    a.alu(w == 8 ? 8 : 4, op_code, rdx, rcx);  // operands are zero-extended: the low w bytes are the result
+    // Operands are zero-extended: the low w bytes are the result.
+    if (imm_inline) a.alu_imm(w == 8 ? 8 : 4, op_code, rdx, int32_t(imm));
+    else a.alu(w == 8 ? 8 : 4, op_code, rdx, rcx);
     mask_to(rdx, w);
     held_after(mark, {rdx, r8});
     if (writes) {
       store_operand(o0, rdx, w);
     }
-    if (store) store_flags(kind, w, rdx, rax, rcx);
+    if (store && imm_inline) store_flags(kind, w, rdx, rax, x64::kNoReg, int32_t(imm));
+    else if (store) store_flags(kind, w, rdx, rax, rcx);
     now_known(kind, w);
     if (s) bind_resume(*s);
   }
