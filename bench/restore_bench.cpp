@@ -5,7 +5,7 @@
 
 #include "interp/interp_backend.h"
 #include "snapshot/cow_memory.h"
-#include "vmm/cpu_model.h"
+#include "core/cpu_model.h"
 
 int main() {
   using namespace deja;

@@ -5,7 +5,7 @@
 #include <span>
 #include <vector>
 
-#include "vmm/error.h"
+#include "core/error.h"
 
 namespace deja {
 

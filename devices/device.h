@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "vmm/error.h"
+#include "core/error.h"
 
 namespace deja {
 

@@ -9,7 +9,7 @@
 
 #include "devices/state_codec.h"
 #include "devices/virtqueue.h"
-#include "vmm/guest_memory.h"
+#include "core/guest_memory.h"
 
 namespace deja {
 

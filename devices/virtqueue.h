@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "devices/state_codec.h"
-#include "vmm/error.h"
-#include "vmm/guest_memory.h"
+#include "core/error.h"
+#include "core/guest_memory.h"
 
 namespace deja {
 

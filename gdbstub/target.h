@@ -8,9 +8,9 @@
 #include <string_view>
 #include <vector>
 
-#include "vmm/backend.h"
-#include "vmm/cpu_state.h"
-#include "vmm/error.h"
+#include "core/backend.h"
+#include "core/cpu_state.h"
+#include "core/error.h"
 
 namespace deja::gdb {
 

@@ -14,9 +14,9 @@
 #include "interp/block.h"
 #include "interp/decoded_insn.h"
 #include "interp/lazy_flags.h"
-#include "vmm/backend.h"
-#include "vmm/cpu_model.h"
-#include "vmm/guest_memory.h"
+#include "core/backend.h"
+#include "core/cpu_model.h"
+#include "core/guest_memory.h"
 
 namespace deja {
 
@@ -435,7 +435,7 @@ class InterpBackend : public Backend {
   int delivering_ = -1;       // vector being delivered, for double-fault classification
   bool shutdown_ = false;
   std::string shutdown_detail_;
-  // The recording CPU's departures from the architecture that a replay reproduces (vmm/backend.h kCpuQuirk*).
+  // The recording CPU's departures from the architecture that a replay reproduces (core/backend.h kCpuQuirk*).
   struct Quirks {
     bool accessed_only_by_segment_loads = false;
     bool fxsave_no_x87_pointers = false;
@@ -479,7 +479,7 @@ class InterpBackend : public Backend {
   FastStats fast_stats_;
 };
 
-// The hardware features of vmm/cpu_model.h (by name) the software CPU implements. A model advertising any
+// The hardware features of core/cpu_model.h (by name) the software CPU implements. A model advertising any
 // other is refused by make_interp_backend, so a guest never meets a feature CPUID promised but interp lacks.
 std::span<const std::string_view> interp_features();
 

@@ -257,7 +257,7 @@ void InterpBackend::write_phys(uint64_t gpa, const void* data, unsigned size) {
   exit_.size = uint8_t(size);
   std::memcpy(&exit_.value, data, size);
   // The exit names the instruction after the write, as KVM does (it completes an MMIO write before
-  // exiting), so that exit-synchronous coordinates agree across backends (vmm/backend.h).
+  // exiting), so that exit-synchronous coordinates agree across backends (core/backend.h).
   request_exit(next_rip_);
 }
 

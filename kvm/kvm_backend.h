@@ -3,9 +3,9 @@
 
 #include <memory>
 
-#include "vmm/backend.h"
-#include "vmm/cpu_model.h"
-#include "vmm/guest_memory.h"
+#include "core/backend.h"
+#include "core/cpu_model.h"
+#include "core/guest_memory.h"
 
 namespace deja {
 

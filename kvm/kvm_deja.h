@@ -5,8 +5,8 @@
 #include <string>
 
 #include "kvm/kvm_deja_abi.h"
-#include "vmm/backend.h"
-#include "vmm/error.h"
+#include "core/backend.h"
+#include "core/error.h"
 
 namespace deja::kvm_deja {
 

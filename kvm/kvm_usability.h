@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "kvm/host_check.h"
-#include "vmm/backend.h"
-#include "vmm/cpu_model.h"
-#include "vmm/guest_memory.h"
+#include "core/backend.h"
+#include "core/cpu_model.h"
+#include "core/guest_memory.h"
 
 namespace deja {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "vmm/error.h"
-#include "vmm/progress_counter.h"
+#include "core/error.h"
+#include "core/progress_counter.h"
 
 struct perf_event_attr;
 

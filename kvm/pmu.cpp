@@ -12,7 +12,7 @@
 #include "kvm/kvm_usability.h"
 #include "kvm/perf_counter.h"
 #include "kvm/pmu_selftest.h"
-#include "vmm/cpu_model.h"
+#include "core/cpu_model.h"
 
 namespace deja {
 namespace {

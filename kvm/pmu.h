@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kvm/host_check.h"
-#include "vmm/backend.h"
+#include "core/backend.h"
 
 namespace deja {
 

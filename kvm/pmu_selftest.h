@@ -9,8 +9,8 @@
 
 #include "kvm/perf_counter.h"
 #include "kvm/pmu.h"
-#include "vmm/backend.h"
-#include "vmm/guest_memory.h"
+#include "core/backend.h"
+#include "core/guest_memory.h"
 
 namespace deja {
 

@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "vmm/bzimage.h"
-#include "vmm/elf.h"
-#include "vmm/kernel_decompress.h"
-#include "vmm/loader.h"
+#include "boot/bzimage.h"
+#include "boot/elf.h"
+#include "boot/kernel_decompress.h"
+#include "boot/loader.h"
 
 namespace deja {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "vmm/error.h"
+#include "core/error.h"
 
 namespace deja {
 

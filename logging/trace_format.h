@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "logging/trace.pb.h"
-#include "vmm/error.h"
+#include "core/error.h"
 
 namespace deja {
 

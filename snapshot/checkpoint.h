@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "snapshot/cow_memory.h"
-#include "vmm/error.h"
+#include "core/error.h"
 
 namespace deja {
 

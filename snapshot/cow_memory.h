@@ -8,8 +8,8 @@
 #include <span>
 #include <vector>
 
-#include "vmm/backend.h"
-#include "vmm/guest_memory.h"
+#include "core/backend.h"
+#include "core/guest_memory.h"
 
 namespace deja {
 

@@ -5,8 +5,8 @@
 #include <span>
 #include <vector>
 
-#include "vmm/cpu_state.h"
-#include "vmm/error.h"
+#include "core/cpu_state.h"
+#include "core/error.h"
 
 namespace deja {
 

@@ -11,10 +11,11 @@
 #include <CLI/CLI.hpp>
 
 #include "logging/trace.pb.h"
-#include "vmm/cpu_model.h"
-#include "vmm/error.h"
-#include "vmm/loader.h"
-#include "vmm/session.h"
+#include "core/cpu_model.h"
+#include "core/error.h"
+#include "boot/loader.h"
+#include "replay/backend_choice.h"
+#include "replay/session.h"
 
 namespace deja {
 
@@ -37,27 +38,6 @@ Subcommand add_query_command(CLI::App& app);
 int report_error(const Error& e);
 // Prints why a run ended, unless the guest ended it itself or replay already reported it.
 void finish_outcome_message(const Outcome& o);
-
-// Which backend runs the guest and which CPU model it presents.
-struct BackendChoice {
-  std::string backend;  // "kvm" or "interp"
-  const CpuModel* model = nullptr;
-};
-// Resolves --backend and --cpu. An explicit backend that cannot run here (KVM failing the usability check,
-// kvm/kvm_usability.h) or cannot provide `model` is refused, naming why; without one, `preferred` ("kvm" for a
-// new run, the recorded backend for a replay) is used when it can, else the software CPU, saying why in one
-// line. `model` nullptr: the richest model the chosen backend provides.
-Result<BackendChoice> choose_backend(const std::string& requested, const std::string& preferred,
-                                     const CpuModel* model);
-
-// The guest image and boot modules (or the Linux kernel and its initrd), read whole.
-struct GuestInputs {
-  std::vector<uint8_t> image;
-  std::vector<std::vector<uint8_t>> modules;
-  std::vector<uint8_t> initrd;
-};
-// Nothing larger than `max_bytes` (the guest's RAM) is read: it could not be loaded.
-Result<GuestInputs> read_guest_inputs(const std::string& image_path, const LoadOptions& load, uint64_t max_bytes);
 
 // The offset of the first byte that is not part of valid UTF-8, or none.
 std::optional<size_t> first_invalid_utf8(std::string_view text);

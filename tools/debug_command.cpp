@@ -11,11 +11,11 @@
 #include "gdbstub/server.h"
 #include "logging/trace_inspect.h"
 #include "tools/command_support.h"
-#include "tools/replay_setup.h"
-#include "vmm/exit_status.h"
-#include "vmm/messages.h"
-#include "vmm/page_walker.h"
-#include "vmm/replay_timeline.h"
+#include "replay/replay_setup.h"
+#include "core/exit_status.h"
+#include "core/messages.h"
+#include "core/page_walker.h"
+#include "replay/replay_timeline.h"
 
 namespace deja {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "vmm/cpu_model.h"
+#include "core/cpu_model.h"
 
 namespace deja {
 namespace {

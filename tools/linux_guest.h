@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "vmm/error.h"
+#include "core/error.h"
 
 namespace deja {
 

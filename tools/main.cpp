@@ -2,8 +2,8 @@
 #include <CLI/CLI.hpp>
 
 #include "tools/command_support.h"
-#include "vmm/build_info.h"
-#include "vmm/exit_status.h"
+#include "core/build_info.h"
+#include "core/exit_status.h"
 
 int main(int argc, char** argv) {
   using namespace deja;

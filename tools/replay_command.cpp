@@ -7,10 +7,10 @@
 #include "kvm/pmu.h"
 #include "logging/trace_format.h"
 #include "tools/command_support.h"
-#include "tools/replay_setup.h"
-#include "vmm/cpu_model.h"
-#include "vmm/exit_status.h"
-#include "vmm/messages.h"
+#include "replay/replay_setup.h"
+#include "core/cpu_model.h"
+#include "core/exit_status.h"
+#include "core/messages.h"
 
 namespace deja {
 namespace {

@@ -10,13 +10,13 @@
 #include "logging/trace_format.h"
 #include "tools/command_support.h"
 #include "tools/linux_guest.h"
-#include "vmm/build_info.h"
+#include "core/build_info.h"
 #include "vmm/disk_image.h"
 #include "vmm/user_network.h"
-#include "vmm/cpu_model.h"
-#include "vmm/guest_memory.h"
+#include "core/cpu_model.h"
+#include "core/guest_memory.h"
 #include "vmm/host_io.h"
-#include "vmm/messages.h"
+#include "core/messages.h"
 
 namespace deja {
 namespace {

@@ -4,7 +4,7 @@
 #include "kvm/kvm_usability.h"
 #include "kvm/pmu.h"
 #include "tools/command_support.h"
-#include "vmm/exit_status.h"
+#include "core/exit_status.h"
 
 namespace deja {
 namespace {

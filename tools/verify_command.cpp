@@ -3,7 +3,7 @@
 
 #include "logging/trace_verify.h"
 #include "tools/command_support.h"
-#include "vmm/exit_status.h"
+#include "core/exit_status.h"
 
 namespace deja {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "devices/block_store.h"
-#include "vmm/error.h"
+#include "core/error.h"
 
 namespace deja {
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "devices/device.h"
-#include "vmm/error.h"
+#include "core/error.h"
 
 namespace deja {
 

@@ -3,7 +3,7 @@
 
 #include "interp/interp_backend.h"
 #include "kvm/kvm_backend.h"
-#include "vmm/cpu_model.h"
+#include "core/cpu_model.h"
 #include "vmm/mp_table.h"
 
 namespace deja {

@@ -25,9 +25,9 @@
 #include "devices/virtio_net.h"
 #include "devices/virtio_pci.h"
 #include "devices/virtio_rng.h"
-#include "vmm/backend.h"
-#include "vmm/cpu_model.h"
-#include "vmm/guest_memory.h"
+#include "core/backend.h"
+#include "core/cpu_model.h"
+#include "core/guest_memory.h"
 
 namespace deja {
 

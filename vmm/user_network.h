@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "vmm/error.h"
+#include "core/error.h"
 
 struct Slirp;
 

@@ -7,8 +7,8 @@
 
 #include "tools/command_support.h"
 #include "vmm/disk_image.h"
-#include "vmm/guest_memory.h"
-#include "vmm/progress_choice.h"
+#include "core/guest_memory.h"
+#include "replay/progress_choice.h"
 #include "vmm/user_network.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -2,8 +2,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "vmm/guest_memory.h"
-#include "vmm/loader.h"
+#include "core/guest_memory.h"
+#include "boot/loader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static auto memory = deja::GuestMemory::create(64ull << 20);

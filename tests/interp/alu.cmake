@@ -42,7 +42,7 @@ if(TARGET deja_interp AND EXISTS ${DEJA_ALU_ROOT}/interp/interp_backend.h)
   # The fast path (threaded blocks and the JIT) against the reference executor, compared at every block
   # boundary: random sequences, random code and the guest images.
   add_executable(interp_fastdiff ${CMAKE_CURRENT_LIST_DIR}/diff/fastdiff_main.cpp)
-  target_link_libraries(interp_fastdiff PRIVATE deja_difftest deja_vmm CLI11::CLI11)
+  target_link_libraries(interp_fastdiff PRIVATE deja_difftest deja_boot deja_vmm CLI11::CLI11)
   set(fastdiff_guests)
   if(DEFINED DEJA_GUEST_DIR AND TARGET guests)
     foreach(guest hello exceptions paging cpu-bound memory)

@@ -5,7 +5,7 @@
 #include <sstream>
 
 #include "interp/interp_backend.h"
-#include "vmm/loader.h"
+#include "boot/loader.h"
 
 namespace deja::test {
 namespace {

@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "tests/interp/interp_test_util.h"
-#include "vmm/coordinate_seeker.h"
-#include "vmm/digest.h"
+#include "replay/coordinate_seeker.h"
+#include "replay/digest.h"
 
 namespace deja::test {
 namespace {

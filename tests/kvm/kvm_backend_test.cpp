@@ -614,7 +614,7 @@ TEST_F(KvmTest, MmioOutsideRamExitsAsReadAndWrite) {
   EXPECT_EQ(exit->address, kMmio + 8);
   EXPECT_EQ(exit->size, 4);
   EXPECT_EQ(exit->value, 0x12345678u);
-  EXPECT_EQ(exit->rip, 0x10010u);  // KVM completes an MMIO write before it exits (vmm/backend.h)
+  EXPECT_EQ(exit->rip, 0x10010u);  // KVM completes an MMIO write before it exits (core/backend.h)
   exit = run();
   ASSERT_EQ(exit->kind, ExitKind::kHlt);
   EXPECT_EQ(state().gpr[kRax], 0xcafef00du);

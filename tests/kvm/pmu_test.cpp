@@ -18,7 +18,7 @@
 #include "kvm/perf_counter.h"
 #include "kvm/pmu.h"
 #include "kvm/pmu_selftest.h"
-#include "vmm/cpu_model.h"
+#include "core/cpu_model.h"
 
 namespace deja {
 namespace {

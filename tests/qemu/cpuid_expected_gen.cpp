@@ -1,5 +1,5 @@
-// Prints what the cpuid guest must print under a deja CPU model (argv[1], vmm/cpu_model.cpp), to keep cpuid.expected-deja honest.
-#include "vmm/cpu_model.h"
+// Prints what the cpuid guest must print under a deja CPU model (argv[1], core/cpu_model.cpp), to keep cpuid.expected-deja honest.
+#include "core/cpu_model.h"
 #include <cstdio>
 #include <cstring>
 using namespace deja;

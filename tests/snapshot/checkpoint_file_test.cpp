@@ -9,7 +9,7 @@
 #include "interp/interp_backend.h"
 #include "snapshot/checkpoint.h"
 #include "snapshot/cpu_state_codec.h"
-#include "vmm/cpu_model.h"
+#include "core/cpu_model.h"
 
 namespace deja {
 namespace {

@@ -6,7 +6,7 @@
 #include "interp/interp_backend.h"
 #include "snapshot/cow_memory.h"
 #include "snapshot/cpu_state_codec.h"
-#include "vmm/cpu_model.h"
+#include "core/cpu_model.h"
 
 namespace deja {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "tests/interp/diff/generator.h"
 #include "tests/interp/diff/machine.h"
-#include "vmm/cpu_model.h"
+#include "core/cpu_model.h"
 
 namespace deja::difftest {
 namespace {

@@ -22,8 +22,8 @@
 
 #include "tests/interp/diff/generator.h"
 #include "tests/interp/diff/machine.h"
-#include "vmm/cpu_model.h"
-#include "vmm/loader.h"
+#include "core/cpu_model.h"
+#include "boot/loader.h"
 
 namespace deja::difftest {
 namespace {

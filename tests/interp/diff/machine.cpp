@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "vmm/cpu_model.h"
+#include "core/cpu_model.h"
 
 // The trampoline: enter loads every register from the RegisterFile at 0x600000 and jumps to the
 // sequence; the sequence's tail jumps to exit, which stores them back. Absolute addresses keep the

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "interp/interp_backend.h"
-#include "vmm/guest_memory.h"
+#include "core/guest_memory.h"
 
 namespace deja::difftest {
 

@@ -1,0 +1,196 @@
+// Session: one machine, its engine and the run loop that run, record and replay share.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "replay/coordinate_seeker.h"
+#include "replay/digest.h"
+#include "replay/engine.h"
+#include "vmm/host_io.h"
+#include "boot/loader.h"
+#include "vmm/machine.h"
+#include "replay/progress_choice.h"
+#include "snapshot/checkpoint.h"
+
+namespace deja {
+
+// How a run ended.
+class InterpBackend;
+
+struct Outcome {
+  int status = 0;
+  std::string reason;         // "guest exit", "triple fault", ...
+  bool guest_exit = false;    // ended through isa-debug-exit
+  bool recorded_end = false;  // replay reached the End of a recording that stopped here (e.g. interrupted)
+};
+
+// What a steppable replay (Session::run_until) stops at; every condition given applies.
+struct StopRequest {
+  std::optional<uint64_t> at_step;   // Backend::step_count() reaches this (single step: now + 1)
+  std::optional<uint64_t> at_event;  // the engine has processed this many trace events
+  std::vector<uint64_t> breakpoints;       // linear RIPs; one under the starting point is stepped over
+  std::vector<Watchpoint> watchpoints;     // guest-linear ranges
+  bool stop_at_start_breakpoint = false;   // a breakpoint under the starting point stops at once
+  std::function<bool()> interrupted;       // polled now and then: true stops with kInterrupted
+};
+
+struct StopReason {
+  enum class Kind { kStep, kEvent, kBreakpoint, kWatchpoint, kInterrupted, kEnd };
+  Kind kind = Kind::kEnd;
+  uint64_t watch_address = 0;  // kWatchpoint: the accessed address (the access happened in the last step)
+  WatchKind watch_kind = WatchKind::kWrite;
+  uint64_t watch_rip = 0;      // kWatchpoint: the instruction that accessed it
+  Outcome outcome;             // kEnd: how the replay ended (guest exit, end of trace, divergence)
+};
+
+// SIGINT/SIGTERM stop the session that is running (kicking its vCPU); a recording is still finished.
+void install_stop_signal_handlers();
+
+class Session {
+ public:
+  Session(Mode mode, ProgressMode progress);
+  ~Session();
+
+  Engine& engine() { return engine_; }
+
+  // Builds the machine, loads the image (with its modules, or a Linux kernel with its initrd) and sets the vCPU
+  // to its entry state.
+  Result<> build(const MachineConfig& config, const std::string& serial_out, std::span<const uint8_t> image,
+                 const std::string& image_name, const LoadOptions& load,
+                 std::span<const std::vector<uint8_t>> modules, std::span<const uint8_t> initrd = {});
+  // The loaded image's format ("multiboot-elf32", "linux-pvh", ...), once built.
+  const std::string& image_format() const { return image_format_; }
+
+  // Exact mode: attaches the counter that places events (emulated PMU, host PMU) and, in replay, the seeker.
+  Result<> setup_progress(const ProgressChoice& choice);
+  // Time read inside the guest's run follows from the instruction count (Engine::derive_time): fails on a backend
+  // that does not count instructions.
+  Result<> derive_time(Engine::TimeRates rates);
+  // Exact mode: what counts progress (for the trace header and messages).
+  std::string counter_description();
+
+  void attach_input(std::unique_ptr<FdInput> input) { input_ = std::move(input); }
+  // RDTSC/RDRAND exits count as guest-caused exits (trace header rdtsc_exits_are_guest_exits): they are
+  // instruction-synchronous wherever the backend traps them, so exit-synchronous recording can deliver
+  // interrupts there too. Recording turns it on where the backend traps RDTSC; replay as the trace says.
+  void count_rdtsc_as_guest_exits(bool on) { rdtsc_exits_are_guest_exits_ = on; }
+  bool rdtsc_exits_are_guest_exits() const { return rdtsc_exits_are_guest_exits_; }
+  // Until the vCPU runs again after an MMIO-write exit, its state counts as after the writing instruction (trace
+  // header mmio_write_exits_complete): KVM completes an MMIO write before it exits, the software CPU finishes the
+  // instruction when it runs again, so coordinates and digests there take the exit's RIP (comparable_state()).
+  // Recording turns it on; replay as the trace says.
+  void complete_mmio_write_exits(bool on) { mmio_write_exits_complete_ = on; }
+  bool mmio_write_exits_complete() const { return mmio_write_exits_complete_; }
+  // The disk images behind MachineConfig::disks, kept alive with the machine (call before build()).
+  void adopt_disks(std::vector<std::unique_ptr<DiskImage>> disks) { disks_ = std::move(disks); }
+  std::vector<std::unique_ptr<DiskImage>>& disks() { return disks_; }
+  Machine& machine() { return *machine_; }
+  uint64_t serial_bytes() const;
+  // Events between two state digests; the trace's header says which a recording used.
+  static constexpr uint64_t kDefaultDigestInterval = 16384;
+  void set_digest_interval(uint64_t n) { digest_interval_ = n; }
+
+  Result<Outcome> run();
+  // Replay: the guest stopped at the recording's End (or at its own exit). Compares everything the End
+  // carries with where the replay got: exit status, guest-exit count, instruction count, the full state
+  // digest, and the serial output so far. A mismatch is reported as divergence. Returns the digest.
+  Digest check_replay_end(const trace::End& end, const Outcome& outcome);
+  void print_stats();
+  Digest final_cpu_ram_digest();
+  Digest final_machine_digest();
+  uint64_t wall_ns() const { return wall_ns_; }
+  Position current_position() { return position(); }
+
+  // ---- the steppable replay (deja debug, deja query): rr's ReplaySession ---------------------------
+  // Replays until one of `stop`'s conditions holds or the replay ends. Stops are decided at one point of
+  // the loop, before the recorded events that land there are applied, so that reaching a point by
+  // stepping, by seeking or after a checkpoint restore gives the same state. Replay mode only.
+  Result<StopReason> run_until(const StopRequest& stop);
+  // Where the replay stands (between run_until() calls).
+  CheckpointPosition checkpoint_position();
+  // The complete machine state now (between run_until() calls); memory through `memory`'s images.
+  Result<MachineCheckpoint> capture_checkpoint(CheckpointMemory& memory);
+  // Puts the machine, the engine's trace cursor and the loop state back to `checkpoint`.
+  Result<> restore_checkpoint(const MachineCheckpoint& checkpoint, CheckpointMemory& memory);
+  // The replay has ended (run_until returned kEnd) and not been restored since.
+  const std::optional<Outcome>& replay_ended() const { return ended_; }
+
+ private:
+  class TeeSink;
+
+  Position position();
+  // The vCPU state as coordinates and digests see it (the same on both backends at an MMIO-write exit).
+  Result<CpuState> comparable_state();
+  bool guest_caused(ExitKind kind) const;
+  // A received frame as apply_async hands it to its NIC (bytes owned by the caller).
+  struct FrameIn {
+    unsigned nic;
+    std::span<const uint8_t> data;
+  };
+  // Run / record: let host time and host input in if anything is due. `idle`: the guest waits in HLT, where virtual
+  // time catches up with host time; else, with derived time, a deadline is due when derived time reaches it.
+  void poll_async(bool idle = false);
+  std::vector<NetFrameIn> take_network_frames();
+  bool async_work_due();
+  // Derived time (run / record): the software CPU, stopped by an instruction budget where virtual time reaches the
+  // next device deadline.
+  InterpBackend* derived_time_cpu_ = nullptr;
+  void apply_async(uint64_t now_ns, std::span<const uint8_t> input, std::span<const FrameIn> frames = {});
+  void replay_async();
+  Result<> deliver_interrupts();
+  Result<std::optional<Outcome>> handle_exit(VcpuExit& exit);
+  Result<std::optional<Outcome>> wait_for_wake();
+  void maybe_digest();
+  void start_kicker();
+  void stop_kicker();
+  std::optional<Outcome> replay_end_here();
+  Result<std::vector<uint8_t>> encode_loop_state() const;
+  Result<> decode_loop_state(std::span<const uint8_t> blob);
+  Result<> apply_debug(const DebugControl& control);
+  // The exit's instruction is completed by the next run() (its response is still to be delivered).
+  static bool completes_on_next_run(ExitKind kind);
+
+  Engine engine_;
+  std::string image_format_;
+  std::unique_ptr<FileSink> out_;
+  std::unique_ptr<TeeSink> tee_;
+  std::vector<std::unique_ptr<DiskImage>> disks_;  // before machine_: its disks refer to them
+  std::unique_ptr<Machine> machine_;
+  std::unique_ptr<FdInput> input_;
+  uint64_t guest_exits_ = 0;
+  ExitKind last_exit_kind_ = ExitKind::kKicked;
+  uint64_t last_exit_rip_ = 0;
+  uint64_t digest_interval_ = kDefaultDigestInterval;
+  uint64_t next_digest_at_ = kDefaultDigestInterval;
+  std::map<ExitKind, uint64_t> exit_counts_;
+  std::unique_ptr<CoordinateSeeker> seeker_;  // replay in exact mode
+  uint64_t wall_ns_ = 0;
+  bool warned_spin_ = false;
+  bool rdtsc_exits_are_guest_exits_ = false;
+  bool mmio_write_exits_complete_ = false;
+  bool after_mmio_write_ = false;  // the last exit was an MMIO write and the vCPU has not run since
+  uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
+  static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
+  static constexpr uint64_t kHeartbeatNs = 1'000'000'000;
+  uint64_t next_heartbeat_ = 0;
+  static constexpr uint64_t kNetPollNs = 1'000'000;
+  static constexpr size_t kMaxFramesPerEvent = 256;
+  uint64_t next_net_poll_ns_ = 0;
+
+  std::optional<Outcome> ended_;     // run_until: the replay ended here
+  std::optional<DebugControl> applied_debug_;  // run_until without a seeker: what the backend has
+
+  std::thread kicker_;
+  std::atomic<bool> kicker_stop_{false};
+  std::atomic<uint64_t> kick_at_{UINT64_MAX};  // host monotonic ns
+};
+
+}  // namespace deja
