@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Recordings cut short from outside (issue 21): a host failure and an interrupt both end the trace properly.
 
-host-failure: a guest flooding COM1 recorded with --serial-out under a file-size limit (ulimit -f) that the serial
-  output reaches long before the trace does. `record` exits 10 naming the failure; the trace is complete: `verify`
+host-failure: a guest flooding COM1 recorded with --serial-out on a full file system (a small tmpfs in a mount
+  namespace; where there is none, a file-size limit that the serial output reaches long before the trace does). `record` exits 10 naming the failure; the trace is complete: `verify`
   says it is and that a host failure stopped the recording, `inspect` gives the reason, the real instruction count and
   the wall time, and `replay` goes to where the recording stopped, says why, and exits 12 (never 6 against an End at
   rip 0).
@@ -41,16 +41,33 @@ def inspect_duration(deja, trace):
 
 
 def host_failure(deja, hostile, tmp):
-    trace, out = os.path.join(tmp, "flood.trace"), os.path.join(tmp, "flood.out")
-    limit = 1 << 20
+    trace = os.path.join(tmp, "flood.trace")
+    flood = [deja, "record", "--mem", "4M", "-o", trace, "--backend", "interp"]
+    small = os.path.join(tmp, "small")
+    os.mkdir(small)
+    # A full file system: a 128 KiB tmpfs for the serial output, mounted in a mount namespace of the recording's own
+    # (it goes away with it).
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "-o", "size=128k",
+                            "tmpfs", small], capture_output=True)
+    if probe.returncode == 0:
+        rec = run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   'mount -t tmpfs -o size=128k tmpfs "$0" && exec "$@"', small,
+                   *flood, "--serial-out", os.path.join(small, "flood.out"), os.path.join(hostile, "serial-flood.elf")],
+                  timeout=300)
+        words = "No space left on device"
+    else:
+        # No mount namespace here: a file-size limit the serial output reaches long before the trace does (guest RAM is
+        # a memory file under the same limit: --mem 4M fits).
+        limit = 4 << 20
 
-    def limited():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        def limited():
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    rec = run([deja, "record", "-o", trace, "--backend", "interp", "--serial-out", out,
-               os.path.join(hostile, "serial-flood.elf")], preexec_fn=limited, timeout=120)
-    if rec.returncode != 10 or "File too large" not in rec.stderr:
-        fail(f"record under a serial-out file-size limit: exit {rec.returncode}, expected 10 naming the failure\n"
+        rec = run([*flood, "--serial-out", os.path.join(tmp, "flood.out"), os.path.join(hostile, "serial-flood.elf")],
+                  preexec_fn=limited, timeout=600)
+        words = "File too large"
+    if rec.returncode != 10 or words not in rec.stderr:
+        fail(f"record with a serial output that cannot be written: exit {rec.returncode}, expected 10 and '{words}'\n"
              f"{rec.stderr}")
     if not os.path.exists(trace) or os.path.exists(trace + ".partial"):
         fail(f"the trace was not finished (files: {os.listdir(tmp)})\n{rec.stderr}")

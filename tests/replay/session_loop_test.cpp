@@ -58,7 +58,9 @@ class LoopTest : public ::testing::Test {
     EXPECT_TRUE(session.setup_progress(ProgressChoice{.mode = progress}).has_value());
     session.count_rdtsc_as_guest_exits(true);
     session.complete_mmio_write_exits(true);
-    if (progress == ProgressMode::kExact) EXPECT_TRUE(session.derive_time(Engine::TimeRates{}).has_value());
+    if (progress == ProgressMode::kExact) {
+      EXPECT_TRUE(session.derive_time(Engine::TimeRates{}).has_value());
+    }
     TraceConfig recorded = recording_config(session, config, load, progress);
     recorded.inputs.push_back(recorded_input("image", image, *bytes));
     auto writer = TraceWriter::create_replacing(rec.trace, to_header(recorded));
@@ -105,7 +107,9 @@ class LoopTest : public ::testing::Test {
       ASSERT_TRUE(e.has_value());
       if (!*e) break;
       trace::Event event = **e;
-      if (change(event, i)) ASSERT_TRUE((*writer)->append(event).has_value());
+      if (change(event, i)) {
+        ASSERT_TRUE((*writer)->append(event).has_value());
+      }
     }
     if (finish) {
       ASSERT_TRUE((*writer)->finish(trace::Footer{}).has_value());
@@ -204,7 +208,9 @@ TEST_P(LoopShapeTest, ReplaysToTheEndToAStepToAnEventAndBackwards) {
     auto ev = t.seek_event(events - 1);
     ASSERT_TRUE(ev.has_value()) << ev.error().message;
     EXPECT_EQ(ev->kind, StopReason::Kind::kEvent);
-    EXPECT_EQ(s->checkpoint_position().events, events - 1);
+    // The first point where that many events are processed: exit-sync applies an exit's events together.
+    EXPECT_GE(s->checkpoint_position().events, events - 1);
+    EXPECT_LE(s->checkpoint_position().events, events + 3);
   }
   auto ten = t.seek(10);
   ASSERT_TRUE(ten.has_value());
@@ -243,7 +249,8 @@ TEST_P(StopTest, EveryKindOfStop) {
   r = s->run_until(StopRequest{.at_event = event});
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->kind, StopReason::Kind::kEvent);
-  EXPECT_EQ(s->checkpoint_position().events, event);
+  EXPECT_GE(s->checkpoint_position().events, event);
+  EXPECT_LE(s->checkpoint_position().events, event + 4);
 
   // A breakpoint on the idle loop's HLT: where the replay stands now is not a hit, the next visit is.
   const uint64_t rip = state(*s).rip;
