@@ -11,7 +11,6 @@
 #include "replay/trace_config.h"
 #include "tools/command_support.h"
 #include "tools/linux_guest.h"
-#include "core/build_info.h"
 #include "core/exit_status.h"
 #include "vmm/disk_image.h"
 #include "vmm/user_network.h"
@@ -356,8 +355,11 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
     TraceConfig recorded = recording_config(session, config, options.load, progress.mode);
     recorded.start_unix_ns = start_unix_ns;
-    recorded.inputs.push_back(recorded_input(options.load.linux_kernel ? "kernel" : "image", options.image_path, inputs->image));
-    if (!options.load.initrd_path.empty()) recorded.inputs.push_back(recorded_input("initrd", options.load.initrd_path, inputs->initrd));
+    recorded.inputs.push_back(
+        recorded_input(options.load.linux_kernel ? "kernel" : "image", options.image_path, inputs->image));
+    if (!options.load.initrd_path.empty()) {
+      recorded.inputs.push_back(recorded_input("initrd", options.load.initrd_path, inputs->initrd));
+    }
     for (size_t i = 0; i < options.load.modules.size(); ++i) {
       recorded.inputs.push_back(recorded_input("module", options.load.modules[i].path, inputs->modules[i]));
     }
@@ -376,8 +378,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
     for (size_t i = 0; i < options.nets.size(); ++i) {
       auto mac = nic_mac(unsigned(i));
-      recorded.nics.push_back(RecordedNic{options.nets[i].forward_texts,
-                                          std::string(reinterpret_cast<const char*>(mac.data()), mac.size())});
+      recorded.nics.push_back(RecordedNic{options.nets[i].forward_texts, std::string(mac.begin(), mac.end())});
     }
     const trace::Header header = to_header(recorded);
     auto writer = TraceWriter::create_replacing(options.trace_path, header);
@@ -391,8 +392,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     // The trace itself could not be written (its valid prefix is what is left), or the backend failed.
     int status = report_error(outcome.error());
     if (mode == Mode::kRecord) {
-      const Outcome failed{exit_status::kInterrupted, fmt::format("{}: {}", kHostFailureReason, outcome.error().message), false,
-                           false, true};
+      const Outcome failed{exit_status::kInterrupted,
+                           fmt::format("{}: {}", kHostFailureReason, outcome.error().message), false, false, true};
       if (session.finish_recording(failed)) {
         say("the recording up to the failure is complete in {}", options.trace_path);
       } else {
