@@ -222,12 +222,12 @@ def main():
         else:
             if output is not None:
                 if not os.path.exists(reference):
-                    results.append(f"no QEMU output to compare with ({reference}): run the qemu test first")
-                elif open(reference).read() != output:
+                    raise linux_guest.GuestError(f"no QEMU output to compare with ({reference}): run the test with "
+                                                 "--machine qemu first (CTest's fixture does)")
+                if open(reference).read() != output:
                     raise linux_guest.GuestError(f"the workload's output differs from QEMU's ({reference}):\n"
                                                  f"deja:\n{output}\nqemu:\n{open(reference).read()}")
-                else:
-                    results.append("the workload's output is QEMU's, byte for byte")
+                results.append("the workload's output is QEMU's, byte for byte")
             replay(args, trace, serial, workdir, results)
     except Skip as why:
         print(f"SKIPPED: {why}")
