@@ -77,7 +77,7 @@ def main():
             lacking = distro_test.default_model_lacks_baseline(
                 argparse.Namespace(deja=opts.deja, cpuid_guest=os.path.join(build, "guest-tests", "cpuid.elf")))
             if lacking:
-                sys.exit(f"deja's default CPU model lacks {', '.join(lacking)}: Debian's glibc cannot run on it; "
+                sys.exit(f"deja's default CPU model lacks {'; and '.join(lacking)}: Debian's glibc cannot run on it; "
                          "measure the diagnostic copy with --zero-isa-markers")
         kernel, initrd, image = distro_test.guest_files(opts)
         done = (distro_test.SYSTEMD_MARKER if guest == "systemd" else "@@end")
