@@ -60,6 +60,9 @@ def guest_files(args):
         initrd = os.path.join(out, "initrd-zero-isa.img")
     else:
         initrd = f"/boot/initrd.img-{kver}"
+    if not os.path.isfile(initrd):
+        raise Skip(f"no initrd {initrd} (linux-image-amd64 makes it through initramfs-tools; "
+                   f"`update-initramfs -c -k {kver}` makes it by hand)")
     return kernel, initrd, image
 
 
