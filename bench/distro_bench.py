@@ -80,8 +80,8 @@ def main():
                 sys.exit(f"deja's default CPU model lacks {'; and '.join(lacking)}: Debian's glibc cannot run on it; "
                          "measure the diagnostic copy with --zero-isa-markers")
         kernel, initrd, image = distro_test.guest_files(opts)
-        # deja-ready.service ends the machine (status 1) only after multi-user.target; the console says it was reached.
-        done = re.compile(r"Reached target .*Multi-User System" if guest == "systemd" else r"^@@end", re.M)
+        # deja-ready.service prints its marker and ends the machine (status 1) only after multi-user.target.
+        done = re.compile(re.escape(distro_test.SYSTEMD_MARKER) if guest == "systemd" else r"^@@end", re.M)
         print(f"== {guest}: {kernel}, {initrd}, {image}" + (" (ISA markers zeroed: diagnostic)"
                                                               if args.zero_isa_markers else ""), flush=True)
         fig = {}

@@ -224,7 +224,9 @@ def main():
         if args.guest == "glibc":
             output, _ = check_glibc(text, args.machine, results)
         else:
-            if SYSTEMD_MARKER not in text or not re.search(r"Reached target .*Multi-User System", text):
+            # deja-ready.service runs only once multi-user.target is reached; systemd's own "Reached target" line
+            # may not show (it stops its status output once serial-getty owns the console).
+            if SYSTEMD_MARKER not in text:
                 raise linux_guest.GuestError(f"{args.machine}: systemd did not reach multi-user.target; console "
                                              "ends:\n" + text[-4000:])
             results.append(next(line for line in text.splitlines() if SYSTEMD_MARKER in line).strip())
