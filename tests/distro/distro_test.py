@@ -18,6 +18,7 @@ default CPU model is one Debian's glibc refuses to run on: without the x86-64 ba
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -249,6 +250,8 @@ def main():
             replay(args, trace, serial, workdir, results)
     except Skip as why:
         print(f"SKIPPED: {why}")
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
         return SKIP
     except (linux_guest.GuestError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
         print("\n".join(results))
@@ -256,6 +259,8 @@ def main():
         return 1
     print("\n".join(results))
     print("PASSED")
+    if not args.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)  # a failure's files stay, for a look
     return 0
 
 
