@@ -22,6 +22,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -131,6 +132,7 @@ def main():
           + ("; DIAGNOSTIC: ISA markers zeroed" if args.zero_isa_markers else "") + ")")
     if args.json:
         json.dump(results, open(args.json, "w"), indent=1)
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
