@@ -28,7 +28,7 @@ Result<std::string> read_small(const std::string& path, uint64_t limit) {
 }
 
 std::string coverage(const VerifyReport& r) {
-  return fmt::format("chunks 0 to {}, events 0 to {}, bytes 0 to {}", r.sealed_chunks - 1, r.sealed_events - 1,
+  return fmt::format("the first {} chunk(s): events 0 to {}, bytes 0 to {}", r.sealed_chunks, r.sealed_events - 1,
                      r.sealed_bytes - 1);
 }
 
@@ -107,9 +107,17 @@ std::string check_seals(const TraceReader& reader, const VerifyKey* signer, Veri
   return {};
 }
 
-// TRACE.sig against the file: returns the first problem; sets the signer and time-stamp in `report`.
+// A key's name for reports: the trusted key's ("alice (3f2a...)"), else "key 3f2a...".
+std::string who_is(const VerifyKey& key, const TrustedKeys& keys) {
+  const VerifyKey* trusted = keys.find(key.id());
+  return trusted ? fmt::format("{} ({})", trusted->name(), trusted->short_id()) : "key " + key.short_id();
+}
+
+// TRACE.sig against the file: returns the first problem; `signer` is set to the key whose signature verified (the
+// statement's own key when no trusted key signed), and the time-stamp goes into `report`.
 std::string check_signature_file(const std::string& sig_path, const TraceReader& reader, const std::string& file_sha256,
-                                 const VerifyOptions& options, VerifyReport& report, std::string& signer_note) {
+                                 const VerifyOptions& options, VerifyReport& report, std::optional<VerifyKey>& signer,
+                                 std::string& note) {
   auto text = read_small(sig_path, 16u << 20);
   if (!text) return text.error().message;
   auto envelope = DsseEnvelope::parse(*text);
@@ -121,33 +129,25 @@ std::string check_signature_file(const std::string& sig_path, const TraceReader&
   if (statement->predicate_type != kRecordingPredicateType)
     return fmt::format("{}: the statement is not about a recording (predicate type {})", sig_path,
                        statement->predicate_type);
-  // Which key: a trusted one, or (none given) the one the statement names.
+  // A trusted key that signed it; else the key the statement names (which only shows the file is unaltered).
   const DsseSignature* good = nullptr;
-  std::string who;
-  if (!options.keys.empty()) {
-    for (const DsseSignature& s : envelope->signatures) {
-      const VerifyKey* key = options.keys.find(s.keyid);
-      if (key && key->verify(dsse_pae(envelope->payload_type, envelope->payload), s.sig)) {
-        good = &s;
-        who = fmt::format("{} ({})", key->name(), key->short_id());
-        break;
-      }
-      if (key) return fmt::format("{}: the signature by {} does not verify: the statement or signature was altered",
-                                  sig_path, key->name());
+  for (const DsseSignature& s : envelope->signatures) {
+    if (const VerifyKey* key = options.keys.find(s.keyid)) {
+      if (!key->verify(dsse_pae(envelope->payload_type, envelope->payload), s.sig))
+        return fmt::format("{}: the signature by {} does not verify: the statement or the signature was altered",
+                           sig_path, key->name());
+      good = &s;
+      signer = *key;
+      break;
     }
-    if (!good) {
-      std::string ids;
-      for (const DsseSignature& s : envelope->signatures) ids += (ids.empty() ? "" : ", ") + s.keyid.substr(0, 16);
-      return fmt::format("{} is signed by key {}, which is not a trusted key ({})", sig_path,
-                         ids.empty() ? "(none named)" : ids, options.keys.describe());
-    }
-  } else {
+  }
+  if (!good) {
     auto key = VerifyKey::from_der(statement->signer_public_key);
     if (!key) return fmt::format("{}: the statement names no usable signer key", sig_path);
     good = envelope->signed_by(*key);
-    if (!good) return fmt::format("{}: the signature does not verify under the key the statement names ({})", sig_path,
-                                  key->short_id());
-    who = "key " + key->short_id();
+    if (!good) return fmt::format("{}: the signature does not verify under the key the statement names ({}): the "
+                                  "statement or the signature was altered", sig_path, key->short_id());
+    signer = *key;
   }
   if (statement->subject_sha256 != file_sha256)
     return fmt::format("{} is a signature of another file: its subject's SHA-256 is {}, this trace's is {}", sig_path,
@@ -155,9 +155,8 @@ std::string check_signature_file(const std::string& sig_path, const TraceReader&
   if (statement->header_sha256 != hex_of(reader.header_sha256()) ||
       statement->final_chain != hex_of(reader.chain_value()))
     return fmt::format("{}: the statement's header hash or final chain value is not this trace's", sig_path);
-  signer_note = fmt::format("{} signed by {} at {}", std::filesystem::path(sig_path).filename().string(), who,
-                            statement->signed_at);
-  if (report.signer.empty()) report.signer = who;
+  note = fmt::format("{} signed by {} at {}", std::filesystem::path(sig_path).filename().string(),
+                     who_is(*signer, options.keys), statement->signed_at);
 
   const std::string tsr = timestamp_path(sig_path);
   if (std::filesystem::exists(tsr)) {
@@ -166,9 +165,9 @@ std::string check_signature_file(const std::string& sig_path, const TraceReader&
     auto stamp = check_timestamp(*response, good->sig, options.tsa_ca);
     if (!stamp) return fmt::format("{}: {}", tsr, stamp.error().message);
     report.timestamp = *stamp;
-    signer_note += fmt::format("; time-stamped {} by {}{}", stamp->time, stamp->authority,
-                               stamp->authority_checked ? " (checked against " + options.tsa_ca + ")"
-                                                        : " (authority not checked: give --tsa-ca)");
+    note += fmt::format("; time-stamped {} by {}{}", stamp->time, stamp->authority,
+                        stamp->authority_checked ? " (checked against " + options.tsa_ca + ")"
+                                                 : " (authority not checked: give --tsa-ca)");
   } else if (!options.tsa_ca.empty()) {
     return fmt::format("--tsa-ca was given but there is no time-stamp ({})", tsr);
   }
@@ -267,29 +266,21 @@ VerifyReport verify_trace(const std::string& path, const VerifyOptions& options)
                          report.final_chain.substr(0, 16))};
   }
 
-  // Check 3: seals (whatever is readable of them, so a cut or damaged trace says how far it is authenticated),
-  // then TRACE.sig.
-  std::optional<VerifyKey> header_signer;
+  // Check 3: the seals (as far as they go: a cut or damaged trace says how far it is authenticated) under the key
+  // the header names, then TRACE.sig; then whether a trusted key stands behind the whole.
+  std::optional<VerifyKey> sealer;
   std::string problem;
   if (h.has_signer()) {
     auto key = VerifyKey::from_der(h.signer().public_key());
     if (!key || key->id() != h.signer().key_id()) problem = "the header's signer key is malformed";
-    else header_signer = *key;
+    else sealer = *key;
   }
-  const VerifyKey* seal_key = header_signer ? &*header_signer : nullptr;
-  if (problem.empty() && header_signer && !options.keys.empty()) {
-    seal_key = options.keys.find(header_signer->id());
-    if (!seal_key)
-      problem = fmt::format("the trace is sealed by key {}, which is not a trusted key ({})", header_signer->short_id(),
-                            options.keys.describe());
-  }
-  if (problem.empty()) problem = check_seals(reader, seal_key, report);
+  if (problem.empty()) problem = check_seals(reader, sealer ? &*sealer : nullptr, report);
   std::vector<std::string> notes;
-  if (problem.empty() && header_signer) {
-    report.signer = seal_key->name() == header_signer->name() && options.keys.empty()
-                        ? "key " + header_signer->short_id()
-                        : fmt::format("{} ({})", seal_key->name(), seal_key->short_id());
-    if (report.seals == 0) notes.push_back("no seal written yet: nothing of it is authenticated");
+  if (problem.empty() && sealer) {
+    report.signer = who_is(*sealer, options.keys);
+    if (report.seals == 0) notes.push_back("sealed by " + report.signer + ", but no seal was written yet: nothing "
+                                           "of it is authenticated");
     else notes.push_back(fmt::format("{} seals by {} authenticate {}", report.seals, report.signer, coverage(report)));
     if (report.complete && report.sealed_chunks != report.chunks)
       problem = fmt::format("the seals stop after chunk {} but the trace has {} chunks: chunks were added after the "
@@ -301,20 +292,44 @@ VerifyReport verify_trace(const std::string& path, const VerifyOptions& options)
     else if (problem.empty()) problem = sum.error().message;
     report.file_sha256 = file_sha;
   }
+  std::optional<VerifyKey> sig_signer;
   if (problem.empty() && has_signature_file) {
     std::string note;
-    problem = check_signature_file(sig_path, reader, file_sha, options, report, note);
+    problem = check_signature_file(sig_path, reader, file_sha, options, report, sig_signer, note);
     if (problem.empty()) {
       report.signature_file = true;
       notes.push_back(note);
     }
   }
-  if (problem.empty() && !header_signer && !has_signature_file) {
-    if (!options.keys.empty())
-      problem = fmt::format("the trace is unsigned (no {} and no seals): nothing to check the key{} against", sig_path,
-                            options.keys.describe().find(',') == std::string::npos ? "" : "s");
-    else notes.push_back(fmt::format("UNSIGNED: no {} and no seals; the hash chain shows integrity, not who wrote it",
-                                     sig_path));
+  // With trusted keys given, TRACE.sig (which covers every byte) must be by one of them; without TRACE.sig, the
+  // seals must be. Without keys, a signature only shows that no one without the named key altered the file.
+  const bool seals_trusted = sealer && options.keys.find(sealer->id());
+  const bool sig_trusted = sig_signer && options.keys.find(sig_signer->id());
+  std::string trusted_by;
+  if (problem.empty() && !options.keys.empty()) {
+    if (report.signature_file && !sig_trusted)
+      problem = fmt::format("{} is signed by {}, which is not a trusted key ({})", sig_path,
+                            who_is(*sig_signer, options.keys), options.keys.describe());
+    else if (!report.signature_file && sealer && !seals_trusted)
+      problem = fmt::format("the trace is sealed by {}, which is not a trusted key ({})", report.signer,
+                            options.keys.describe());
+    else if (!report.signature_file && !sealer)
+      problem = fmt::format("the trace is unsigned (no {} and no seals): nothing to check {} against", sig_path,
+                            options.keys.describe());
+    else if (sig_trusted)
+      trusted_by = "signed by " + who_is(*sig_signer, options.keys);
+    else
+      trusted_by = "sealed by " + report.signer;
+  }
+  if (problem.empty() && !trusted_by.empty()) {
+    report.authentication = Authentication::kTrusted;
+    if (sig_trusted) report.signer = who_is(*sig_signer, options.keys);
+  } else if (problem.empty() && (sealer || sig_signer)) {
+    report.authentication = Authentication::kUntrusted;
+    if (sig_signer) report.signer = who_is(*sig_signer, options.keys);
+  } else if (problem.empty()) {
+    notes.push_back(fmt::format("UNSIGNED: no {} and no seals; the hash chain shows integrity, not who wrote it",
+                                sig_path));
   }
   if (!problem.empty()) {
     signature = {"signature", CheckStatus::kFailed, problem};
@@ -323,15 +338,13 @@ VerifyReport verify_trace(const std::string& path, const VerifyOptions& options)
   } else {
     signature.status = CheckStatus::kPassed;
     for (const auto& n : notes) signature.detail += (signature.detail.empty() ? "" : "; ") + n;
-    if (header_signer && report.complete && !report.signature_file)
+    if (sealer && report.complete && !report.signature_file)
       signature.detail += fmt::format("; no {}: the footer (summary figures) is not signed", sig_path);
-    if (header_signer || report.signature_file)
-      report.authentication = options.keys.empty() ? Authentication::kUntrusted : Authentication::kTrusted;
   }
-  // A signature check on a damaged file reports what it could, but the first failure stays the earlier one.
-  if (structure.status == CheckStatus::kFailed || chain.status == CheckStatus::kFailed) {
-    if (signature.status == CheckStatus::kPassed && !header_signer && !has_signature_file) signature.status = CheckStatus::kNotRun;
-  }
+  // A damaged unsigned trace: nothing to say about signatures; the first failure is the earlier check's.
+  if ((structure.status == CheckStatus::kFailed || chain.status == CheckStatus::kFailed) && !sealer &&
+      !has_signature_file && signature.status == CheckStatus::kPassed)
+    signature.status = CheckStatus::kNotRun;
 
   report.checks[3] = check_inputs(h, options.inputs);
 
@@ -342,7 +355,7 @@ VerifyReport verify_trace(const std::string& path, const VerifyOptions& options)
   if (report.ok) {
     std::string who = report.authentication == Authentication::kTrusted ? "VERIFIED" : "OK";
     std::string signed_by =
-        report.authentication == Authentication::kTrusted    ? fmt::format("signed by {}", report.signer)
+        report.authentication == Authentication::kTrusted    ? trusted_by
         : report.authentication == Authentication::kUntrusted ? fmt::format("signed by {}, a key no --key or --keyring "
                                                                             "vouches for", report.signer)
                                                               : std::string("UNSIGNED (integrity only)");
