@@ -85,7 +85,7 @@ CustodyReport check_lines(const std::vector<std::string>& lines, const TrustedKe
     const VerifyKey* key = nullptr;
     if (!keys.empty()) {
       key = keys.find(r.key_id);
-      if (!key) return problem(fmt::format("signed by key {}, which is not a trusted key ({})", r.key_id.substr(0, 16),
+      if (!key) return problem(fmt::format("signed by key {}, which is not a trusted key ({})", printable(r.key_id.substr(0, 16)),
                                            keys.describe()));
     } else if (auto k = VerifyKey::from_der(public_key); k && k->id() == r.key_id) {
       named = *k;

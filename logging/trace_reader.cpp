@@ -353,6 +353,9 @@ Result<> TraceReader::read_seal_frame(const uint8_t* frame, uint64_t remaining) 
   // A seal is not chained (its signature covers it); it must sit where it says it does.
   if (chunk_count != chunks_.size())
     return corrupt(fmt::format("seal frame says it follows {} chunks but {} were read", chunk_count, chunks_.size()));
+  // A seal follows at least one chunk the seal before it did not cover (so there are never more seals than chunks).
+  if (chunk_count == (seals_.empty() ? 0 : seals_.back().chunks))
+    return corrupt("a seal frame with no chunk frame since the previous seal (or the header)");
   if (std::memcmp(frame + kFrameFieldBytes, chain_.data(), 32) != 0)
     return corrupt("seal frame names another chain value than the chunks before it have", TraceCheck::kChain);
   SealFrame seal;

@@ -184,6 +184,21 @@ Result<DsseEnvelope> sign_finished_trace(const TraceWriter& writer, const trace:
   return write_trace_signature(writer.path(), facts, stated, footer, key);
 }
 
+std::optional<VerifyKey> trace_signer(const std::string& trace_path, const trace::Header& header) {
+  if (header.has_signer()) {
+    if (auto key = VerifyKey::from_der(header.signer().public_key())) return *key;
+  }
+  auto text = read_file(signature_path(trace_path), "signature", 16u << 20);
+  if (!text) return std::nullopt;
+  auto envelope = DsseEnvelope::parse(*text);
+  if (!envelope) return std::nullopt;
+  auto statement = parse_statement(envelope->payload);
+  if (!statement) return std::nullopt;
+  auto key = VerifyKey::from_der(statement->signer_public_key);
+  if (!key || !envelope->signed_by(*key)) return std::nullopt;
+  return *key;
+}
+
 Result<> write_checkpoint_signature(const std::string& checkpoint_path, const Sha256& trace_header_sha256,
                                     const SigningKey& key) {
   auto sum = sha256_file(checkpoint_path);

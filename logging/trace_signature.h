@@ -80,6 +80,10 @@ class TraceWriter;
 Result<DsseEnvelope> sign_finished_trace(const TraceWriter& writer, const trace::Header& header,
                                          const trace::Footer& footer, const SigningKey& key);
 
+// Who signed a trace: the sealing key its header names, else the key TRACE.sig's statement names and verifies under
+// (none: the trace is unsigned). A signed trace's checkpoint files must be signed by this key.
+std::optional<VerifyKey> trace_signer(const std::string& trace_path, const trace::Header& header);
+
 // A checkpoint file's signature (FILE.sig): subject the file's SHA-256; predicate the trace header it belongs to.
 Result<> write_checkpoint_signature(const std::string& checkpoint_path, const Sha256& trace_header_sha256,
                                     const SigningKey& key);

@@ -86,7 +86,7 @@ std::string check_seals(const TraceReader& reader, const VerifyKey* signer, Veri
     if (signer == nullptr) return where("a seal in a trace whose header names no signer");
     auto envelope = DsseEnvelope::parse(seal.envelope);
     if (!envelope) return where(envelope.error().message);
-    if (envelope->payload_type != kSealPayloadType) return where("not a seal (payload type " + envelope->payload_type + ")");
+    if (envelope->payload_type != kSealPayloadType) return where("not a seal (payload type " + printable(envelope->payload_type) + ")");
     if (!envelope->signed_by(*signer))
       return where(fmt::format("the signature does not verify under the signer's key {} (a forged or altered seal)",
                                signer->short_id()));
@@ -123,12 +123,12 @@ std::string check_signature_file(const std::string& sig_path, const TraceReader&
   auto envelope = DsseEnvelope::parse(*text);
   if (!envelope) return fmt::format("{}: {}", sig_path, envelope.error().message);
   if (envelope->payload_type != kInTotoPayloadType)
-    return fmt::format("{}: payload type {} is not an in-toto statement", sig_path, envelope->payload_type);
+    return fmt::format("{}: payload type {} is not an in-toto statement", sig_path, printable(envelope->payload_type));
   auto statement = parse_statement(envelope->payload);
   if (!statement) return fmt::format("{}: {}", sig_path, statement.error().message);
   if (statement->predicate_type != kRecordingPredicateType)
     return fmt::format("{}: the statement is not about a recording (predicate type {})", sig_path,
-                       statement->predicate_type);
+                       printable(statement->predicate_type));
   // A trusted key that signed it; else the key the statement names (which only shows the file is unaltered).
   const DsseSignature* good = nullptr;
   for (const DsseSignature& s : envelope->signatures) {
@@ -151,12 +151,12 @@ std::string check_signature_file(const std::string& sig_path, const TraceReader&
   }
   if (statement->subject_sha256 != file_sha256)
     return fmt::format("{} is a signature of another file: its subject's SHA-256 is {}, this trace's is {}", sig_path,
-                       statement->subject_sha256, file_sha256);
+                       printable(statement->subject_sha256), file_sha256);
   if (statement->header_sha256 != hex_of(reader.header_sha256()) ||
       statement->final_chain != hex_of(reader.chain_value()))
     return fmt::format("{}: the statement's header hash or final chain value is not this trace's", sig_path);
   note = fmt::format("{} signed by {} at {}", std::filesystem::path(sig_path).filename().string(),
-                     who_is(*signer, options.keys), statement->signed_at);
+                     who_is(*signer, options.keys), printable(statement->signed_at));
 
   const std::string tsr = timestamp_path(sig_path);
   if (std::filesystem::exists(tsr)) {
@@ -165,7 +165,7 @@ std::string check_signature_file(const std::string& sig_path, const TraceReader&
     auto stamp = check_timestamp(*response, good->sig, options.tsa_ca);
     if (!stamp) return fmt::format("{}: {}", tsr, stamp.error().message);
     report.timestamp = *stamp;
-    note += fmt::format("; time-stamped {} by {}{}", stamp->time, stamp->authority,
+    note += fmt::format("; time-stamped {} by {}{}", stamp->time, printable(stamp->authority),
                         stamp->authority_checked ? " (checked against " + options.tsa_ca + ")"
                                                  : " (authority not checked: give --tsa-ca)");
   } else if (!options.tsa_ca.empty()) {
@@ -362,8 +362,9 @@ VerifyReport verify_trace(const std::string& path, const VerifyOptions& options)
     report.summary = fmt::format(
         "{}: {} is complete and its hash chain intact, {}: format v{}, {} chunks, {} events, {} bytes; recorded by "
         "deja {} (build {}), cpu model {} v{}, device model v{}, {} input file(s)",
-        who, path, signed_by, h.format_version(), report.chunks, report.events, reader.file_size(), h.deja_version(),
-        h.build_id(), h.cpu_model().empty() ? "deja-v1" : h.cpu_model(), h.cpu_model_version(),
+        who, printable(path), signed_by, h.format_version(), report.chunks, report.events, reader.file_size(),
+        printable(h.deja_version()), printable(h.build_id()), h.cpu_model().empty() ? "deja-v1" : printable(h.cpu_model()),
+        h.cpu_model_version(),
         h.device_model_version(), h.inputs_size());
   } else {
     report.summary = fmt::format("FAILED ({}): {}", report.failed_check(), report.first_problem);

@@ -2,25 +2,12 @@
 #include <cstdio>
 
 #include "logging/custody.h"
+#include "logging/trace_format.h"
 #include "tools/command_support.h"
 #include "core/exit_status.h"
 #include "core/messages.h"
 
 namespace deja {
-
-namespace {
-
-// Trace strings are the user's, but a custody log may come from anyone: control characters are shown escaped.
-std::string printable(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
-    else out += static_cast<char>(c);
-  }
-  return out;
-}
-
-}  // namespace
 
 Subcommand add_custody_command(CLI::App& app) {
   struct Args {
