@@ -22,6 +22,8 @@ ap.add_argument("--guests", required=True)
 ap.add_argument("--docs", required=True, help="docs/audit.md")
 ap.add_argument("--old-traces", required=True)
 args = ap.parse_args()
+for name in ("deja", "guests", "docs", "old_traces"):
+    setattr(args, name, os.path.abspath(getattr(args, name)))
 failures = []
 passed = 0
 
