@@ -1,6 +1,7 @@
 // verify_trace: reads the whole trace through TraceReader and adds the semantic checks a reader does not need.
 #include "logging/trace_verify.h"
 
+#include "core/text.h"
 #include "logging/trace_reader.h"
 
 namespace deja {
@@ -51,7 +52,8 @@ VerifyReport verify_trace(const std::string& path) {
   if (problem.empty()) {
     for (const auto& input : reader.header().inputs())
       if (!input.sha256().empty() && input.sha256().size() != 32) {
-        problem = fmt::format("header input {} ({}) has a {}-byte SHA-256, not 32", input.path(), input.role(),
+        problem = fmt::format("header input {} ({}) has a {}-byte SHA-256, not 32", printable(input.path()),
+                              printable(input.role()),
                               input.sha256().size());
         break;
       }
@@ -63,8 +65,9 @@ VerifyReport verify_trace(const std::string& path) {
     report.summary = fmt::format(
         "OK: {} is complete and untampered: format v{}, {} chunks, {} events, {} bytes; recorded by deja {} "
         "(build {}), cpu model {} v{}, device model v{}, {} input file(s)",
-        path, h.format_version(), report.chunks, report.events, reader.file_size(), h.deja_version(), h.build_id(),
-        h.cpu_model().empty() ? "deja-v1" : h.cpu_model(), h.cpu_model_version(), h.device_model_version(), h.inputs_size());
+        path, h.format_version(), report.chunks, report.events, reader.file_size(), printable(h.deja_version()),
+        printable(h.build_id()), h.cpu_model().empty() ? "deja-v1" : printable(h.cpu_model()), h.cpu_model_version(),
+        h.device_model_version(), h.inputs_size());
   } else {
     report.summary = fmt::format("FAILED: {}; {} chunks and {} events verified before that (valid through byte {} of {})",
                                  problem, report.chunks, report.events, reader.valid_bytes(), reader.file_size());

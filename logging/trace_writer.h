@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "logging/output_file.h"
 #include "logging/trace_format.h"
 
 typedef struct ZSTD_CCtx_s ZSTD_CCtx;
@@ -27,6 +28,9 @@ class TraceWriter {
   // file. `path`, when it exists, must be a regular file.
   static Result<std::unique_ptr<TraceWriter>> create_replacing(const std::string& path, const trace::Header& header);
   static std::string partial_path(const std::string& path) { return path + ".partial"; }
+  // Whether the file being written is still the one this writer created, whole; the error says what became of it
+  // (removed, replaced by another file, changed, its directory removed or moved).
+  Result<> check_intact() const { return file_->check_intact(); }
   ~TraceWriter();
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
@@ -41,7 +45,7 @@ class TraceWriter {
 
   uint64_t events_written() const { return events_written_; }
   // The file being written (the .partial one until finish() renamed it).
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_->path(); }
   uint64_t chunks_written() const { return index_.size() - (chunk_events_ > 0 ? 1 : 0); }
   void set_chunk_bytes(size_t n) { chunk_bytes_ = n == 0 ? 1 : n; }
   void set_flush_interval(std::chrono::nanoseconds interval) { flush_interval_ = interval; }
@@ -50,16 +54,13 @@ class TraceWriter {
   void set_compression_level(int level) { compression_level_ = level; }
 
  private:
-  TraceWriter(int fd, std::string path);
-  // Writes magic and header to `fd`, a file just created at `path`.
-  static Result<std::unique_ptr<TraceWriter>> start(int fd, const std::string& path, const std::string& header_bytes);
+  explicit TraceWriter(std::unique_ptr<ProductFile> file);
+  // Writes magic and header to `file`, just created.
+  static Result<std::unique_ptr<TraceWriter>> start(std::unique_ptr<ProductFile> file, const std::string& header_bytes);
   Result<> write_all(const void* data, size_t size);
   Result<> seal();
 
-  int fd_ = -1;
-  std::string path_;
-  std::string final_path_;  // create_replacing(): renamed to this when finished
-  uint64_t offset_ = 0;
+  std::unique_ptr<ProductFile> file_;  // logging/output_file.h: how deja writes a product
   Sha256 chain_{};
   bool failed_ = false;
   bool finished_ = false;

@@ -13,6 +13,7 @@
 #include "logging/trace.pb.h"
 #include "core/cpu_model.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "boot/loader.h"
 #include "replay/backend_choice.h"
 #include "replay/session.h"
@@ -38,9 +39,6 @@ Subcommand add_query_command(CLI::App& app);
 int report_error(const Error& e);
 // Prints why a run ended, unless the guest ended it itself or replay already reported it.
 void finish_outcome_message(const Outcome& o);
-
-// The offset of the first byte that is not part of valid UTF-8, or none.
-std::optional<size_t> first_invalid_utf8(std::string_view text);
 
 // A trace header's description of one input file (role, path, SHA-256, size).
 trace::InputFile input_file(const std::string& role, const std::string& path, std::span<const uint8_t> bytes);

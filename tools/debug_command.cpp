@@ -280,7 +280,10 @@ int verify_checkpoints(ReplayTimeline& timeline) {
 }
 
 int debug_trace(const DebugOptions& options) {
-  auto setup = open_replay(options.replay);
+  ReplaySetupOptions replay = options.replay;
+  // The checkpoint files beside the trace: read, and replaced with --save-checkpoints.
+  replay.files.add_numbered_output("a checkpoint file", replay.trace_path + ".", ".ckpt");
+  auto setup = open_replay(replay);
   if (!setup) return report_error(setup.error());
   Session& session = *setup->session;
   TimelineOptions topt;
