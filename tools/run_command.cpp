@@ -234,10 +234,10 @@ Result<> check_files(const SessionOptions& o, Mode mode) {
   for (const auto& m : o.load.modules) plan.add_input("a boot module", m.path);
   plan.add_input("the serial input", o.serial_in);
   for (const auto& d : o.disks) plan.add_input("a disk image", d.path);
-  plan.add_output("the serial output", o.serial_out, OutputKind::kConsole);
   for (const auto& d : o.disks) {
     if (!d.overlay.empty()) plan.add_output("a disk overlay", d.overlay, OutputKind::kInPlace);
   }
+  plan.add_output("the serial output", o.serial_out, OutputKind::kConsole);
   if (mode == Mode::kRecord) plan.add_output("the trace", o.trace_path, OutputKind::kProduct);
   return plan.check();
 }
@@ -425,7 +425,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       end.set_reason("host failure: " + outcome.error().message);
       if (session.engine().finish_record(end, trace::Footer{})) {
         say("the recording up to the failure is complete in {}", options.trace_path);
-      } else {
+      } else if (session.engine().trace_intact()) {
         say("the recording up to the failure is in {} (a valid prefix: `deja replay {}` replays it)",
             session.engine().trace_file(), session.engine().trace_file());
       }
@@ -453,8 +453,10 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     footer.set_exit_status(outcome->status);
     if (auto r = session.engine().finish_record(std::move(end), std::move(footer)); !r) {
       int status = report_error(r.error());
-      say("the recording is in {} (a valid prefix: `deja replay {}` replays it)", session.engine().trace_file(),
-          session.engine().trace_file());
+      if (session.engine().trace_intact()) {  // else the error said what became of it
+        say("the recording is in {} (a valid prefix: `deja replay {}` replays it)", session.engine().trace_file(),
+            session.engine().trace_file());
+      }
       return status;
     }
     // The progress option as given (emulated-pmu:N is exact progress through an emulated counter).

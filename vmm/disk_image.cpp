@@ -317,16 +317,15 @@ Result<> DiskImage::open_overlay_file(bool recording) {
   const uint32_t version = get_u32(header.data() + 8);
   const size_t name_length = std::min<size_t>(header[kOverlayBasePath] | header[kOverlayBasePath + 1] << 8,
                                               kOverlayBasePathMax);
-  const std::string base_name =
-      version >= 2 ? std::string(reinterpret_cast<const char*>(header.data()) + kOverlayBasePath + 2, name_length)
-                   : std::string("its disk image");
+  const std::string base_name(reinterpret_cast<const char*>(header.data()) + kOverlayBasePath + 2, name_length);
   if ((version != 1 && version != kOverlayVersion) || get_u32(header.data() + 12) != kBlockSize ||
       get_u64(header.data() + 16) != size_ || get_u64(header.data() + 24) != bitmap_offset_ ||
       get_u64(header.data() + 32) != bitmap_bytes || get_u64(header.data() + 40) != data_offset_) {
     return fail(ErrorKind::kInvalidArgument,
-                "the overlay {} belongs to {}, a disk image of {} bytes (or is another overlay version: {}); {} is {} "
+                "the overlay {} belongs to a disk image of {} bytes{} (or is of another overlay version: {}); {} is {} "
                 "bytes",
-                overlay_path_, base_name, get_u64(header.data() + 16), version, path_, size_);
+                overlay_path_, get_u64(header.data() + 16), version >= 2 ? " (" + base_name + ")" : "", version,
+                path_, size_);
   }
   if (version == 1) {
     // Made before overlays recorded their base: from now on it records this one.
