@@ -1,4 +1,4 @@
-// Text that comes from outside deja (a trace's strings, a guest's output, file names) made safe to print and checked as UTF-8.
+// Text from outside deja (a trace's strings, a guest's output, file names): checked as UTF-8, made safe to print.
 #pragma once
 
 #include <cstddef>

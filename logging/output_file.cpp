@@ -1,4 +1,4 @@
-// The output-file rule: every input and output of a command checked up front; consoles opened, products written and renamed.
+// The output-file rule: a command's files checked up front; consoles opened; products written, checked, renamed.
 #include "logging/output_file.h"
 
 #include <fcntl.h>
@@ -40,8 +40,6 @@ std::optional<int> standard_stream(const std::string& path) {
   return std::nullopt;
 }
 
-Error refused(std::string message) { return Error{ErrorKind::kInvalidArgument, std::move(message)}; }
-
 std::string partial_exists_message(const std::string& partial, const std::string& what, const std::string& path) {
   return fmt::format("{} exists: the prefix of an earlier {} written to {} that was interrupted (or one still being "
                      "written); move or remove it",
@@ -63,20 +61,14 @@ bool numbered_member(const std::string& canonical, const std::pair<std::string, 
 Result<> check_kind(const std::string& what, const std::string& path, OutputKind kind) {
   if (kind == OutputKind::kConsole && standard_stream(path)) return {};
   struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) {
-    if (kind == OutputKind::kProduct) {
-      const std::string partial = path + ".partial";
-      if (::lstat(partial.c_str(), &st) == 0) return std::unexpected(refused(partial_exists_message(partial, what, path)));
+  if (kind == OutputKind::kProduct) {
+    const std::string partial = path + ".partial";
+    if (::lstat(partial.c_str(), &st) == 0) {
+      return fail(ErrorKind::kInvalidArgument, "{}", partial_exists_message(partial, what, path));
     }
-    return {};  // to be created (a missing directory is reported when it is)
   }
-  if (S_ISREG(st.st_mode)) {
-    if (kind == OutputKind::kProduct) {
-      const std::string partial = path + ".partial";
-      if (::lstat(partial.c_str(), &st) == 0) return std::unexpected(refused(partial_exists_message(partial, what, path)));
-    }
-    return {};
-  }
+  // Absent (to be created; a missing directory is reported when it is), or a regular file.
+  if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return {};
   if (kind == OutputKind::kConsole) {
     struct stat target {};
     const bool to_stream = S_ISLNK(st.st_mode) && ::stat(path.c_str(), &target) == 0 &&
@@ -243,11 +235,11 @@ Result<std::unique_ptr<ProductFile>> ProductFile::create(const std::string& path
   f->final_name_ = p.filename().string();
   f->writing_name_ = std::filesystem::path(writing).filename().string();
   f->directory_ = p.has_parent_path() ? p.parent_path().string() : ".";
-  if (f->final_name_.empty() || f->final_name_ == "." || f->final_name_ == "..") {
-    return fail(ErrorKind::kInvalidArgument, "refusing to write the {} to {}: it is a directory", f->what_, path);
-  }
   if (replacing) {
     if (auto ok = check_replaceable(path, f->what_); !ok) return std::unexpected(ok.error());
+  }
+  if (f->final_name_.empty() || f->final_name_ == "." || f->final_name_ == "..") {
+    return fail(ErrorKind::kInvalidArgument, "refusing to write the {} to {}: it is a directory", f->what_, path);
   }
   // The directory is held open: the file is made, checked and renamed inside it, whatever its path comes to name.
   f->dir_fd_ = ::open(f->directory_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -258,7 +250,9 @@ Result<std::unique_ptr<ProductFile>> ProductFile::create(const std::string& path
   f->fd_ = ::openat(f->dir_fd_, f->writing_name_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (f->fd_ < 0) {
     const int err = errno;
-    if (err == EEXIST && replacing) return std::unexpected(refused(partial_exists_message(writing, f->what_, path)));
+    if (err == EEXIST && replacing) {
+      return fail(ErrorKind::kInvalidArgument, "{}", partial_exists_message(writing, f->what_, path));
+    }
     if (err == EEXIST) {
       return fail(ErrorKind::kInvalidArgument, "cannot create {} file {}: it exists already (deja does not write "
                   "over a file it did not create; move or remove it)", f->what_, path);

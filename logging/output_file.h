@@ -1,4 +1,4 @@
-// How deja creates the files it writes for the user: one rule for every output (traces, captures, consoles, checkpoints, overlays, dumps).
+// How deja creates the files it writes: one rule for every output (traces, captures, consoles, checkpoints, dumps).
 #pragma once
 
 #include <sys/types.h>

@@ -101,7 +101,7 @@ class ReplayTarget final : public gdb::Target {
           return {Why::kError, false, 0, WatchKind::kWrite, "divergence"};
         }
         say("debug: the replay reached the end of the trace ({}); reverse execution goes back from here",
-            r->outcome.reason);
+            printable(r->outcome.reason));
         return {Why::kHistoryEnd};
     }
     return {Why::kStep};
@@ -299,7 +299,11 @@ int debug_trace(const DebugOptions& options) {
   std::vector<std::string> warnings;
   uint64_t loaded = (*timeline)->load_files(options.replay.trace_path, setup->identity, warnings);
   for (const auto& w : warnings) say("warning: {}", w);
-  if (loaded) say("loaded {} checkpoints from {}.N.ckpt", loaded, options.replay.trace_path);
+  if (loaded) {
+    auto held = (*timeline)->stats();
+    say("loaded {} checkpoints from {}.N.ckpt; {} checkpoints ({:.1f} MiB) held under --checkpoint-memory {}", loaded,
+        options.replay.trace_path, held.checkpoints, double(held.memory_bytes) / (1 << 20), options.checkpoint_memory);
+  }
 
   size_t colon = options.gdb_address.rfind(':');
   auto port = colon == std::string::npos ? std::nullopt : parse_number(options.gdb_address.substr(colon + 1));

@@ -106,7 +106,7 @@ int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
   if (!r) return report_error(r.error());
   if (r->kind == StopReason::Kind::kEnd && when->kind != When::Kind::kEnd) {
     return report_error({ErrorKind::kInvalidArgument,
-                         fmt::format("--at {}: the trace ends before it ({})", o.at, r->outcome.reason)});
+                         fmt::format("--at {}: the trace ends before it ({})", o.at, printable(r->outcome.reason))});
   }
   CheckpointPosition at = session.checkpoint_position();
   auto st = session.machine().backend().get_state();

@@ -457,6 +457,44 @@ gdb.execute("set debug remote 0")
     check(no_ack is not None and ack is not None and ack < 10 * no_ack + 1.0,
           f"memory: 100 packets take {ack} s with acknowledgements, {no_ack} s without (a delayed ACK per packet "
           f"would be 4 s)")
+    # A client that leaves Nagle's algorithm on (gdb turns it off) and acknowledges each reply in its own write:
+    # its next packet waits for deja's ACK of the '+', which must not be a delayed one (~40 ms).
+    d = Debug(args.deja, trace)
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=60)
+    buf = b""
+
+    def reply():
+        nonlocal buf
+        while True:
+            m = re.search(rb"\$([^#]*)#[0-9a-f]{2}", buf)
+            if m:
+                buf = buf[m.end():]
+                return m.group(1)
+            data = s.recv(65536)
+            if not data:
+                return None
+            buf += data
+
+    def round_trips(ack):
+        start = time.time()
+        for _ in range(50):
+            s.sendall(frame(b"qC"))
+            reply()
+            if ack:
+                s.sendall(b"+")
+        return time.time() - start
+
+    acked = round_trips(True)
+    s.sendall(frame(b"QStartNoAckMode"))
+    reply()
+    s.sendall(b"+")
+    unacked = round_trips(False)
+    s.sendall(frame(b"D"))
+    reply()
+    s.close()
+    d.finish()
+    check(acked < 10 * unacked + 0.5, f"memory: a client with Nagle on: 50 packets in {acked:.3f} s acknowledged, "
+                                      f"{unacked:.3f} s not (a delayed ACK per packet would be 2 s)")
 
 
 def main():

@@ -307,7 +307,7 @@ def checkpoint_files_within_checkpoint_memory():
              timeout=600)
     expect(r, 1, [], "recording the memory guest (128 MiB written)")
     rc, log, save_rss = debug_and_detach(trace, ["--save-checkpoints", "--checkpoint-memory", "4G",
-                                                 "--checkpoint-interval", "5000000"], ram)
+                                                 "--checkpoint-interval", "40000000"], ram)
     files = [f for f in os.listdir(hostile.TMP) if f.startswith("m.trace.") and f.endswith(".ckpt")]
     if rc != 0 or len(files) < 9:
         fail(f"saving checkpoints: status {rc}, {len(files)} files\n{log}")
