@@ -460,8 +460,8 @@ Result<> serve(int fd, Server& server) {
           if (!send_all(server.no_ack() ? last_reply : std::string("+").append(last_reply))) return {};
           break;
         case Incoming::Kind::kPacket: {
-          // In acknowledgement mode the '+' goes out with the reply, in one segment: two small writes would
-          // cost a delayed ACK per packet at gdb's end. A long resume acknowledges first, so gdb does not resend.
+          // In acknowledgement mode the '+' goes out with the reply in one write (one segment, not two). A resume,
+          // which may run long, is acknowledged first, so that gdb does not resend it meanwhile.
           std::string ack = server.no_ack() ? "" : "+";
           if (!ack.empty() && resumes(item.payload)) {
             if (!send_all(ack)) return {};

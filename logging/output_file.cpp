@@ -208,15 +208,6 @@ Result<ConsoleFile> open_console_file(const std::string& path, std::string_view 
   return ConsoleFile{fd, true, path};
 }
 
-Result<> check_replaceable(const std::string& path, std::string_view what) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return {};  // nothing there (or unreachable: creating the .partial says so)
-  if (S_ISREG(st.st_mode)) return {};
-  return fail(ErrorKind::kInvalidArgument,
-              "refusing to write the {} to {}: it is {}; deja writes a {} only as a new or regular file", what, path,
-              file_kind(st), what);
-}
-
 Result<std::unique_ptr<ProductFile>> ProductFile::create_replacing(const std::string& path, std::string what,
                                                                    Unfinished unfinished) {
   return create(path, std::move(what), true, unfinished);
@@ -236,7 +227,7 @@ Result<std::unique_ptr<ProductFile>> ProductFile::create(const std::string& path
   f->writing_name_ = std::filesystem::path(writing).filename().string();
   f->directory_ = p.has_parent_path() ? p.parent_path().string() : ".";
   if (replacing) {
-    if (auto ok = check_replaceable(path, f->what_); !ok) return std::unexpected(ok.error());
+    if (auto ok = check_kind("the " + f->what_, path, OutputKind::kProduct); !ok) return std::unexpected(ok.error());
   }
   if (f->final_name_.empty() || f->final_name_ == "." || f->final_name_ == "..") {
     return fail(ErrorKind::kInvalidArgument, "refusing to write the {} to {}: it is a directory", f->what_, path);

@@ -133,8 +133,4 @@ class ProductFile {
   Unfinished unfinished_ = Unfinished::kKeep;
 };
 
-// Whether a file may be renamed over `path`: nothing is there, or a regular file. `what` names the file's kind in
-// messages ("trace").
-Result<> check_replaceable(const std::string& path, std::string_view what);
-
 }  // namespace deja

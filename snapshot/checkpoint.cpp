@@ -258,7 +258,8 @@ Result<MachineCheckpoint> read_checkpoint_file(const std::string& path, const Ch
   auto bad = [&](std::string what) {
     return std::unexpected(Error{ErrorKind::kBadTrace, fmt::format("checkpoint file {}: {}", path, what)});
   };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in a checkpoint file's place must not hang the debugger (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return fail(ErrorKind::kHost, "cannot open checkpoint file {}: {}", path, std::strerror(errno));
   struct Closer {
     int fd;
