@@ -248,11 +248,8 @@ def frame(payload):
     return b"$" + payload + b"#" + b"%02x" % (sum(payload) & 0xff)
 
 
-def scenario_hostile(args, work):
-    trace = os.path.join(work, "hello3.trace")
-    record(args.deja, os.path.join(args.guests, "hello.elf"), trace)
-    d = Debug(args.deja, trace)
-    s = socket.create_connection(("127.0.0.1", d.port), timeout=30)
+def replies(s):
+    """A function returning the payload of the next packet arriving on socket s (None once it closes)."""
     buf = b""
 
     def reply():
@@ -266,6 +263,16 @@ def scenario_hostile(args, work):
             if not data:
                 return None
             buf += data
+
+    return reply
+
+
+def scenario_hostile(args, work):
+    trace = os.path.join(work, "hello3.trace")
+    record(args.deja, os.path.join(args.guests, "hello.elf"), trace)
+    d = Debug(args.deja, trace)
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=30)
+    reply = replies(s)
 
     hostile = [
         b"m" + b"f" * 40 + b",4",              # address too long
@@ -310,19 +317,7 @@ def scenario_interrupt(args, work):
     # The reference executor: the JIT replays this whole trace backwards in less than the 0.3 s the Ctrl-C waits.
     d = Debug(args.deja, trace, ["--interp-mode", "reference"])
     s = socket.create_connection(("127.0.0.1", d.port), timeout=120)
-    buf = b""
-
-    def reply():
-        nonlocal buf
-        while True:
-            m = re.search(rb"\$([^#]*)#[0-9a-f]{2}", buf)
-            if m:
-                buf = buf[m.end():]
-                return m.group(1)
-            data = s.recv(65536)
-            if not data:
-                return None
-            buf += data
+    reply = replies(s)
 
     def when():
         s.sendall(frame(b"qRcmd," + b"when".hex().encode()))
@@ -461,19 +456,7 @@ gdb.execute("set debug remote 0")
     # its next packet waits for deja's ACK of the '+', which must not be a delayed one (~40 ms).
     d = Debug(args.deja, trace)
     s = socket.create_connection(("127.0.0.1", d.port), timeout=60)
-    buf = b""
-
-    def reply():
-        nonlocal buf
-        while True:
-            m = re.search(rb"\$([^#]*)#[0-9a-f]{2}", buf)
-            if m:
-                buf = buf[m.end():]
-                return m.group(1)
-            data = s.recv(65536)
-            if not data:
-                return None
-            buf += data
+    reply = replies(s)
 
     def round_trips(ack):
         start = time.time()
