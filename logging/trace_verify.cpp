@@ -2,6 +2,7 @@
 #include "logging/trace_verify.h"
 
 #include "core/text.h"
+#include "logging/trace_format.h"
 #include "logging/trace_reader.h"
 
 namespace deja {
@@ -19,6 +20,7 @@ VerifyReport verify_trace(const std::string& path) {
   uint64_t end_events = 0;
   uint64_t first_end_index = 0;
   bool last_is_end = false;
+  std::string end_reason;
   std::string problem;
   while (true) {
     auto event = reader.next();
@@ -32,6 +34,7 @@ VerifyReport verify_trace(const std::string& path) {
       problem = fmt::format("event {} has no kind (unknown to this deja, or empty)", reader.events_read() - 1);
     if (e.has_end()) {
       if (end_events++ == 0) first_end_index = reader.events_read() - 1;
+      end_reason = e.end().reason();
     }
     last_is_end = e.has_end();
   }
@@ -68,6 +71,11 @@ VerifyReport verify_trace(const std::string& path) {
         path, h.format_version(), report.chunks, report.events, reader.file_size(), printable(h.deja_version()),
         printable(h.build_id()), h.cpu_model().empty() ? "deja-v1" : printable(h.cpu_model()), h.cpu_model_version(),
         h.device_model_version(), h.inputs_size());
+    // Complete, but of a run that a host failure cut short (a disk overlay or the serial output could not be
+    // written): it replays to where it stopped, and says so.
+    if (end_reason.starts_with(kHostFailureReason)) {
+      report.summary += fmt::format("; the recording was {}", printable(end_reason));
+    }
   } else {
     report.summary = fmt::format("FAILED: {}; {} chunks and {} events verified before that (valid through byte {} of {})",
                                  problem, report.chunks, report.events, reader.valid_bytes(), reader.file_size());

@@ -26,6 +26,9 @@ PACKAGES=(
   gdb
   # `deja inspect --pcap` is checked by reading the capture back with tshark (tests/linux)
   tshark
+  # the distro guests (guest-distro/, tests/distro): a Debian root file system made with mmdebstrap from the mirror
+  # apt uses, packed with mkfs.ext4 -d; the host's initrd unpacked for the diagnostic copy (unmkinitramfs)
+  mmdebstrap e2fsprogs initramfs-tools-core
 )
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

@@ -35,15 +35,4 @@ void finish_outcome_message(const Outcome& o) {
   }
 }
 
-trace::InputFile input_file(const std::string& role, const std::string& path, std::span<const uint8_t> bytes) {
-  trace::InputFile f;
-  f.set_role(role);
-  f.set_path(path);
-  auto sha = sha256_bytes(bytes);
-  f.set_sha256(sha.data(), sha.size());
-  f.set_size(bytes.size());
-  return f;
-}
-
-
 }  // namespace deja

@@ -40,7 +40,4 @@ int report_error(const Error& e);
 // Prints why a run ended, unless the guest ended it itself or replay already reported it.
 void finish_outcome_message(const Outcome& o);
 
-// A trace header's description of one input file (role, path, SHA-256, size).
-trace::InputFile input_file(const std::string& role, const std::string& path, std::span<const uint8_t> bytes);
-
 }  // namespace deja
