@@ -2,6 +2,7 @@
 #include "logging/output_file.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -130,6 +131,7 @@ void OutputPlan::add_input(std::string what, const std::string& path) {
 }
 
 void OutputPlan::add_output(std::string what, const std::string& path, OutputKind kind) {
+  if (path.empty()) return;  // an output not asked for
   entries_.push_back(describe(what, path, kind));
   // The file a product is written to first must be no other file either (`record -o T --serial-out T.partial`).
   if (kind == OutputKind::kProduct) {
@@ -298,6 +300,13 @@ Result<> ProductFile::sync() {
   return {};
 }
 
+Result<> ProductFile::set_mode(mode_t mode) {
+  if (fd_ >= 0 && ::fchmod(fd_, mode) != 0) {
+    return fail(ErrorKind::kHost, "cannot set the mode of {} file {}: {}", what_, writing_path_, std::strerror(errno));
+  }
+  return {};
+}
+
 Result<> ProductFile::check_intact() const {
   struct stat dir {}, by_path {}, file {};
   if (::fstat(dir_fd_, &dir) != 0 || dir.st_nlink == 0) {
@@ -328,7 +337,7 @@ Result<> ProductFile::check_intact() const {
   return {};
 }
 
-Result<> ProductFile::commit() {
+Result<> ProductFile::commit(Replace replace) {
   if (fd_ < 0) return fail(ErrorKind::kInvalidArgument, "{} file {} is already closed", what_, writing_path_);
   if (auto ok = check_intact(); !ok) return ok;
   const int fd = fd_;
@@ -341,7 +350,12 @@ Result<> ProductFile::commit() {
       return fail(ErrorKind::kInvalidArgument, "refusing to write the {} to {}: it is {} now; the complete {} is in {}",
                   what_, final_path_, file_kind(st), what_, writing_path_);
     }
-    if (::renameat(dir_fd_, writing_name_.c_str(), dir_fd_, final_name_.c_str()) != 0) {
+    const unsigned flags = replace == Replace::kNever ? RENAME_NOREPLACE : 0;
+    if (::renameat2(dir_fd_, writing_name_.c_str(), dir_fd_, final_name_.c_str(), flags) != 0) {
+      if (errno == EEXIST) {
+        return fail(ErrorKind::kInvalidArgument, "cannot write the {} to {}: it exists already (deja does not replace "
+                    "it; move or remove it)", what_, final_path_);
+      }
       return fail(ErrorKind::kHost, "cannot rename {} to {}: {}; the complete {} is in {}", writing_path_, final_path_,
                   std::strerror(errno), what_, writing_path_);
     }

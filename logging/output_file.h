@@ -102,11 +102,14 @@ class ProductFile {
 
   Result<> write(std::span<const uint8_t> bytes);
   Result<> sync();  // fdatasync
+  Result<> set_mode(mode_t mode);  // products are made 0600; a public file (a public key) is widened here
   // Whether the file being written is still the one deja created and holds exactly what it wrote; the error says
   // what happened to it.
   Result<> check_intact() const;
-  // Closes the file and (create_replacing) renames the .partial over PATH.
-  Result<> commit();
+  // Closes the file and (create_replacing) renames the .partial over PATH; with kNever, only when PATH is still
+  // absent (a key is never replaced).
+  enum class Replace { kAllow, kNever };
+  Result<> commit(Replace replace = Replace::kAllow);
   // The file being written (PATH.partial until commit(), then PATH).
   const std::string& path() const { return committed_ ? final_path_ : writing_path_; }
   const std::string& final_path() const { return final_path_; }

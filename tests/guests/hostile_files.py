@@ -111,6 +111,41 @@ def pcap_never_overwrites_the_trace():
 
 
 @case
+def evidence_files_follow_the_rule():
+    """Signatures, time-stamp requests, custody logs and keys (docs/audit.md) follow the same rule: none is the
+    trace, the key or another output (exit 2, every file untouched); a key is never replaced."""
+    image = private_guest()
+    key = path("k")
+    expect(deja("keygen", "-o", key), 0, [], "keygen")
+    trace = recorded("s.trace", image)
+    os.link(trace, path("s-hard"))
+    os.symlink(key, path("k-link"))
+    kept = [trace, key, key + ".pub", image]
+    refused(["keygen", "-o", key], ["exists already"], kept, "keygen over an existing key")
+    refused(["sign", trace, "--key", key, "--tsa-request", path("s-hard")], ["is also the trace"], kept,
+            "sign --tsa-request (a hard link to the trace)")
+    refused(["sign", trace, "--key", key, "--tsa-request", trace + ".sig"], ["is also the signature"], kept,
+            "sign --tsa-request TRACE.sig")
+    os.symlink(key, trace + ".sig")
+    refused(["sign", trace, "--key", trace + ".sig"], ["is also the key"], kept, "sign --key TRACE.sig (a link to it)")
+    os.unlink(trace + ".sig")
+    os.symlink(key, trace + ".custody")
+    refused(["custody", "add", trace, "--action", "a", "--by", "b", "--key", key], ["is also the key"], kept,
+            "custody add whose log is a link to the key")
+    os.unlink(trace + ".custody")
+    refused(["record", "-o", path("r.trace"), "--backend", "interp", "--sign", key, "--serial-out",
+             path("r.trace.sig"), image], ["is also the serial output"], kept, "record --sign --serial-out TRACE.sig")
+    refused(["record", "-o", path("r.trace"), "--backend", "interp", "--sign", key, "--tsa-request", path("k-link"),
+             image], ["is also the signing key"], kept, "record --sign KEY --tsa-request (a link to KEY)")
+    for p in (path("r.trace"), path("r.trace.partial"), path("r.trace.sig")):
+        if os.path.exists(p):
+            fail(f"a refused command left {p}")
+    expect(deja("sign", trace, "--key", key, "--tsa-request", path("s.tsq")), 0, [], "sign")
+    expect(deja("custody", "add", trace, "--action", "a", "--by", "b", "--key", key), 0, [], "custody add")
+    print("signatures, time-stamp requests, custody logs and keys onto inputs or each other: refused, untouched")
+
+
+@case
 def consoles_that_are_streams():
     """--serial-out to /dev/null, /dev/stdout and a link to a device is written; a block device, a directory, a
     symbolic link to a file are refused."""
