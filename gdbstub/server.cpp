@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "core/messages.h"
+
 namespace deja::gdb {
 namespace {
 
@@ -139,7 +141,7 @@ std::string register_hex(const CpuState& st, int n) {
 }
 
 std::string error_reply(int code) { return fmt::format("E{:02x}", code); }
-constexpr int kEInvalid = 0x01, kEFault = 0x0e, kERefused = 0x16, kENoTarget = 0x03;
+constexpr int kEInvalid = 0x01, kEFault = 0x0e, kERefused = 0x16, kENoTarget = 0x03, kENoSpace = 0x1c;
 
 std::optional<WatchKind> watch_kind_of(char type) {
   switch (type) {
@@ -214,7 +216,12 @@ std::string Server::breakpoint(std::string_view packet, bool insert) {
     auto& list = type == '0' ? software_breakpoints_ : hardware_breakpoints_;
     auto it = std::find(list.begin(), list.end(), *address);
     if (insert && it == list.end()) {
-      if (list.size() >= 4096) return error_reply(kERefused);
+      // Every step compares its RIP with each breakpoint: a bounded list keeps stepping fast (docs/debugging.md).
+      if (list.size() >= kMaxBreakpoints) {
+        refusal_ = fmt::format("a breakpoint at {:#x} refused: deja holds at most {} {} breakpoints", *address,
+                               kMaxBreakpoints, type == '0' ? "software" : "hardware");
+        return error_reply(kENoSpace);
+      }
       list.push_back(*address);
     }
     if (!insert && it != list.end()) list.erase(it);
@@ -226,7 +233,12 @@ std::string Server::breakpoint(std::string_view packet, bool insert) {
   Watchpoint w{*address, *kind, *watch};
   auto it = std::find(watchpoints_.begin(), watchpoints_.end(), w);
   if (insert && it == watchpoints_.end()) {
-    if (watchpoints_.size() >= 256) return error_reply(kERefused);
+    // Every memory access is compared with each watchpoint (docs/debugging.md).
+    if (watchpoints_.size() >= kMaxWatchpoints) {
+      refusal_ = fmt::format("a watchpoint at {:#x} refused: deja holds at most {} watchpoints", *address,
+                             kMaxWatchpoints);
+      return error_reply(kENoSpace);
+    }
     watchpoints_.push_back(w);
   }
   if (!insert && it != watchpoints_.end()) watchpoints_.erase(it);
@@ -310,7 +322,8 @@ std::optional<std::string> Server::handle(std::string_view p, const std::functio
       // Writes would make the replay diverge from the recording; refused, as rr does.
       return error_reply(kERefused);
     case 'm': {
-      auto range = parse_addr_length(p.substr(1), (kMaxPacket - 16) / 2);
+      // Up to the PacketSize announced in qSupported, as gdb asks for: its reply is two hex digits a byte.
+      auto range = parse_addr_length(p.substr(1), kMaxPacket / 2);
       if (!range) return error_reply(kEInvalid);
       std::vector<uint8_t> buffer(range->second);
       size_t got = target_.read_virtual(range->first, buffer);
@@ -377,6 +390,10 @@ Result<std::pair<int, uint16_t>> listen_tcp(const std::string& host, uint16_t po
 Result<> serve(int fd, Server& server) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Whether a packet resumes the target (which may run for long before its reply).
+  auto resumes = [](std::string_view p) {
+    return p.starts_with("vCont;") || p == "c" || p == "s" || p == "bc" || p == "bs" || p.starts_with("qRcmd,");
+  };
   PacketReader reader;
   std::vector<Incoming> items;
   std::string last_reply;
@@ -414,6 +431,9 @@ Result<> serve(int fd, Server& server) {
   while (!server.finished()) {
     if (deferred.empty()) {
       uint8_t buf[4096];
+      // ACK what gdb sends at once (Linux clears quick-ACK mode now and then): a delayed ACK of gdb's '+' would
+      // hold its next packet back for ~40 ms where gdb's Nagle algorithm is on.
+      ::setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
       ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return {};  // gdb disconnected
@@ -436,20 +456,26 @@ Result<> serve(int fd, Server& server) {
           if (!server.no_ack() && !send_all("-")) return {};
           break;
         case Incoming::Kind::kTooLong:
-          if (!server.no_ack() && !send_all("+")) return {};
           last_reply = frame("E01");
-          if (!send_all(last_reply)) return {};
+          if (!send_all(server.no_ack() ? last_reply : std::string("+").append(last_reply))) return {};
           break;
         case Incoming::Kind::kPacket: {
-          bool acking = !server.no_ack();
-          if (acking && !send_all("+")) return {};
+          // In acknowledgement mode the '+' goes out with the reply in one write (one segment, not two). A resume,
+          // which may run long, is acknowledged first, so that gdb does not resend it meanwhile.
+          std::string ack = server.no_ack() ? "" : "+";
+          if (!ack.empty() && resumes(item.payload)) {
+            if (!send_all(ack)) return {};
+            ack.clear();
+          }
           interrupt_pending = false;
           auto reply = server.handle(item.payload, interrupted);
           interrupt_pending = false;
+          if (auto refusal = server.take_refusal(); !refusal.empty()) say("debug: {}", refusal);
           if (reply) {
             last_reply = frame(*reply);
-            if (!send_all(last_reply)) return {};
+            ack.append(last_reply);
           }
+          if (!send_all(ack)) return {};
           break;
         }
       }

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gdbstub/packet.h"
@@ -21,6 +22,12 @@ class Server {
   std::optional<std::string> handle(std::string_view packet, const std::function<bool()>& interrupted);
   bool finished() const { return finished_; }  // gdb detached or killed
   bool no_ack() const { return no_ack_; }
+  // Why the last packet was refused, for deja's own log (gdb shows only "E1c"); "" when it was not. Cleared.
+  std::string take_refusal() { return std::exchange(refusal_, std::string()); }
+
+  // Breakpoints (Z0 and Z1 each) and watchpoints (Z2-Z4) held at once; more are refused with E1c (ENOSPC).
+  static constexpr size_t kMaxBreakpoints = 4096;
+  static constexpr size_t kMaxWatchpoints = 256;
 
  private:
   std::string stop_reply(const StopInfo& stop);
@@ -37,6 +44,7 @@ class Server {
   StopInfo last_stop_;
   bool finished_ = false;
   bool no_ack_ = false;
+  std::string refusal_;
 };
 
 // The x86-64 target description (qXfer:features:read:target.xml), and its register count.

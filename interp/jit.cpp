@@ -38,7 +38,8 @@ JitBuffer::JitBuffer(size_t bytes) {
   }
   if (std::getenv("DEJA_PERF_MAP")) {
     const std::string path = fmt::format("/tmp/perf-{}.map", getpid());
-    perf_map_ = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    // Never through a symbolic link: anyone can make one in /tmp.
+    perf_map_ = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
   }
 }
 
@@ -1695,7 +1696,7 @@ bool InterpBackend::compile_block(Block& block) {
   if (const char* dir = std::getenv("DEJA_JIT_DUMP")) {
     // For reading the generated code: objdump -D -b binary -mi386:x86-64 DIR/block-RIP.bin
     const std::string path = fmt::format("{}/block-{:x}.bin", dir, block.rip);
-    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd >= 0) {
       (void)!write(fd, jit.a.code.data(), jit.a.size());
       close(fd);

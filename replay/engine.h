@@ -188,6 +188,9 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   const std::string& write_error() const { return write_error_; }
   // Record: the file the trace is being written to (the .partial one until it is complete).
   std::string trace_file() const { return writer_ ? writer_->path() : std::string(); }
+  // Record, before the trace is complete: whether that file is still the one deja wrote (not removed, replaced or
+  // changed by another program: logging/output_file.h), so that its prefix can be offered to the user.
+  bool trace_intact() const { return writer_ && writer_->check_intact().has_value(); }
 
   // Replay: serial output the trace and the replay disagree on at the very end.
   void check_output_complete();

@@ -103,7 +103,7 @@ class ReplayTarget final : public gdb::Target {
           return {Why::kError, false, 0, WatchKind::kWrite, "divergence"};
         }
         say("debug: the replay reached the end of the trace ({}); reverse execution goes back from here",
-            r->outcome.reason);
+            printable(r->outcome.reason));
         return {Why::kHistoryEnd};
     }
     return {Why::kStep};
@@ -288,7 +288,12 @@ int debug_trace(const DebugOptions& options) {
     if (!key) return report_error(key.error());
     signing_key = std::move(*key);
   }
-  auto setup = open_replay(options.replay);
+  ReplaySetupOptions replay = options.replay;
+  // The checkpoint files beside the trace (and their signatures): read, and replaced with --save-checkpoints.
+  replay.files.add_numbered_output("a checkpoint file", replay.trace_path + ".", ".ckpt");
+  if (signing_key) replay.files.add_numbered_output("a checkpoint signature", replay.trace_path + ".", ".ckpt.sig");
+  replay.files.add_input("the signing key", options.sign);
+  auto setup = open_replay(replay);
   if (!setup) return report_error(setup.error());
   Session& session = *setup->session;
   TimelineOptions topt;
@@ -313,7 +318,11 @@ int debug_trace(const DebugOptions& options) {
   std::vector<std::string> warnings;
   uint64_t loaded = (*timeline)->load_files(options.replay.trace_path, setup->identity, warnings, accept);
   for (const auto& w : warnings) say("warning: {}", w);
-  if (loaded) say("loaded {} checkpoints from {}.N.ckpt", loaded, options.replay.trace_path);
+  if (loaded) {
+    auto held = (*timeline)->stats();
+    say("loaded {} checkpoints from {}.N.ckpt; {} checkpoints ({:.1f} MiB) held under --checkpoint-memory {}", loaded,
+        options.replay.trace_path, held.checkpoints, double(held.memory_bytes) / (1 << 20), options.checkpoint_memory);
+  }
 
   size_t colon = options.gdb_address.rfind(':');
   auto port = colon == std::string::npos ? std::nullopt : parse_number(options.gdb_address.substr(colon + 1));

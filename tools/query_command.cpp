@@ -106,7 +106,7 @@ int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
   if (!r) return report_error(r.error());
   if (r->kind == StopReason::Kind::kEnd && when->kind != When::Kind::kEnd) {
     return report_error({ErrorKind::kInvalidArgument,
-                         fmt::format("--at {}: the trace ends before it ({})", o.at, r->outcome.reason)});
+                         fmt::format("--at {}: the trace ends before it ({})", o.at, printable(r->outcome.reason))});
   }
   CheckpointPosition at = session.checkpoint_position();
   auto st = session.machine().backend().get_state();
@@ -119,7 +119,8 @@ int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
     size_t got = 0;
     if (o.physical) {
       auto span = session.machine().memory().span(Gpa{range->first}, range->second);
-      if (!span) return report_error(span.error());
+      // A range the query names outside RAM is a bad argument, not a guest that stopped (kGuest).
+      if (!span) return report_error({ErrorKind::kInvalidArgument, fmt::format("--mem {}: {}", o.mem, span.error().message)});
       std::copy(span->begin(), span->end(), buf.begin());
       got = buf.size();
     } else {

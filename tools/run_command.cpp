@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvm/pmu.h"
+#include "logging/output_file.h"
 #include "logging/signing.h"
 #include "logging/trace_format.h"
 #include "logging/trace_signature.h"
@@ -69,6 +70,7 @@ struct SessionOptions {
   bool rng = false;
   std::string trace_path;            // record: output file
   std::shared_ptr<const SigningKey> signing_key;  // record --sign
+  std::string signing_key_path;
   SealPolicy seals;
   std::string tsa_request;
   uint64_t digest_interval = Session::kDefaultDigestInterval;
@@ -209,20 +211,12 @@ Result<SessionOptions> to_session(const RunArgs& a) {
     auto key = SigningKey::load(a.sign);
     if (!key) return std::unexpected(key.error());
     o.signing_key = std::make_shared<const SigningKey>(std::move(*key));
+    o.signing_key_path = a.sign;
     o.seals.interval = std::chrono::nanoseconds(int64_t(a.seal_every * 1e9));
     o.seals.chunks = a.seal_chunks;
   }
   o.tsa_request = a.tsa_request;
   return o;
-}
-
-// A name for the file a path leads to: device and inode when it exists, else its directory's canonical path and
-// its name, so that two spellings of one new file are the same.
-std::string file_identity(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) return fmt::format("inode {}:{}", st.st_dev, st.st_ino);
-  std::error_code ec;
-  return "path " + std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec).string();
 }
 
 // The trace header stores these as text: refuse what would make the trace unreadable, naming it.
@@ -245,26 +239,33 @@ Result<> check_recording_options(const SessionOptions& o) {
   }
   if (auto r = check_text(fmt::format("the serial input path '{}'", o.serial_in), o.serial_in); !r) return r;
   if (auto r = check_text(fmt::format("the initrd path '{}'", o.load.initrd_path), o.load.initrd_path); !r) return r;
-  // The trace must be none of the files the recording reads or writes.
-  const std::string trace = file_identity(o.trace_path);
-  std::vector<std::pair<std::string, std::string>> others{{"the guest image", o.image_path}};
-  for (const auto& m : o.load.modules) others.emplace_back("a boot module", m.path);
-  if (!o.load.initrd_path.empty()) others.emplace_back("the initrd", o.load.initrd_path);
-  if (!o.serial_in.empty() && o.serial_in != "-") others.emplace_back("the serial input", o.serial_in);
-  if (o.serial_out != "-") others.emplace_back("the serial output", o.serial_out);
   for (const auto& d : o.disks) {
     if (auto r = check_text(fmt::format("the disk image path '{}'", d.path), d.path); !r) return r;
     if (auto r = check_text(fmt::format("the overlay path '{}'", d.overlay), d.overlay); !r) return r;
-    others.emplace_back("a disk image", d.path);
-    if (!d.overlay.empty()) others.emplace_back("a disk overlay", d.overlay);
-  }
-  for (const auto& [what, path] : others) {
-    if (file_identity(path) == trace) {
-      return fail(ErrorKind::kInvalidArgument, "-o {}: that is also {} ({}); the trace needs a file of its own",
-                  o.trace_path, what, path);
-    }
   }
   return {};
+}
+
+// Every file the run reads and writes, under the one output rule (logging/output_file.h): checked before any is
+// opened for writing.
+Result<> check_files(const SessionOptions& o, Mode mode) {
+  OutputPlan plan;
+  plan.add_input(o.load.linux_kernel ? "the Linux kernel" : "the guest image", o.image_path);
+  plan.add_input("the initrd", o.load.initrd_path);
+  for (const auto& m : o.load.modules) plan.add_input("a boot module", m.path);
+  plan.add_input("the serial input", o.serial_in);
+  for (const auto& d : o.disks) plan.add_input("a disk image", d.path);
+  for (const auto& d : o.disks) {
+    if (!d.overlay.empty()) plan.add_output("a disk overlay", d.overlay, OutputKind::kInPlace);
+  }
+  plan.add_output("the serial output", o.serial_out, OutputKind::kConsole);
+  if (mode == Mode::kRecord) plan.add_output("the trace", o.trace_path, OutputKind::kProduct);
+  if (mode == Mode::kRecord && o.signing_key) {
+    plan.add_input("the signing key", o.signing_key_path);
+    plan.add_output("the trace's signature", signature_path(o.trace_path), OutputKind::kProduct);
+    plan.add_output("the time-stamp request", o.tsa_request, OutputKind::kProduct);
+  }
+  return plan.check();
 }
 
 // record --sign: TRACE.sig, and the time-stamp request for it when asked.
@@ -289,6 +290,9 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   install_stop_signal_handlers();
   if (mode == Mode::kRecord) {
     if (auto ok = check_recording_options(options); !ok) return report_error(ok.error());
+  }
+  if (auto ok = check_files(options, mode); !ok) return report_error(ok.error());
+  if (mode == Mode::kRecord) {
     // A file-size limit (ulimit -f) makes write(2) fail with EFBIG instead of killing deja, so the
     // recording stops with a message and leaves its valid prefix.
     ::signal(SIGXFSZ, SIG_IGN);
@@ -317,21 +321,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
   }
   Session session(mode, progress.mode);
-  // Disks: the images opened read-only (and identified, for a recording), the overlays created or reopened. Two
-  // disks never share an overlay, and no overlay is an image.
-  for (size_t i = 0; i < options.disks.size(); ++i) {
-    if (options.disks[i].overlay.empty()) continue;
-    for (size_t j = 0; j < options.disks.size(); ++j) {
-      const bool same_overlay = j < i && options.disks[i].overlay == options.disks[j].overlay;
-      if (same_overlay || file_identity(options.disks[i].overlay) == file_identity(options.disks[j].path) ||
-          (j < i && !options.disks[j].overlay.empty() &&
-           file_identity(options.disks[i].overlay) == file_identity(options.disks[j].overlay))) {
-        return report_error(Error{ErrorKind::kInvalidArgument,
-                                  fmt::format("--disk: the overlay {} is also another disk's image or overlay",
-                                              options.disks[i].overlay)});
-      }
-    }
-  }
+  // Disks: the images opened read-only (and identified, for a recording), the overlays created or reopened.
   std::vector<std::unique_ptr<DiskImage>> disks;
   std::vector<DiskIdentity> identities;
   for (size_t i = 0; i < options.disks.size(); ++i) {
@@ -442,7 +432,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       if (auto stated_footer = session.finish_recording(failed)) {
         say("the recording up to the failure is complete in {}", options.trace_path);
         if (options.signing_key) sign_recording(*session.engine().writer(), signed_header, *stated_footer, options);
-      } else {
+      } else if (session.engine().trace_intact()) {
         say("the recording up to the failure is in {} (a valid prefix: `deja replay {}` replays it)",
             session.engine().trace_file(), session.engine().trace_file());
       }
@@ -458,8 +448,10 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     if (!stated_footer) {
       const auto& r = stated_footer;
       int status = report_error(r.error());
-      say("the recording is in {} (a valid prefix: `deja replay {}` replays it)", session.engine().trace_file(),
-          session.engine().trace_file());
+      if (session.engine().trace_intact()) {  // else the error said what became of it
+        say("the recording is in {} (a valid prefix: `deja replay {}` replays it)", session.engine().trace_file(),
+            session.engine().trace_file());
+      }
       return status;
     }
     // The progress option as given (emulated-pmu:N is exact progress through an emulated counter).

@@ -13,6 +13,8 @@ Python script (gdb's own API) that prints one JSON line per fact checked here. S
   interrupt: Ctrl-C interrupts a long continue and a long reverse-continue
   damaged:   a checkpoint file saved beside the trace, then damaged, is refused naming the file; the session
              falls back to the trace; checkpoints past the end of a trace cut short are dropped when used
+  memory:    `dump binary memory` of 8 KiB is one m packet and equals `deja query --mem`; 100 packets with
+             acknowledgements cost about what they cost without (no delayed ACK per packet)
 """
 import argparse
 import json
@@ -72,7 +74,7 @@ class Debug:
         return self.proc.returncode, "".join(self.lines)
 
 
-def run_gdb(gdb, elf, port, body, timeout=600):
+def run_gdb(gdb, elf, port, body, timeout=600, setup=""):
     script = f"""
 import gdb, json
 def emit(**kw):
@@ -86,6 +88,7 @@ def mon(cmd):
 gdb.execute("set pagination off")
 gdb.execute("set confirm off")
 gdb.execute("file {elf}")
+{setup}
 gdb.execute("target remote 127.0.0.1:{port}")
 {body}
 gdb.execute("detach")
@@ -245,11 +248,8 @@ def frame(payload):
     return b"$" + payload + b"#" + b"%02x" % (sum(payload) & 0xff)
 
 
-def scenario_hostile(args, work):
-    trace = os.path.join(work, "hello3.trace")
-    record(args.deja, os.path.join(args.guests, "hello.elf"), trace)
-    d = Debug(args.deja, trace)
-    s = socket.create_connection(("127.0.0.1", d.port), timeout=30)
+def replies(s):
+    """A function returning the payload of the next packet arriving on socket s (None once it closes)."""
     buf = b""
 
     def reply():
@@ -263,6 +263,16 @@ def scenario_hostile(args, work):
             if not data:
                 return None
             buf += data
+
+    return reply
+
+
+def scenario_hostile(args, work):
+    trace = os.path.join(work, "hello3.trace")
+    record(args.deja, os.path.join(args.guests, "hello.elf"), trace)
+    d = Debug(args.deja, trace)
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=30)
+    reply = replies(s)
 
     hostile = [
         b"m" + b"f" * 40 + b",4",              # address too long
@@ -307,19 +317,7 @@ def scenario_interrupt(args, work):
     # The reference executor: the JIT replays this whole trace backwards in less than the 0.3 s the Ctrl-C waits.
     d = Debug(args.deja, trace, ["--interp-mode", "reference"])
     s = socket.create_connection(("127.0.0.1", d.port), timeout=120)
-    buf = b""
-
-    def reply():
-        nonlocal buf
-        while True:
-            m = re.search(rb"\$([^#]*)#[0-9a-f]{2}", buf)
-            if m:
-                buf = buf[m.end():]
-                return m.group(1)
-            data = s.recv(65536)
-            if not data:
-                return None
-            buf += data
+    reply = replies(s)
 
     def when():
         s.sendall(frame(b"qRcmd," + b"when".hex().encode()))
@@ -416,12 +414,79 @@ emit(back=mon("when"))
           "damaged: and the truncated trace still debugs to its end and back")
 
 
+def scenario_memory(args, work):
+    """gdb reads 8 KiB in one packet (`dump binary memory`); packets in acknowledgement mode wait for no delayed ACK."""
+    trace = os.path.join(work, "hello4.trace")
+    record(args.deja, os.path.join(args.guests, "hello.elf"), trace)
+    q = subprocess.run([args.deja, "query", trace, "--at", "0", "--mem", "0x100000:8192", "--phys", "--json"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    expected = bytes.fromhex(json.loads(q.stdout)["bytes"]) if q.returncode == 0 else None
+    check(expected is not None and len(expected) == 8192, f"memory: deja query reads 8 KiB ({q.stderr.strip()})")
+    dump = os.path.join(work, "dump.bin")
+    timing = """
+import time
+start = time.time()
+for i in range(100):
+    gdb.execute("maintenance packet qC", to_string=True)
+emit(seconds=time.time() - start)
+"""
+    d = Debug(args.deja, trace)
+    body = f"""
+gdb.execute("set debug remote 1")
+gdb.execute("dump binary memory {dump} 0x100000 0x102000")
+gdb.execute("set debug remote 0")
+""" + timing
+    facts, out = run_gdb(args.gdb, os.path.join(args.guests, "hello.elf64"), d.port, body)
+    rc, log = d.finish()
+    got = open(dump, "rb").read() if os.path.exists(dump) else b""
+    check(got == expected, f"memory: gdb's dump binary memory of 8 KiB equals the memory ({len(got)} bytes)")
+    check(re.search(r"m100000,2000", out) is not None,
+          "memory: gdb asked for all 8 KiB in one m packet" + ("" if "m100000,2000" in out else f"\n{out[-1500:]}"))
+    no_ack = fact(facts, "seconds")
+    # The same 100 packets with acknowledgements (gdb's '+' after every reply, the server's '+' before it).
+    d = Debug(args.deja, trace)
+    facts, out = run_gdb(args.gdb, os.path.join(args.guests, "hello.elf64"), d.port, timing,
+                         setup='gdb.execute("set remote noack-packet off")')
+    d.finish()
+    ack = fact(facts, "seconds")
+    check(no_ack is not None and ack is not None and ack < 10 * no_ack + 1.0,
+          f"memory: 100 packets take {ack} s with acknowledgements, {no_ack} s without (a delayed ACK per packet "
+          f"would be 4 s)")
+    # A client that leaves Nagle's algorithm on (gdb turns it off) and acknowledges each reply in its own write:
+    # its next packet waits for deja's ACK of the '+', which must not be a delayed one (~40 ms).
+    d = Debug(args.deja, trace)
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=60)
+    reply = replies(s)
+
+    def round_trips(ack):
+        start = time.time()
+        for _ in range(50):
+            s.sendall(frame(b"qC"))
+            reply()
+            if ack:
+                s.sendall(b"+")
+        return time.time() - start
+
+    acked = round_trips(True)
+    s.sendall(frame(b"QStartNoAckMode"))
+    reply()
+    s.sendall(b"+")
+    unacked = round_trips(False)
+    s.sendall(frame(b"D"))
+    reply()
+    s.close()
+    d.finish()
+    check(acked < 10 * unacked + 0.5, f"memory: a client with Nagle on: 50 packets in {acked:.3f} s acknowledged, "
+                                      f"{unacked:.3f} s not (a delayed ACK per packet would be 2 s)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--deja", required=True)
     ap.add_argument("--guests", required=True)
     ap.add_argument("--gdb", default=shutil.which("gdb") or "gdb")
-    ap.add_argument("scenarios", nargs="*", default=["step", "watch", "begin", "hostile", "interrupt", "damaged"])
+    ap.add_argument("scenarios", nargs="*",
+                    default=["step", "watch", "begin", "hostile", "interrupt", "damaged", "memory"])
     args = ap.parse_args()
     if not shutil.which(args.gdb):
         sys.exit("gdb is not installed (scripts/setup.sh installs it)")

@@ -93,6 +93,35 @@ TEST(GdbServer, BreakpointsAndWatchpointsReachTheTarget) {
   EXPECT_EQ(ask(s, "Z9,0,1"), "");     // unknown type: unsupported
 }
 
+TEST(GdbServer, ReadsUpToTheAnnouncedPacketSize) {
+  FakeTarget t;
+  t.memory.resize(0x4000);
+  Server s(t);
+  const std::string supported = ask(s, "qSupported");
+  EXPECT_NE(supported.find(fmt::format("PacketSize={:x}", kMaxPacket)), std::string::npos);
+  // gdb reads PacketSize / 2 bytes at a time (8 KiB for `dump binary memory` of 8 KiB in one packet).
+  const std::string full = ask(s, fmt::format("m0,{:x}", kMaxPacket / 2));
+  EXPECT_EQ(full.size(), kMaxPacket);
+  EXPECT_EQ(full.substr(0, 8), "00010203");
+  EXPECT_EQ(ask(s, fmt::format("m0,{:x}", kMaxPacket / 2 + 1)), "E01");
+}
+
+TEST(GdbServer, BreakpointsAndWatchpointsUpToTheDocumentedLimits) {
+  FakeTarget t;
+  Server s(t);
+  for (size_t i = 0; i < Server::kMaxBreakpoints; ++i) ASSERT_EQ(ask(s, fmt::format("Z0,{:x},1", 0x1000 + i)), "OK");
+  EXPECT_EQ(s.take_refusal(), "");
+  EXPECT_EQ(ask(s, "Z0,ffff0,1"), "E1c");  // ENOSPC
+  EXPECT_NE(s.take_refusal().find("at most 4096 software breakpoints"), std::string::npos);
+  EXPECT_EQ(ask(s, "Z0,1000,1"), "OK") << "one already held";
+  EXPECT_EQ(ask(s, "z0,1000,1"), "OK");
+  EXPECT_EQ(ask(s, "Z0,ffff0,1"), "OK") << "room again";
+  EXPECT_EQ(ask(s, "Z1,1000,1"), "OK") << "hardware breakpoints are counted apart";
+  for (size_t i = 0; i < Server::kMaxWatchpoints; ++i) ASSERT_EQ(ask(s, fmt::format("Z2,{:x},8", 8 * i)), "OK");
+  EXPECT_EQ(ask(s, "Z3,fff00,8"), "E1c");
+  EXPECT_NE(s.take_refusal().find("at most 256 watchpoints"), std::string::npos);
+}
+
 TEST(GdbServer, MonitorCommandsAndThreads) {
   FakeTarget t;
   Server s(t);
