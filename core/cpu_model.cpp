@@ -20,7 +20,8 @@ constexpr uint32_t bit(int n) { return uint32_t{1} << n; }
 using R = CpuidRegister;
 constexpr CpuFeature kFeatures[] = {
     {1, 0, R::kEcx, 0, "SSE3"},        {1, 0, R::kEcx, 1, "PCLMULQDQ"},  {1, 0, R::kEcx, 9, "SSSE3"},
-    {1, 0, R::kEcx, 13, "CX16"},       {1, 0, R::kEcx, 19, "SSE4.1"},    {1, 0, R::kEcx, 20, "SSE4.2"},
+    {1, 0, R::kEcx, 12, "FMA"},        {1, 0, R::kEcx, 13, "CX16"},      {1, 0, R::kEcx, 19, "SSE4.1"},
+    {1, 0, R::kEcx, 20, "SSE4.2"},     {1, 0, R::kEcx, 27, "OSXSAVE", false}, {1, 0, R::kEcx, 29, "F16C"},
     {1, 0, R::kEcx, 21, "X2APIC", false}, {1, 0, R::kEcx, 24, "TSC_DEADLINE", false},
     {1, 0, R::kEcx, 22, "MOVBE"},      {1, 0, R::kEcx, 23, "POPCNT"},    {1, 0, R::kEcx, 26, "XSAVE"},
     {1, 0, R::kEcx, 28, "AVX"},        {1, 0, R::kEcx, 30, "RDRAND"},    {1, 0, R::kEcx, 31, "HYPERVISOR", false},
@@ -83,9 +84,10 @@ struct CpuModelBuilder {
     CpuModel m;
     m.version_ = version;
     m.name_ = name;
+    const bool xsave = std::find(features.begin(), features.end(), "XSAVE") != features.end();
     auto& e = m.entries_;
-    // Leaf 0: max basic leaf 7, vendor string in EBX, EDX, ECX.
-    e.push_back({0, 0, false, {7, chars(kVendor, 0), chars(kVendor, 8), chars(kVendor, 4)}});
+    // Leaf 0: max basic leaf 7 (0xD with XSAVE), vendor string in EBX, EDX, ECX.
+    e.push_back({0, 0, false, {xsave ? 0xdu : 7u, chars(kVendor, 0), chars(kVendor, 8), chars(kVendor, 4)}});
     // Leaf 1: family 6, model 1, stepping 0; CLFLUSH line 8 qwords, 1 logical CPU, APIC id 0. Flags below.
     e.push_back({1, 0, false, {0x00000610, (8u << 8) | (1u << 16), 0, 0}});
     // Leaf 2: no descriptors (0xff: use leaf 4).
@@ -106,6 +108,14 @@ struct CpuModelBuilder {
     e.push_back({6, 0, false, {}});
     // Leaf 7: structured extended features (flags below).
     e.push_back({7, 0, true, {0, 0, 0, 0}});
+    if (xsave) {
+      // Leaf 0xD: the XSAVE state components x87, SSE and AVX (XCR0 bits 0-2). Sub-leaf 0: EBX is the size
+      // XCR0 enables (576 after reset, with XCR0 = x87 only; it follows XCR0 at run time), ECX the size of all
+      // three; sub-leaf 1: XSAVEOPT and XSAVEC; sub-leaf 2: the AVX state's 256 bytes at offset 576.
+      e.push_back({0xd, 0, true, {0x7, 576, 832, 0}});
+      e.push_back({0xd, 1, true, {0x3, 0, 0, 0}});
+      e.push_back({0xd, 2, true, {256, 576, 0, 0}});
+    }
     // Hypervisor leaves.
     static constexpr char kHv[13] = "dejadejadeja";
     e.push_back({0x40000000, 0, false, {0x40000000, chars(kHv, 0), chars(kHv, 4), chars(kHv, 8)}});
@@ -153,6 +163,16 @@ const CpuModel& CpuModel::x86_64_v1() {
       "x86-64-v1", 1, "deja virtual CPU x86-64-v1",
       {"HYPERVISOR", "FPU", "PSE", "TSC", "MSR", "PAE", "CX8", "PGE", "CMOV", "PAT", "CLFSH", "FXSR", "SSE", "SSE2",
        "SYSCALL", "NX", "LM", "INVARIANT_TSC"});
+  return model;
+}
+
+const CpuModel& CpuModel::x86_64_v3() {
+  // (Until the x86-64-v2/v3 models land: the v3 features this branch's software CPU has, for its tests.)
+  static const CpuModel model = CpuModelBuilder::make(
+      "x86-64-v3", 1, "deja virtual CPU x86-64-v3",
+      {"HYPERVISOR", "FPU", "PSE", "TSC", "MSR", "PAE", "CX8", "PGE", "CMOV", "PAT", "CLFSH", "FXSR", "SSE", "SSE2",
+       "SYSCALL", "NX", "LM", "INVARIANT_TSC", "CX16", "LAHF_LM", "POPCNT", "AVX", "AVX2", "BMI1", "BMI2", "F16C",
+       "FMA", "ABM/LZCNT", "MOVBE", "XSAVE"});
   return model;
 }
 

@@ -54,6 +54,7 @@ class CpuModel {
 
   static const CpuModel& deja_v1();    // CX16, POPCNT, MOVBE, LZCNT on SSE2; no PSE/PGE
   static const CpuModel& x86_64_v1();  // the x86-64 baseline (psABI v1 without MMX) plus what Linux requires
+  static const CpuModel& x86_64_v3();  // x86-64-v2 plus the psABI's v3: AVX, AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE, XSAVE
 
   // This model on the APIC PC (--machine pc-apic): the same name, version and table, plus APIC, X2APIC and
   // TSC_DEADLINE in CPUID.1, which the machine's local APIC provides. The machine type is recorded next to

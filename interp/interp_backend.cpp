@@ -30,6 +30,15 @@ InterpBackend::InterpBackend(GuestMemory& memory, const CpuModel& model)
   std::memcpy(s_.fxsave.data(), &fcw, 2);
   std::memcpy(s_.fxsave.data() + 24, &mxcsr, 4);
   s_.cr0 = cr0::kEt;
+  using interp::VexIsa;
+  vex_features_[size_t(VexIsa::kAvx)] = model_has(1, 2, 28);
+  vex_features_[size_t(VexIsa::kAvx2)] = model_has(1, 2, 28) && model_has(7, 1, 5);
+  vex_features_[size_t(VexIsa::kFma)] = model_has(1, 2, 28) && model_has(1, 2, 12);
+  vex_features_[size_t(VexIsa::kF16c)] = model_has(1, 2, 28) && model_has(1, 2, 29);
+  vex_features_[size_t(VexIsa::kBmi1)] = model_has(7, 1, 3);
+  vex_features_[size_t(VexIsa::kBmi2)] = model_has(7, 1, 8);
+  vex_features_[size_t(VexIsa::kAes)] = model_has(1, 2, 28) && model_has(1, 2, 25);
+  vex_features_[size_t(VexIsa::kPclmul)] = model_has(1, 2, 28) && model_has(1, 2, 1);
   // The jump cache names live blocks only (as links do): a dropped block leaves it at once.
   blocks_.set_drop_listener([this](const interp::Block& block) {
     JumpEntry& entry = jump_cache_[jump_index(block.rip)];

@@ -186,6 +186,16 @@ class InterpBackend : public Backend {
   void exec_system(const interp::DecodedInsn& insn);
   void exec_sse(const interp::DecodedInsn& insn);
   void exec_x87(const interp::DecodedInsn& insn);  // interp/x87.cpp: ESC opcodes D8-DF and FWAIT
+  void exec_avx(const interp::DecodedInsn& insn);    // interp/exec_avx.cpp: every VEX-encoded instruction
+  void exec_bmi(const interp::DecodedInsn& insn);    // interp/exec_bmi.cpp: BMI1/BMI2 (VEX-encoded, GPRs only)
+  void exec_xsave(const interp::DecodedInsn& insn);  // interp/exec_xsave.cpp: XSAVE*, XRSTOR, XGETBV, XSETBV
+  // CPUID as the guest sees it now: the model's answer with the bits that follow CR4 and XCR0 (OSXSAVE, the
+  // XSAVE area sizes of leaf 0DH), as KVM computes them (interp/exec_xsave.cpp).
+  CpuidResult cpuid(uint32_t leaf, uint32_t subleaf) const;
+  // Whether the model has the feature of CPUID.leaf(subleaf 0):reg[bit] (reg 0-3: EAX..EDX).
+  bool model_has(uint32_t leaf, int reg, int bit) const;
+  // The model's features each VEX instruction checks (interp::VexIsa), read once.
+  std::array<bool, 16> vex_features_{};
 
   // Register and operand access.
   uint64_t reg_read(int index, unsigned bytes) const {
