@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "tests/interp/diff/avx_generator.h"
 #include "tests/interp/diff/generator.h"
 #include "tests/interp/diff/machine.h"
 #include "core/cpu_model.h"
@@ -27,6 +28,11 @@ const char* kGprNames[16] = {"rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "r
 bool host_has_lzcnt() {
   unsigned eax, ebx, ecx, edx;
   return __get_cpuid(0x80000001, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 5));
+}
+bool host_has_avx2() {
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ebx & (1u << 5)) && (ebx & (1u << 8)) &&
+         __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 12)) && (ecx & (1u << 29));
 }
 bool host_has_bmi1() {
   unsigned eax, ebx, ecx, edx;
@@ -56,6 +62,9 @@ std::string compare(const Outcome& host, const Outcome& guest, const Sequence& s
     if (host.regs.xmm[i] != guest.regs.xmm[i])
       diff += fmt::format("  xmm{}: host {:016x}:{:016x} interp {:016x}:{:016x}\n", i, host.regs.xmm[i][1],
                           host.regs.xmm[i][0], guest.regs.xmm[i][1], guest.regs.xmm[i][0]);
+    if (host.regs.ymm && host.regs.ymmh[i] != guest.regs.ymmh[i])
+      diff += fmt::format("  ymm{} bits 255:128: host {:016x}:{:016x} interp {:016x}:{:016x}\n", i, host.regs.ymmh[i][1],
+                          host.regs.ymmh[i][0], guest.regs.ymmh[i][1], guest.regs.ymmh[i][0]);
   }
   // x87: control and status words, the abridged tags, the registers (10 bytes of each 16-byte slot), and the
   // instruction and data pointers once an instruction of the sequence has set them.
@@ -109,7 +118,11 @@ std::string describe_start(const RegisterFile& r) {
   std::string out = "  start:";
   for (int i = 0; i < 16; ++i) out += fmt::format(" {}={:#x}", kGprNames[i], r.gpr[i]);
   out += fmt::format(" rflags={:#x} mxcsr={:#x}\n", r.rflags, r.mxcsr);
-  for (int i = 0; i < 16; ++i) out += fmt::format("  xmm{}={:016x}:{:016x}", i, r.xmm[i][1], r.xmm[i][0]);
+  for (int i = 0; i < 16; ++i) {
+    if (r.ymm) out += fmt::format("  ymm{}={:016x}:{:016x}:", i, r.ymmh[i][1], r.ymmh[i][0]);
+    else out += fmt::format("  xmm{}=", i);
+    out += fmt::format("{:016x}:{:016x}", r.xmm[i][1], r.xmm[i][0]);
+  }
   out += fmt::format("\n  fcw={:#06x} fsw={:#06x} ftw={:#04x}", unsigned(r.fx[0] | (r.fx[1] << 8)),
                      unsigned(r.fx[2] | (r.fx[3] << 8)), r.fx[4]);
   for (int i = 0; i < 8; ++i) {
@@ -142,16 +155,30 @@ int main(int argc, char** argv) {
                "interp");
   app.add_flag("--avoid-xadd-same-register", avoid_xadd_same_register,
                "known interp defect: XADD r, r with one register writes the old value instead of the sum");
+  bool avx = false;
+  std::vector<std::string> avx_class_names;
+  app.add_flag("--avx", avx,
+               "VEX instructions (x86-64-v3 model): --count sequences of each class in turn (avx-int, avx-fp, fma, "
+               "f16c, bmi1, bmi2, gather)");
+  app.add_option("--class", avx_class_names, "with --avx: only these classes");
   CLI11_PARSE(app, argc, argv);
+  if (avx && avx_class_names.empty())
+    for (std::string_view c : avx_classes()) avx_class_names.emplace_back(c);
+  if (avx && !host_has_avx2()) {
+    std::printf("interp_diff: this host has no AVX2: nothing to compare the VEX instructions with\n");
+    return 0;
+  }
+  const int total = avx ? count * int(avx_class_names.size()) : count;
 
   std::printf("interp_diff: seed %llu, %d sequences (reproduce with --seed %llu --count %d --length %d)\n",
               static_cast<unsigned long long>(seed), count, static_cast<unsigned long long>(seed), count, max_length);
-  auto machine = GuestMachine::create();
+  auto machine = GuestMachine::create(std::nullopt, avx ? &deja::CpuModel::x86_64_v3() : nullptr);
   if (!machine) {
     std::fprintf(stderr, "interp_diff: cannot build the guest machine\n");
     return 2;
   }
-  const deja::CpuModel& model = deja::CpuModel::deja_v1();
+  const deja::CpuModel& model = avx ? deja::CpuModel::x86_64_v3() : deja::CpuModel::deja_v1();
+  AvxGenerator avx_generator(seed);
   Generator generator(seed, host_has_bmi1() && (model.cpuid(7, 0).ebx & (1u << 3)),
                       host_has_lzcnt() && (model.cpuid(0x80000001, 0).ecx & (1u << 5)));
   generator.avoid_xadd_same_register = avoid_xadd_same_register;
@@ -161,11 +188,12 @@ int main(int argc, char** argv) {
   int failures = 0, faults_agreed = 0, instructions = 0, unimplemented_runs = 0;
   std::map<std::string, int> class_counts;
   std::map<std::string, int> failing_single;  // single-instruction failures by disassembly (exact attribution)
-  for (int i = 0; i < count; ++i) {
+  for (int i = 0; i < total; ++i) {
     const int length = (i % 3 == 0) ? 1 : 1 + static_cast<int>(lengths() % max_length);
-    const Sequence seq = generator.sequence(length);
-    const RegisterFile regs = generator.registers();
-    const std::vector<uint8_t> data = generator.data();
+    const Sequence seq = avx ? avx_generator.sequence(length, avx_class_names[size_t(i) % avx_class_names.size()])
+                             : generator.sequence(length);
+    const RegisterFile regs = avx ? avx_generator.registers() : generator.registers();
+    const std::vector<uint8_t> data = avx ? avx_generator.data() : generator.data();
     std::vector<uint8_t> host_code = seq.code, guest_code = seq.code;
     for (uint8_t byte : host_tail()) host_code.push_back(byte);
     for (uint8_t byte : guest_tail()) guest_code.push_back(byte);
@@ -195,7 +223,7 @@ int main(int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("interp_diff: %d sequences, %d instructions, %d ended in the same exception class, %d stopped at an "
               "instruction the interp does not implement, %d mismatches, %.1f s\n",
-              count, instructions, faults_agreed, unimplemented_runs, failures, seconds);
+              total, instructions, faults_agreed, unimplemented_runs, failures, seconds);
   std::printf("coverage by class:");
   for (const auto& [name, n] : class_counts) std::printf(" %s=%d", name.c_str(), n);
   std::printf("\n");
