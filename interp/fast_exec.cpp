@@ -94,6 +94,9 @@ Role string_role(const DecodedInsn& insn, bool rep) {
 // step().
 Role role_of(const DecodedInsn& insn) {
   if (!insn.valid) return Role::kFallback;
+  // Every VEX instruction (AVX, AVX2, FMA, F16C, BMI1/2, VZEROUPPER, VLDMXCSR) works on registers, MXCSR, flags
+  // and memory only.
+  if (insn.flags & interp::insn_flags::kVex) return Role::kInBlock;
   const bool rep = insn.flags & (interp::insn_flags::kRep | interp::insn_flags::kRepne);
   switch (ZydisMnemonic(insn.mnemonic)) {
     case ZYDIS_MNEMONIC_MOV:

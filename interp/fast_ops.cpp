@@ -714,6 +714,18 @@ bool is_reg(const Operand& o) { return o.kind == OpKind::kGpr || o.kind == OpKin
 // SSE data instructions that execute() runs through exec_sse() without looking at RFLAGS (of what
 // exec_sse runs, only COMISS/COMISD/UCOMISS/UCOMISD touch it): moves, logic, integer arithmetic, shuffles.
 bool flagless_sse(const DecodedInsn& insn) {
+  if (insn.flags & interp::insn_flags::kVex) {
+    // Of the VEX instructions only these touch RFLAGS (they write it; none reads it).
+    switch (ZydisMnemonic(insn.mnemonic)) {
+      case ZYDIS_MNEMONIC_VPTEST: case ZYDIS_MNEMONIC_VTESTPS: case ZYDIS_MNEMONIC_VTESTPD: case ZYDIS_MNEMONIC_VCOMISS:
+      case ZYDIS_MNEMONIC_VCOMISD: case ZYDIS_MNEMONIC_VUCOMISS: case ZYDIS_MNEMONIC_VUCOMISD: case ZYDIS_MNEMONIC_ANDN:
+      case ZYDIS_MNEMONIC_BEXTR: case ZYDIS_MNEMONIC_BLSI: case ZYDIS_MNEMONIC_BLSMSK: case ZYDIS_MNEMONIC_BLSR:
+      case ZYDIS_MNEMONIC_BZHI:
+        return false;
+      default:
+        return true;
+    }
+  }
   bool xmm = false;
   for (int i = 0; i < insn.operand_count; ++i) xmm = xmm || insn.op[i].kind == OpKind::kXmm;
   if (!xmm || insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT) return false;

@@ -39,7 +39,8 @@ if(TARGET deja_interp AND EXISTS ${DEJA_ALU_ROOT}/interp/interp_backend.h)
                                    --avoid-unmasked-underflow)
   # The VEX instructions (x86-64-v3 model): --count sequences of each class (AVX integer and floating point, FMA,
   # F16C, BMI1, BMI2, gathers); skipped (passing) on a host without AVX2.
-  add_test(NAME interp_diff_avx COMMAND interp_diff --avx --seed 1 --count ${diff_sequences})
+  add_test(NAME interp_diff_avx COMMAND interp_diff --avx --seed 1 --count ${diff_sequences} --avoid-xadd-same-register
+                                       --avoid-unmasked-underflow)
   set_tests_properties(interp_diff_avx PROPERTIES TIMEOUT 900)
   add_test(NAME interp_fuzz COMMAND interp_fuzz --seed 1 --count 200000 --seconds 20)
   set_tests_properties(interp_fuzz PROPERTIES TIMEOUT 120)
@@ -60,5 +61,9 @@ if(TARGET deja_interp AND EXISTS ${DEJA_ALU_ROOT}/interp/interp_backend.h)
              COMMAND interp_fastdiff --mode ${mode} --seed 1 ${fastdiff_counts} ${fastdiff_guests}
                      --cmdline n=100000 --max-steps 30000000)
     set_tests_properties(interp_fastdiff_${mode} PROPERTIES TIMEOUT 600)
+    # The same with the x86-64-v3 model: VEX sequences and VEX bytes in the random code.
+    add_test(NAME interp_fastdiff_${mode}_avx
+             COMMAND interp_fastdiff --mode ${mode} --avx --seed 1 ${fastdiff_counts})
+    set_tests_properties(interp_fastdiff_${mode}_avx PROPERTIES TIMEOUT 600)
   endforeach()
 endif()

@@ -23,6 +23,8 @@ class AvxGenerator {
   Sequence sequence(int length, std::string_view cls);
   RegisterFile registers();  // Generator::registers() with the YMM upper halves random too
   std::vector<uint8_t> data() { return legacy_.data(); }
+  // The generator of the legacy instructions and the starting state (its avoid_* switches apply here too).
+  Generator& legacy() { return legacy_; }
 
  private:
   struct Encoding {

@@ -183,6 +183,8 @@ int main(int argc, char** argv) {
                       host_has_lzcnt() && (model.cpuid(0x80000001, 0).ecx & (1u << 5)));
   generator.avoid_xadd_same_register = avoid_xadd_same_register;
   generator.avoid_unmasked_underflow = avoid_unmasked_underflow;
+  avx_generator.legacy().avoid_xadd_same_register = avoid_xadd_same_register;
+  avx_generator.legacy().avoid_unmasked_underflow = avoid_unmasked_underflow;
   std::mt19937_64 lengths(seed ^ 0x5eed);
   const auto start = std::chrono::steady_clock::now();
   int failures = 0, faults_agreed = 0, instructions = 0, unimplemented_runs = 0;
