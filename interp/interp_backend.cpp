@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "devices/state_codec.h"
+#include "interp/avx.h"
 #include "interp/jit.h"
 
 namespace deja {
@@ -405,11 +406,19 @@ Result<> InterpBackend::Counter::arm(uint64_t at) {
 }
 
 std::span<const std::string_view> interp_features() {
-  // FPU: the whole x87 (interp/x87.cpp). No XSAVE, SMAP or SSE3 here: their instructions stay #UD.
-  static constexpr std::string_view kFeatures[] = {
-      "FPU",  "PSE",   "TSC",   "MSR", "PAE",    "CX8",     "PGE",       "CMOV",    "PAT", "CLFSH", "FXSR",
-      "SSE",  "SSE2",  "CX16",  "POPCNT", "MOVBE", "LAHF_LM", "ABM/LZCNT", "SYSCALL", "NX",  "LM"};
-  return kFeatures;
+  // FPU: the whole x87 (interp/x87.cpp). No SMAP or SSE3 here: their instructions stay #UD. BMI1/BMI2 in portable
+  // C++; XSAVE and the AVX family only on a host with AVX2, FMA and F16C, whose own instructions compute their
+  // floating point (interp/avx.h).
+  static const std::vector<std::string_view> features = [] {
+    std::vector<std::string_view> list = {"FPU",  "PSE",    "TSC",   "MSR",     "PAE",       "CX8",     "PGE",
+                                          "CMOV", "PAT",    "CLFSH", "FXSR",    "SSE",       "SSE2",    "CX16",
+                                          "POPCNT", "MOVBE", "LAHF_LM", "ABM/LZCNT", "SYSCALL", "NX", "LM",
+                                          "BMI1", "BMI2"};
+    if (interp::avx::host_supports_avx())
+      for (std::string_view f : {"XSAVE", "AVX", "AVX2", "FMA", "F16C"}) list.push_back(f);
+    return list;
+  }();
+  return features;
 }
 
 Result<std::unique_ptr<Backend>> make_interp_backend(GuestMemory& memory, const CpuModel& model) {
