@@ -56,8 +56,11 @@ void convert_register(ZydisRegister reg, Operand& op) {
   } else if (reg >= ZYDIS_REGISTER_XMM0 && reg <= ZYDIS_REGISTER_XMM15) {
     op.kind = OpKind::kXmm;
     op.reg = uint8_t(reg - ZYDIS_REGISTER_XMM0);
+  } else if (reg >= ZYDIS_REGISTER_MM0 && reg <= ZYDIS_REGISTER_MM7) {
+    op.kind = OpKind::kMmx;
+    op.reg = uint8_t(reg - ZYDIS_REGISTER_MM0);
   } else {
-    op.kind = OpKind::kOther;  // x87, MMX, YMM, ...: the executor treats these as unimplemented
+    op.kind = OpKind::kOther;  // x87, YMM, ...: the executor treats these as unimplemented
     op.reg = kNoReg;
   }
 }

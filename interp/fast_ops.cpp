@@ -12,6 +12,7 @@
 
 #include "interp/alu.h"
 #include "interp/interp_backend.h"
+#include "interp/simd_ops.h"
 
 namespace deja {
 
@@ -714,6 +715,7 @@ bool is_reg(const Operand& o) { return o.kind == OpKind::kGpr || o.kind == OpKin
 // SSE data instructions that execute() runs through exec_sse() without looking at RFLAGS (of what
 // exec_sse runs, only COMISS/COMISD/UCOMISS/UCOMISD touch it): moves, logic, integer arithmetic, shuffles.
 bool flagless_sse(const DecodedInsn& insn) {
+  if (interp::simd_extension_is_flagless(insn)) return true;
   bool xmm = false;
   for (int i = 0; i < insn.operand_count; ++i) xmm = xmm || insn.op[i].kind == OpKind::kXmm;
   if (!xmm || insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT) return false;

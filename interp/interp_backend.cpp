@@ -396,11 +396,20 @@ Result<> InterpBackend::Counter::arm(uint64_t at) {
 }
 
 std::span<const std::string_view> interp_features() {
-  // FPU: the whole x87 (interp/x87.cpp). No XSAVE, SMAP or SSE3 here: their instructions stay #UD.
-  static constexpr std::string_view kFeatures[] = {
-      "FPU",  "PSE",   "TSC",   "MSR", "PAE",    "CX8",     "PGE",       "CMOV",    "PAT", "CLFSH", "FXSR",
-      "SSE",  "SSE2",  "CX16",  "POPCNT", "MOVBE", "LAHF_LM", "ABM/LZCNT", "SYSCALL", "NX",  "LM"};
-  return kFeatures;
+  // FPU: the whole x87 (interp/x87.cpp); MMX (interp/exec_mmx.cpp); SSE3-SSE4.2 (interp/exec_sse4.cpp), whose
+  // floating point (ADDSUBPS, HADDPS, ROUNDPS, DPPS, ...) the host runs under the guest's MXCSR, as SSE's: a
+  // host without SSE3 or SSE4.1 cannot provide them. No XSAVE or SMAP here: their instructions stay #UD.
+  static const std::vector<std::string_view> features = [] {
+    std::vector<std::string_view> out = {"FPU", "PSE",    "TSC",   "MSR",     "PAE",       "CX8",     "PGE", "CMOV",
+                                         "PAT", "CLFSH",  "MMX",   "FXSR",    "SSE",       "SSE2",    "CX16",
+                                         "POPCNT", "MOVBE", "LAHF_LM", "ABM/LZCNT", "SYSCALL", "NX",  "LM",
+                                         "SSSE3", "SSE4.2"};
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse3")) out.push_back("SSE3");
+    if (__builtin_cpu_supports("sse4.1")) out.push_back("SSE4.1");
+    return out;
+  }();
+  return features;
 }
 
 Result<std::unique_ptr<Backend>> make_interp_backend(GuestMemory& memory, const CpuModel& model) {

@@ -1,6 +1,7 @@
 // interp_diff: runs random instruction sequences on the host CPU and under InterpBackend and reports every difference.
 #include <cpuid.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -142,20 +143,45 @@ int main(int argc, char** argv) {
                "interp");
   app.add_flag("--avoid-xadd-same-register", avoid_xadd_same_register,
                "known interp defect: XADD r, r with one register writes the old value instead of the sum");
+  std::string cpu;
+  app.add_option("--cpu", cpu, "CPU model of the interpreter (default: the richest it implements)");
+  std::vector<std::string> classes;
+  app.add_option("--classes", classes,
+                 "draw instructions from these SIMD classes only (mmx, mmx-sse, sse3, ssse3, sse4.1, sse4.2, "
+                 "x86-64-v2; simd = all of them) instead of the original mix")
+      ->delimiter(',');
+  bool mix = false;
+  app.add_flag("--mix", mix, "with --classes: half of the instructions from the original mix");
   CLI11_PARSE(app, argc, argv);
+  const deja::CpuModel* model = nullptr;
+  if (!cpu.empty() && !(model = deja::CpuModel::find(cpu))) {
+    std::fprintf(stderr, "interp_diff: no CPU model '%s' (one of %s)\n", cpu.c_str(), deja::CpuModel::names().c_str());
+    return 2;
+  }
+  if (classes.size() == 1 && classes[0] == "simd") classes = Generator::simd_class_names();
+  for (const auto& c : classes) {
+    const auto& known = Generator::simd_class_names();
+    if (std::find(known.begin(), known.end(), c) == known.end()) {
+      std::fprintf(stderr, "interp_diff: no instruction class '%s'\n", c.c_str());
+      return 2;
+    }
+  }
 
   std::printf("interp_diff: seed %llu, %d sequences (reproduce with --seed %llu --count %d --length %d)\n",
               static_cast<unsigned long long>(seed), count, static_cast<unsigned long long>(seed), count, max_length);
-  auto machine = GuestMachine::create();
+  auto machine = GuestMachine::create(std::nullopt, model);
   if (!machine) {
     std::fprintf(stderr, "interp_diff: cannot build the guest machine\n");
     return 2;
   }
-  const deja::CpuModel& model = deja::CpuModel::deja_v1();
-  Generator generator(seed, host_has_bmi1() && (model.cpuid(7, 0).ebx & (1u << 3)),
-                      host_has_lzcnt() && (model.cpuid(0x80000001, 0).ecx & (1u << 5)));
+  const deja::CpuModel& used = machine->model();
+  std::printf("interp_diff: CPU model %s\n", std::string(used.name()).c_str());
+  Generator generator(seed, host_has_bmi1() && (used.cpuid(7, 0).ebx & (1u << 3)),
+                      host_has_lzcnt() && (used.cpuid(0x80000001, 0).ecx & (1u << 5)));
   generator.avoid_xadd_same_register = avoid_xadd_same_register;
   generator.avoid_unmasked_underflow = avoid_unmasked_underflow;
+  generator.simd_classes = classes;
+  generator.mix_original = mix;
   std::mt19937_64 lengths(seed ^ 0x5eed);
   const auto start = std::chrono::steady_clock::now();
   int failures = 0, faults_agreed = 0, instructions = 0, unimplemented_runs = 0;
