@@ -47,7 +47,8 @@ if(TARGET deja_interp AND EXISTS ${DEJA_ALU_ROOT}/interp/interp_backend.h)
   set_tests_properties(interp_fuzz PROPERTIES TIMEOUT 120)
   set_tests_properties(interp_diff PROPERTIES TIMEOUT 900)
   # The fast path (threaded blocks and the JIT) against the reference executor, compared at every block
-  # boundary: random sequences, random code and the guest images.
+  # boundary: random sequences (half of their instructions from the SIMD classes), random code and the guest
+  # images.
   add_executable(interp_fastdiff ${CMAKE_CURRENT_LIST_DIR}/diff/fastdiff_main.cpp)
   target_link_libraries(interp_fastdiff PRIVATE deja_difftest deja_boot deja_vmm CLI11::CLI11)
   set(fastdiff_guests)

@@ -220,8 +220,11 @@ bool program_terminal(const VcpuExit& e, const CpuState&) {
   return e.kind == ExitKind::kHlt || e.kind == ExitKind::kShutdown || e.kind == ExitKind::kFault;
 }
 
-int run_programs(InterpMode mode, uint64_t seed, int sequences, int fuzz_runs, int max_length, int show, int only, bool trace) {
+int run_programs(InterpMode mode, uint64_t seed, int sequences, int fuzz_runs, int max_length, int show, int only, bool trace,
+                 const std::vector<std::string>& classes) {
   Generator generator(seed, false, false);
+  generator.simd_classes = classes;
+  generator.mix_original = true;
   std::mt19937_64 rng(seed ^ 0xfa57);
   int failures = 0;
   uint64_t boundaries = 0;
@@ -380,7 +383,14 @@ int main(int argc, char** argv) {
   app.add_option("--guest", guests, "guest images (Multiboot ELF) to run in lockstep too");
   app.add_option("--cmdline", cmdline, "command line for the guest images");
   app.add_option("--max-steps", max_steps, "step limit per guest");
+  std::vector<std::string> classes = {"simd"};
+  app.add_option("--classes", classes,
+                 "SIMD instruction classes (interp_diff's) to mix into half of the sequences' instructions; none: "
+                 "the original mix only")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  if (classes.size() == 1 && classes[0] == "simd") classes = Generator::simd_class_names();
+  if (classes.size() == 1 && classes[0] == "none") classes.clear();
   auto mode = deja::parse_interp_mode(mode_name);
   if (!mode || *mode == deja::InterpMode::kReference) {
     std::fprintf(stderr, "interp_fastdiff: --mode must be threaded or jit\n");
@@ -388,7 +398,7 @@ int main(int argc, char** argv) {
   }
   std::printf("interp_fastdiff: mode %s, seed %llu (reproduce with --seed %llu)\n", mode_name.c_str(),
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
-  int failures = run_programs(*mode, seed, sequences, fuzz_runs, max_length, show, only, trace);
+  int failures = run_programs(*mode, seed, sequences, fuzz_runs, max_length, show, only, trace, classes);
   for (const std::string& guest : guests) {
     failures += run_guest(*mode, guest, cmdline, max_steps, Pass::kStepping);
     failures += run_guest(*mode, guest, cmdline, max_steps / 10, Pass::kBudgets);
