@@ -79,11 +79,12 @@ const CpuFeature& feature(std::string_view name) {
 // their feature flags and brand.
 struct CpuModelBuilder {
   static CpuModel make(std::string_view name, uint32_t version, const char* brand,
-                       std::initializer_list<std::string_view> features) {
+                       std::initializer_list<std::string_view> features, bool inert_perf_msrs = false) {
     static constexpr char kVendor[13] = "DejaVuReplay";
     CpuModel m;
     m.version_ = version;
     m.name_ = name;
+    m.inert_perf_msrs_ = inert_perf_msrs;
     const bool xsave = std::find(features.begin(), features.end(), "XSAVE") != features.end();
     auto& e = m.entries_;
     // Leaf 0: max basic leaf 7 (0xD with XSAVE), vendor string in EBX, EDX, ECX.
@@ -156,10 +157,18 @@ const CpuModel& CpuModel::deja_v1() {
   return model;
 }
 
-const CpuModel& CpuModel::x86_64_v1() {
-  // The x86-64 psABI baseline (CMOV, CX8, FPU, FXSR, SSE, SSE2, SYSCALL; MMX left out: neither backend's
-  // software CPU implements it) plus what a Linux x86-64 kernel requires (PSE, PAE, PGE, MSR, TSC) and PAT,
-  // CLFLUSH, NX. Nothing that kvm-pvm-like or feature-hiding KVMs commonly lack.
+// The x86-64 psABI levels (x86-64-v1, -v2, -v3) plus what a Linux x86-64 kernel requires (PSE, PAE, PGE, MSR, TSC)
+// and PAT, CLFLUSH, NX. Nothing that kvm-pvm-like or feature-hiding KVMs commonly lack.
+#define DEJA_X86_64_V1                                                                                              \
+  "HYPERVISOR", "FPU", "PSE", "TSC", "MSR", "PAE", "CX8", "PGE", "CMOV", "PAT", "CLFSH", "MMX", "FXSR", "SSE", "SSE2", \
+      "SYSCALL", "NX", "LM", "INVARIANT_TSC"
+#define DEJA_X86_64_V2 DEJA_X86_64_V1, "CX16", "LAHF_LM", "POPCNT", "SSE3", "SSSE3", "SSE4.1", "SSE4.2"
+// v3's OSXSAVE is not in the table: CPUID.01H:ECX[27] reflects CR4.OSXSAVE at run time (0 after reset).
+#define DEJA_X86_64_V3 DEJA_X86_64_V2, "AVX", "AVX2", "BMI1", "BMI2", "F16C", "FMA", "ABM/LZCNT", "MOVBE", "XSAVE"
+
+const CpuModel& CpuModel::x86_64_v1_version1() {
+  // Exactly the table of the first x86-64-v1 traces; do not change a bit: the baseline without MMX, which
+  // neither backend's software CPU implemented then; unknown MSRs are #GP.
   static const CpuModel model = CpuModelBuilder::make(
       "x86-64-v1", 1, "deja virtual CPU x86-64-v1",
       {"HYPERVISOR", "FPU", "PSE", "TSC", "MSR", "PAE", "CX8", "PGE", "CMOV", "PAT", "CLFSH", "FXSR", "SSE", "SSE2",
@@ -167,13 +176,21 @@ const CpuModel& CpuModel::x86_64_v1() {
   return model;
 }
 
+const CpuModel& CpuModel::x86_64_v1() {
+  static const CpuModel model =
+      CpuModelBuilder::make("x86-64-v1", 2, "deja virtual CPU x86-64-v1", {DEJA_X86_64_V1}, true);
+  return model;
+}
+
+const CpuModel& CpuModel::x86_64_v2() {
+  static const CpuModel model =
+      CpuModelBuilder::make("x86-64-v2", 1, "deja virtual CPU x86-64-v2", {DEJA_X86_64_V2}, true);
+  return model;
+}
+
 const CpuModel& CpuModel::x86_64_v3() {
-  // (Until the x86-64-v2/v3 models land: the v3 features this branch's software CPU has, for its tests.)
-  static const CpuModel model = CpuModelBuilder::make(
-      "x86-64-v3", 1, "deja virtual CPU x86-64-v3",
-      {"HYPERVISOR", "FPU", "PSE", "TSC", "MSR", "PAE", "CX8", "PGE", "CMOV", "PAT", "CLFSH", "FXSR", "SSE", "SSE2",
-       "SYSCALL", "NX", "LM", "INVARIANT_TSC", "CX16", "LAHF_LM", "POPCNT", "AVX", "AVX2", "BMI1", "BMI2", "F16C",
-       "FMA", "ABM/LZCNT", "MOVBE", "XSAVE"});
+  static const CpuModel model =
+      CpuModelBuilder::make("x86-64-v3", 1, "deja virtual CPU x86-64-v3", {DEJA_X86_64_V3}, true);
   return model;
 }
 
@@ -198,7 +215,7 @@ const CpuModel& CpuModel::with_local_apic() const {
 }
 
 std::span<const CpuModel* const> CpuModel::all() {
-  static const CpuModel* const models[] = {&x86_64_v1(), &deja_v1()};
+  static const CpuModel* const models[] = {&x86_64_v3(), &x86_64_v2(), &x86_64_v1(), &deja_v1()};
   return models;
 }
 
@@ -210,8 +227,24 @@ const CpuModel* CpuModel::find(std::string_view name) {
 }
 
 const CpuModel* CpuModel::for_trace(std::string_view name, uint32_t version) {
-  const CpuModel* m = name.empty() && version == 1 ? &deja_v1() : find(name);
-  return m && m->version() == version ? m : nullptr;
+  if (name.empty()) return version == 1 ? &deja_v1() : nullptr;
+  // The current models, then the earlier versions of them that old traces name.
+  static const CpuModel* const earlier[] = {&x86_64_v1_version1()};
+  for (const CpuModel* m : all()) {
+    if (m->name() == name && m->version() == version) return m;
+  }
+  for (const CpuModel* m : earlier) {
+    if (m->name() == name && m->version() == version) return m;
+  }
+  return nullptr;
+}
+
+bool CpuModel::inert_msr(uint32_t index) const {
+  if (!inert_perf_msrs_) return false;
+  // AMD's legacy counters (PERF_CTL0-3, PERF_CTR0-3), which every AMD64 CPU has and software that does not
+  // know the vendor takes the AMD path to; and the architectural P6 counters and event selects.
+  return (index >= 0xc0010000 && index <= 0xc0010007) || index == 0xc1 || index == 0xc2 || index == 0x186 ||
+         index == 0x187;
 }
 
 std::string CpuModel::names() {

@@ -59,8 +59,11 @@ void convert_register(ZydisRegister reg, Operand& op) {
   } else if (reg >= ZYDIS_REGISTER_YMM0 && reg <= ZYDIS_REGISTER_YMM15) {
     op.kind = OpKind::kXmm;  // (op.size 32: the whole YMM register)
     op.reg = uint8_t(reg - ZYDIS_REGISTER_YMM0);
+  } else if (reg >= ZYDIS_REGISTER_MM0 && reg <= ZYDIS_REGISTER_MM7) {
+    op.kind = OpKind::kMmx;
+    op.reg = uint8_t(reg - ZYDIS_REGISTER_MM0);
   } else {
-    op.kind = OpKind::kOther;  // x87, MMX, ...: the executor treats these as unimplemented
+    op.kind = OpKind::kOther;  // x87, ...: the executor treats these as unimplemented
     op.reg = kNoReg;
   }
 }

@@ -8,7 +8,7 @@
 
 namespace deja::interp {
 
-enum class OpKind : uint8_t { kNone, kGpr, kGprHigh8, kSeg, kCr, kDr, kXmm, kMem, kImm, kPtr, kOther };
+enum class OpKind : uint8_t { kNone, kGpr, kGprHigh8, kSeg, kCr, kDr, kXmm, kMem, kImm, kPtr, kOther, kMmx };
 
 constexpr uint8_t kNoReg = 0xff;
 
@@ -23,7 +23,7 @@ constexpr uint8_t kRipBase = 16;  // base register value meaning RIP-relative
 struct Operand {
   OpKind kind = OpKind::kNone;
   uint8_t size = 0;       // bytes (memory operands of LGDT etc. report their own width)
-  uint8_t reg = kNoReg;   // register number within its class (GPR 0-15, segment 0-5 in ES..GS order, CRn, XMMn/YMMn)
+  uint8_t reg = kNoReg;   // register number within its class (GPR 0-15, segment 0-5 in ES..GS order, CRn, XMMn/YMMn, MMn)
   uint8_t base = kNoReg;  // memory: base GPR or kRipBase
   uint8_t index = kNoReg; // memory: index GPR, or (insn_flags::kVsib) the number of the XMM/YMM index register
   uint8_t scale = 0;

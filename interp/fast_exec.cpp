@@ -187,9 +187,12 @@ Role role_of(const DecodedInsn& insn) {
       return (insn.opcode == 0xc2 || insn.opcode == 0xc3) ? Role::kTransfer : Role::kFallback;
     case ZYDIS_MNEMONIC_LDMXCSR: case ZYDIS_MNEMONIC_STMXCSR:
       return Role::kInBlock;
+    // MMX (its transition changes x87 state only), SSE4.2's CRC32: registers and memory only.
+    case ZYDIS_MNEMONIC_EMMS: case ZYDIS_MNEMONIC_CRC32:
+      return Role::kInBlock;
     default:
-      // SSE/SSE2 data instructions (an XMM operand): registers, MXCSR and memory only.
-      return has_operand(insn, OpKind::kXmm) ? Role::kInBlock : Role::kFallback;
+      // SSE data instructions (an XMM operand) and MMX ones: registers, MXCSR, the x87 registers and memory only.
+      return has_operand(insn, OpKind::kXmm) || has_operand(insn, OpKind::kMmx) ? Role::kInBlock : Role::kFallback;
   }
 }
 

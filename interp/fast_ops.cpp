@@ -12,6 +12,7 @@
 
 #include "interp/alu.h"
 #include "interp/interp_backend.h"
+#include "interp/simd_ops.h"
 
 namespace deja {
 
@@ -726,6 +727,7 @@ bool flagless_sse(const DecodedInsn& insn) {
         return true;
     }
   }
+  if (interp::simd_extension_is_flagless(insn)) return true;
   bool xmm = false;
   for (int i = 0; i < insn.operand_count; ++i) xmm = xmm || insn.op[i].kind == OpKind::kXmm;
   if (!xmm || insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT) return false;

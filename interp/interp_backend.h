@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "interp/block.h"
 #include "interp/decoded_insn.h"
 #include "interp/lazy_flags.h"
+#include "interp/sse.h"
 #include "core/backend.h"
 #include "core/cpu_model.h"
 #include "core/guest_memory.h"
@@ -196,6 +198,36 @@ class InterpBackend : public Backend {
   bool model_has(uint32_t leaf, int reg, int bit) const;
   // The model's features each VEX instruction checks (interp::VexIsa), read once.
   std::array<bool, 16> vex_features_{};
+  // The SIMD extensions after SSE2: every instruction with an MMX register, EMMS, SSE3, SSSE3, SSE4.1 and
+  // SSE4.2 (interp/exec_mmx.cpp, interp/exec_sse4.cpp); false for anything else.
+  bool exec_simd_extension(const interp::DecodedInsn& insn);
+  void exec_mmx(const interp::DecodedInsn& insn);
+  void exec_sse4(const interp::DecodedInsn& insn);
+
+  // SIMD state, all in s_.fxsave: XMM registers, MXCSR, and the MMX registers on the x87 stack's mantissas.
+  interp::sse::Xmm xmm(unsigned n) const {
+    interp::sse::Xmm x;
+    std::memcpy(&x, s_.fxsave.data() + 160 + 16 * n, 16);
+    return x;
+  }
+  void set_xmm(unsigned n, interp::sse::Xmm x) { std::memcpy(s_.fxsave.data() + 160 + 16 * n, &x, 16); }
+  uint32_t mxcsr() const {
+    uint32_t value;
+    std::memcpy(&value, s_.fxsave.data() + 24, 4);
+    return value;
+  }
+  void set_mxcsr(uint32_t value) { std::memcpy(s_.fxsave.data() + 24, &value, 4); }
+  // MMn is physical x87 register n, wherever TOP puts it in the FXSAVE image's stack order.
+  uint64_t mm(unsigned n) const;
+  // The x87-to-MMX transition of every MMX instruction but EMMS (TOP = 0, every register tagged valid),
+  // then MMn's mantissa = value and its exponent all ones (SDM vol. 1, 9.5).
+  void mmx_transition();
+  void set_mm(unsigned n, uint64_t value);
+  // The extensions of the CPU model the SIMD executors check (an instruction of one the model lacks is #UD).
+  struct SimdFeatures {
+    bool mmx = false, sse3 = false, ssse3 = false, sse41 = false, sse42 = false;
+  };
+  static SimdFeatures simd_features_of(const CpuModel& model);
 
   // Register and operand access.
   uint64_t reg_read(int index, unsigned bytes) const {
@@ -344,6 +376,7 @@ class InterpBackend : public Backend {
 
   GuestMemory& memory_;
   const CpuModel& model_;
+  const SimdFeatures simd_ = simd_features_of(model_);
   uint8_t* ram_;
   uint64_t ram_size_;
   CpuState s_;

@@ -114,6 +114,7 @@ struct InterpBackend::Jit {
     kRet,        // RET [imm16]
     kNop,
     kSse,        // SSE moves, bitwise and packed-integer operations (sse_template)
+    kMmx,        // MMX moves, bitwise and packed-integer operations (mmx_template)
     kFallThrough,  // the synthetic block end
   };
   // The SSE instructions with a template: what they are, and the host instruction that does a binary
@@ -123,17 +124,44 @@ struct InterpBackend::Jit {
     uint8_t prefix = 0, opcode = 0;
     bool aligned = false;  // a 16-byte memory operand must be 16-byte aligned (#GP otherwise)
     unsigned low = 8;      // kMovLow: MOVSD 8 bytes, MOVSS 4
+    uint8_t map = 0;       // kBinary: 0 for 0F opcodes, 0x38 or 0x3A for 0F 38 / 0F 3A ones
+    enum Extension : uint8_t { kSse2, kSsse3, kSse41, kSse42 } extension = kSse2;  // the CPU model must have it
   };
+  // What the host can run of SSSE3 and SSE4 (a template needs the host instruction; the handlers do not).
+  static bool host_ssse3() {
+    static const bool has = __builtin_cpu_supports("ssse3");
+    return has;
+  }
+  static bool host_sse41() {
+    static const bool has = __builtin_cpu_supports("sse4.1");
+    return has;
+  }
+  static bool host_sse42() {
+    static const bool has = __builtin_cpu_supports("sse4.2");
+    return has;
+  }
   static SseTemplate sse_template(const DecodedInsn& i) {
     using T = SseTemplate;
     const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
     const bool x0 = o0.kind == interp::OpKind::kXmm, x1 = o1.kind == interp::OpKind::kXmm;
     if (!(x0 || x1) || i.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT || (x0 && o0.reg >= 16) || (x1 && o1.reg >= 16)) return {};
+    if (i.operand_count >= 2 && o1.kind == interp::OpKind::kMmx) return {};
     const bool m0 = o0.kind == interp::OpKind::kMem, m1 = o1.kind == interp::OpKind::kMem;
-    auto binary = [&](uint8_t prefix, uint8_t opcode) {
-      const bool ok = x0 && (x1 || (m1 && o1.size == 16)) && i.operand_count == (opcode == 0x70 ? 3 : 2);
-      return ok ? T{T::kBinary, prefix, opcode, true} : T{};
+    // A binary operation run as the host's instruction of the same encoding on XMM0 and XMM1; `with_imm`: it
+    // takes the guest instruction's imm8.
+    auto binary = [&](uint8_t prefix, uint8_t opcode, uint8_t map = 0, bool with_imm = false,
+                      T::Extension extension = T::kSse2) {
+      const bool host = extension == T::kSse2 || (extension == T::kSsse3 && host_ssse3()) ||
+                        (extension == T::kSse41 && host_sse41()) || (extension == T::kSse42 && host_sse42());
+      const bool ok = host && x0 && (x1 || (m1 && o1.size == 16)) && i.operand_count == (with_imm ? 3 : 2) &&
+                      (!with_imm || i.op[2].kind == interp::OpKind::kImm);
+      T t{T::kBinary, prefix, opcode, true};
+      t.map = map;
+      t.extension = extension;
+      return ok ? t : T{};
     };
+    auto ssse3 = [&](uint8_t opcode) { return binary(0x66, opcode, 0x38, false, T::kSsse3); };
+    auto sse41 = [&](uint8_t opcode) { return binary(0x66, opcode, 0x38, false, T::kSse41); };
     switch (ZydisMnemonic(i.mnemonic)) {
       case ZYDIS_MNEMONIC_MOVAPS: case ZYDIS_MNEMONIC_MOVAPD: case ZYDIS_MNEMONIC_MOVDQA:
       case ZYDIS_MNEMONIC_MOVNTDQ: case ZYDIS_MNEMONIC_MOVNTPS: case ZYDIS_MNEMONIC_MOVNTPD:
@@ -195,8 +223,99 @@ struct InterpBackend::Jit {
       case ZYDIS_MNEMONIC_PUNPCKHWD: return binary(0x66, 0x69);
       case ZYDIS_MNEMONIC_PUNPCKHDQ: return binary(0x66, 0x6a);
       case ZYDIS_MNEMONIC_PUNPCKHQDQ: return binary(0x66, 0x6d);
-      case ZYDIS_MNEMONIC_PSHUFD: return i.op[2].kind == interp::OpKind::kImm ? binary(0x66, 0x70) : T{};
+      case ZYDIS_MNEMONIC_PSHUFD: return binary(0x66, 0x70, 0, true);
+      case ZYDIS_MNEMONIC_PSHUFLW: return binary(0xf2, 0x70, 0, true);
+      case ZYDIS_MNEMONIC_PSHUFHW: return binary(0xf3, 0x70, 0, true);
+      case ZYDIS_MNEMONIC_PADDSB: return binary(0x66, 0xec);
+      case ZYDIS_MNEMONIC_PADDSW: return binary(0x66, 0xed);
+      case ZYDIS_MNEMONIC_PSUBSB: return binary(0x66, 0xe8);
+      case ZYDIS_MNEMONIC_PSUBSW: return binary(0x66, 0xe9);
+      case ZYDIS_MNEMONIC_PMULLW: return binary(0x66, 0xd5);
+      case ZYDIS_MNEMONIC_PMULHW: return binary(0x66, 0xe5);
+      case ZYDIS_MNEMONIC_PMULHUW: return binary(0x66, 0xe4);
+      case ZYDIS_MNEMONIC_PMULUDQ: return binary(0x66, 0xf4);
+      case ZYDIS_MNEMONIC_PMADDWD: return binary(0x66, 0xf5);
+      case ZYDIS_MNEMONIC_PAVGB: return binary(0x66, 0xe0);
+      case ZYDIS_MNEMONIC_PAVGW: return binary(0x66, 0xe3);
+      case ZYDIS_MNEMONIC_PSADBW: return binary(0x66, 0xf6);
+      case ZYDIS_MNEMONIC_PMINSW: return binary(0x66, 0xea);
+      case ZYDIS_MNEMONIC_PMAXSW: return binary(0x66, 0xee);
+      case ZYDIS_MNEMONIC_PACKSSWB: return binary(0x66, 0x63);
+      case ZYDIS_MNEMONIC_PACKUSWB: return binary(0x66, 0x67);
+      case ZYDIS_MNEMONIC_PACKSSDW: return binary(0x66, 0x6b);
+      // SSSE3 and SSE4's packed-integer operations (glibc's string functions: PSHUFB, PALIGNR, PMINUB, ...).
+      case ZYDIS_MNEMONIC_PSHUFB: return ssse3(0x00);
+      case ZYDIS_MNEMONIC_PHADDW: return ssse3(0x01);
+      case ZYDIS_MNEMONIC_PHADDD: return ssse3(0x02);
+      case ZYDIS_MNEMONIC_PHADDSW: return ssse3(0x03);
+      case ZYDIS_MNEMONIC_PMADDUBSW: return ssse3(0x04);
+      case ZYDIS_MNEMONIC_PHSUBW: return ssse3(0x05);
+      case ZYDIS_MNEMONIC_PHSUBD: return ssse3(0x06);
+      case ZYDIS_MNEMONIC_PHSUBSW: return ssse3(0x07);
+      case ZYDIS_MNEMONIC_PSIGNB: return ssse3(0x08);
+      case ZYDIS_MNEMONIC_PSIGNW: return ssse3(0x09);
+      case ZYDIS_MNEMONIC_PSIGND: return ssse3(0x0a);
+      case ZYDIS_MNEMONIC_PMULHRSW: return ssse3(0x0b);
+      case ZYDIS_MNEMONIC_PABSB: return ssse3(0x1c);
+      case ZYDIS_MNEMONIC_PABSW: return ssse3(0x1d);
+      case ZYDIS_MNEMONIC_PABSD: return ssse3(0x1e);
+      case ZYDIS_MNEMONIC_PALIGNR: return binary(0x66, 0x0f, 0x3a, true, T::kSsse3);
+      case ZYDIS_MNEMONIC_PMULDQ: return sse41(0x28);
+      case ZYDIS_MNEMONIC_PCMPEQQ: return sse41(0x29);
+      case ZYDIS_MNEMONIC_PACKUSDW: return sse41(0x2b);
+      case ZYDIS_MNEMONIC_PMINSB: return sse41(0x38);
+      case ZYDIS_MNEMONIC_PMINSD: return sse41(0x39);
+      case ZYDIS_MNEMONIC_PMINUW: return sse41(0x3a);
+      case ZYDIS_MNEMONIC_PMINUD: return sse41(0x3b);
+      case ZYDIS_MNEMONIC_PMAXSB: return sse41(0x3c);
+      case ZYDIS_MNEMONIC_PMAXSD: return sse41(0x3d);
+      case ZYDIS_MNEMONIC_PMAXUW: return sse41(0x3e);
+      case ZYDIS_MNEMONIC_PMAXUD: return sse41(0x3f);
+      case ZYDIS_MNEMONIC_PMULLD: return sse41(0x40);
+      case ZYDIS_MNEMONIC_PHMINPOSUW: return sse41(0x41);
+      case ZYDIS_MNEMONIC_BLENDPS: return binary(0x66, 0x0c, 0x3a, true, T::kSse41);
+      case ZYDIS_MNEMONIC_BLENDPD: return binary(0x66, 0x0d, 0x3a, true, T::kSse41);
+      case ZYDIS_MNEMONIC_PBLENDW: return binary(0x66, 0x0e, 0x3a, true, T::kSse41);
+      case ZYDIS_MNEMONIC_MPSADBW: return binary(0x66, 0x42, 0x3a, true, T::kSse41);
+      case ZYDIS_MNEMONIC_PCMPGTQ: return binary(0x66, 0x37, 0x38, false, T::kSse42);
       default: return {};
+    }
+  }
+  // The MMX instructions with a template. MMX registers live in s_.fxsave's x87 slots; the operation runs as
+  // the SSE2 instruction of the same opcode on the low quadwords of XMM0/XMM1 (the host's own MMX registers
+  // would disturb its x87), which is the MMX result for the operations listed.
+  struct MmxTemplate {
+    enum Kind : uint8_t { kNone, kLoad, kStore, kBinary, kShiftImm } kind = kNone;
+    unsigned bytes = 8;  // kLoad, kStore: 4 (MOVD) or 8
+  };
+  static MmxTemplate mmx_template(const DecodedInsn& i) {
+    using T = MmxTemplate;
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    const bool mm0 = o0.kind == interp::OpKind::kMmx, mm1 = o1.kind == interp::OpKind::kMmx;
+    if (i.operand_count != 2 || !(mm0 || mm1) || i.opcode_map != ZYDIS_OPCODE_MAP_0F) return {};
+    switch (ZydisMnemonic(i.mnemonic)) {
+      case ZYDIS_MNEMONIC_MOVD: case ZYDIS_MNEMONIC_MOVQ: case ZYDIS_MNEMONIC_MOVNTQ:
+        if (mm0 && (mm1 || is_reg(o1) || is_mem(o1))) return T{T::kLoad, mm1 ? 8u : o1.size};
+        if (mm1 && (o0.kind == interp::OpKind::kGpr || is_mem(o0))) return T{T::kStore, o0.size};
+        return {};
+      case ZYDIS_MNEMONIC_PSLLW: case ZYDIS_MNEMONIC_PSLLD: case ZYDIS_MNEMONIC_PSLLQ: case ZYDIS_MNEMONIC_PSRLW:
+      case ZYDIS_MNEMONIC_PSRLD: case ZYDIS_MNEMONIC_PSRLQ: case ZYDIS_MNEMONIC_PSRAW: case ZYDIS_MNEMONIC_PSRAD:
+        if (mm0 && is_imm(o1)) return T{T::kShiftImm};
+        [[fallthrough]];
+      case ZYDIS_MNEMONIC_PADDB: case ZYDIS_MNEMONIC_PADDW: case ZYDIS_MNEMONIC_PADDD: case ZYDIS_MNEMONIC_PADDQ:
+      case ZYDIS_MNEMONIC_PADDSB: case ZYDIS_MNEMONIC_PADDSW: case ZYDIS_MNEMONIC_PADDUSB: case ZYDIS_MNEMONIC_PADDUSW:
+      case ZYDIS_MNEMONIC_PSUBB: case ZYDIS_MNEMONIC_PSUBW: case ZYDIS_MNEMONIC_PSUBD: case ZYDIS_MNEMONIC_PSUBQ:
+      case ZYDIS_MNEMONIC_PSUBSB: case ZYDIS_MNEMONIC_PSUBSW: case ZYDIS_MNEMONIC_PSUBUSB: case ZYDIS_MNEMONIC_PSUBUSW:
+      case ZYDIS_MNEMONIC_PCMPEQB: case ZYDIS_MNEMONIC_PCMPEQW: case ZYDIS_MNEMONIC_PCMPEQD: case ZYDIS_MNEMONIC_PCMPGTB:
+      case ZYDIS_MNEMONIC_PCMPGTW: case ZYDIS_MNEMONIC_PCMPGTD: case ZYDIS_MNEMONIC_PMULLW: case ZYDIS_MNEMONIC_PMULHW:
+      case ZYDIS_MNEMONIC_PMULHUW: case ZYDIS_MNEMONIC_PMULUDQ: case ZYDIS_MNEMONIC_PMADDWD: case ZYDIS_MNEMONIC_PAND:
+      case ZYDIS_MNEMONIC_PANDN: case ZYDIS_MNEMONIC_POR: case ZYDIS_MNEMONIC_PXOR: case ZYDIS_MNEMONIC_PAVGB:
+      case ZYDIS_MNEMONIC_PAVGW: case ZYDIS_MNEMONIC_PMINUB: case ZYDIS_MNEMONIC_PMAXUB: case ZYDIS_MNEMONIC_PMINSW:
+      case ZYDIS_MNEMONIC_PMAXSW: case ZYDIS_MNEMONIC_PSADBW: case ZYDIS_MNEMONIC_PUNPCKLBW:
+      case ZYDIS_MNEMONIC_PUNPCKLWD: case ZYDIS_MNEMONIC_PUNPCKLDQ:
+        return mm0 && (mm1 || (is_mem(o1) && o1.size == 8)) ? T{T::kBinary} : T{};
+      default:
+        return {};
     }
   }
   // The flags an operation leaves, for conditions compiled from them and for dropping dead flag stores.
@@ -381,10 +500,20 @@ struct InterpBackend::Jit {
       default:
         break;
     }
-    if (op.fn != nullptr && sse_template(i).kind != SseTemplate::kNone) {
+    // (A template runs without the handler's check of the CPU model: the model must have the extension.)
+    const SseTemplate sse = sse_template(i);
+    const bool sse_modelled = sse.extension == SseTemplate::kSse2 || (sse.extension == SseTemplate::kSsse3 && c.simd_.ssse3) ||
+                              (sse.extension == SseTemplate::kSse41 && c.simd_.sse41) ||
+                              (sse.extension == SseTemplate::kSse42 && c.simd_.sse42);
+    if (op.fn != nullptr && sse.kind != SseTemplate::kNone && sse_modelled) {
       for (int k = 0; k < i.operand_count; ++k)
         if (is_mem(i.op[k]) && !mem_ok(i.op[k], i)) return Form::kCall;
       return Form::kSse;
+    }
+    if (op.fn != nullptr && c.simd_.mmx && mmx_template(i).kind != MmxTemplate::kNone) {
+      for (int k = 0; k < i.operand_count; ++k)
+        if (is_mem(i.op[k]) && !mem_ok(i.op[k], i)) return Form::kCall;
+      return Form::kMmx;
     }
     return Form::kCall;
   }
@@ -426,7 +555,7 @@ struct InterpBackend::Jit {
         u.reads = true;
         u.can_exit = touches_memory(op);
         return u;
-      case Form::kSse:  // (its first check of CR0/CR4 may leave to the handler)
+      case Form::kSse: case Form::kMmx:  // (its checks of CR0/CR4 and the x87 state may leave to the handler)
         u.can_exit = true;
         return u;
       default:  // handlers, transfers, the block's end: anything may follow
@@ -1455,7 +1584,8 @@ struct InterpBackend::Jit {
       case SseTemplate::kBinary:
         a.movdqu_load(1, is_mem(o1) ? memory(o1, 16, false) : xmm(o1.reg));
         a.movdqu_load(0, xmm(o0.reg));
-        a.sse_rr(t.prefix, t.opcode, 0, 1);
+        if (t.map) a.sse_rr3(t.prefix, t.map, t.opcode, 0, 1);
+        else a.sse_rr(t.prefix, t.opcode, 0, 1);
         if (i.operand_count == 3) a.u8(uint8_t(i.op[2].disp));
         a.movdqu_store(xmm(o0.reg), 0);
         break;
@@ -1498,6 +1628,73 @@ struct InterpBackend::Jit {
         }
         break;
       case SseTemplate::kNone:
+        break;
+    }
+    bind_resume(s);
+  }
+
+  // MMX templates (mmx_template): MMn in its x87 slot of s_.fxsave (TOP is 0 whenever a template runs), XMM0
+  // and XMM1 of the host as scratch. The CR0.EM/TS check is made once a block, as for SSE; the x87 state is
+  // checked every time (EMMS and FXRSTOR run in blocks): with TOP = 0, every register valid and no x87
+  // exception pending, the transition changes nothing, and only the written register's exponent is set.
+  bool mmx_checked = false;
+  x64::Mem mm_slot(unsigned n, int32_t byte = 0) const {
+    return x64::at(rbx, off(&c.s_.fxsave[0]) + 32 + int32_t(16 * n) + byte);
+  }
+  void emit_mmx(const Op& op) {
+    const DecodedInsn& i = op.insn;
+    const MmxTemplate t = mmx_template(i);
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    Slow& s = slow_path(op);
+    if (!mmx_checked) {
+      mmx_checked = true;
+      a.load(8, rax, field(&c.s_.cr0));
+      a.alu_imm(4, x64::kAnd, rax, int32_t(cr0::kEm | cr0::kTs));
+      a.jcc(x64::kNe, s.entry);
+    }
+    // FSW (TOP, ES) and the abridged tag word, as one dword from FSW's offset: FSW & 0x3880 = 0, FTW = 0xff.
+    a.load(4, rax, x64::at(rbx, off(&c.s_.fxsave[0]) + 2));
+    a.alu_imm(4, x64::kAnd, rax, 0x00ff3880);
+    a.alu_imm(4, x64::kCmp, rax, 0x00ff0000);
+    a.jcc(x64::kNe, s.entry);
+    auto memory = [&](const interp::Operand& o, unsigned n, bool write) {
+      address(op, o);
+      translate(n, write, s.entry);
+      return x64::at(rsi);
+    };
+    auto written = [&](unsigned n) { a.store_imm(8, mm_slot(n, 8), 0xffff); };  // exponent and sign all ones
+    switch (t.kind) {
+      case MmxTemplate::kLoad:
+        if (o1.kind == interp::OpKind::kMmx) a.load(8, rax, mm_slot(o1.reg));
+        else if (is_mem(o1)) a.load(t.bytes, rax, memory(o1, t.bytes, false));
+        else load_reg(rax, o1, t.bytes);
+        a.store(8, mm_slot(o0.reg), rax);
+        written(o0.reg);
+        break;
+      case MmxTemplate::kStore:
+        a.load(t.bytes, rax, mm_slot(o1.reg));
+        if (is_mem(o0)) {
+          const x64::Mem m = memory(o0, t.bytes, true);
+          a.store(t.bytes, m, rax);
+        } else {
+          store_reg(o0, rax, t.bytes);
+        }
+        break;
+      case MmxTemplate::kBinary:
+        a.movq_load(1, is_mem(o1) ? memory(o1, 8, false) : mm_slot(o1.reg));
+        a.movq_load(0, mm_slot(o0.reg));
+        a.sse_rr(0x66, i.opcode, 0, 1);
+        a.movq_store(mm_slot(o0.reg), 0);
+        written(o0.reg);
+        break;
+      case MmxTemplate::kShiftImm:
+        a.movq_load(0, mm_slot(o0.reg));
+        a.sse_rr(0x66, i.opcode, (i.modrm >> 3) & 7, 0);
+        a.u8(uint8_t(o1.disp));
+        a.movq_store(mm_slot(o0.reg), 0);
+        written(o0.reg);
+        break;
+      case MmxTemplate::kNone:
         break;
     }
     bind_resume(s);
@@ -1615,6 +1812,7 @@ struct InterpBackend::Jit {
         case Form::kRet: emit_ret(op); break;
         case Form::kNop: break;
         case Form::kSse: emit_sse(op); break;
+        case Form::kMmx: emit_mmx(op); break;
         case Form::kFallThrough: set_rip(op.rip); chain_exit(op, 1, op.rip); break;
         default:
           call_handler(op);

@@ -5,6 +5,7 @@
 // denormal handling, rounding). The host always runs with every exception masked (an unmasked
 // one would be a host SIGFPE); whether the guest would fault is derived from the raised flags.
 #include "interp/sse.h"
+#include "interp/sse_host.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -273,34 +274,12 @@ Xmm pinsrw(Xmm dst, uint16_t value, uint8_t index) {
 // ---- Floating point on the host SSE unit ----
 namespace {
 
-using Vec = long long __attribute__((vector_size(16)));
-
-Vec to_vec(Xmm x) { return Vec{static_cast<long long>(x.lo), static_cast<long long>(x.hi)}; }
-Xmm from_vec(Vec v) { return {static_cast<uint64_t>(v[0]), static_cast<uint64_t>(v[1])}; }
-
-// The MXCSR the host runs with: the guest's rounding, DAZ and FTZ, no flags, every exception masked.
-uint32_t host_mxcsr(uint32_t guest) { return (guest & (mxcsr::kRcMask | mxcsr::kDaz | mxcsr::kFtz)) | mxcsr::kMasks; }
-
-struct Outcome {
-  uint32_t mxcsr;
-  bool fault;
-};
-
-// Folds the flags the host raised into the guest MXCSR and decides whether the guest faults.
-// Invalid, denormal and divide-by-zero are detected before the result is computed: if one of
-// them is unmasked the instruction stops there and the post-computation flags are not raised.
-Outcome settle(uint32_t guest, uint32_t host_after) {
-  const uint32_t raised = host_after & mxcsr::kFlags;
-  const uint32_t masked = (guest & mxcsr::kMasks) >> 7;
-  const uint32_t pre = raised & (mxcsr::kIe | mxcsr::kDe | mxcsr::kZe);
-  if (pre & ~masked) return {guest | pre, true};
-  const bool fault = (raised & ~masked) != 0;
-  return {guest | raised, fault};
-}
-
-#define DEJA_SSE_ASM(INSN_LINE, ...)                                                                 \
-  asm volatile("stmxcsr %[saved]\n\tldmxcsr %[run]\n\t" INSN_LINE "\n\tstmxcsr %[after]\n\tldmxcsr %[saved]" \
-               __VA_ARGS__)
+using host::from_vec;
+using host::host_mxcsr;
+using host::Outcome;
+using host::settle;
+using host::to_vec;
+using host::Vec;
 
 #define DEJA_SSE_RR_FN(NAME, INSN)                                                                  \
   uint32_t NAME(Vec& a, Vec b, uint32_t run) {                                                     \

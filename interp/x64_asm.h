@@ -133,6 +133,16 @@ class Assembler {
   }
   void movdqu_load(unsigned xmm, const Mem& m) { sse_rm(0xf3, 0x6f, xmm, m); }
   void movdqu_store(const Mem& m, unsigned xmm) { sse_rm(0xf3, 0x7f, xmm, m); }
+  void movq_load(unsigned xmm, const Mem& m) { sse_rm(0xf3, 0x7e, xmm, m); }   // the high quadword cleared
+  void movq_store(const Mem& m, unsigned xmm) { sse_rm(0x66, 0xd6, xmm, m); }
+  // [prefix] 0F `map` opcode on XMM0-7 (the three-byte opcodes of SSSE3 and SSE4: map 0x38 or 0x3A).
+  void sse_rr3(uint8_t prefix, uint8_t map, uint8_t opcode, unsigned reg, unsigned rm) {
+    if (prefix) u8(prefix);
+    u8(0x0f);
+    u8(map);
+    u8(opcode);
+    modrm_rr(reg, rm);
+  }
 
   // ---- moves ----------------------------------------------------------------------------------------
   void mov(unsigned bytes, Reg dst, Reg src) { op_rr(bytes, bytes == 1 ? 0x88 : 0x89, src, dst); }

@@ -35,8 +35,15 @@ if(TARGET deja_interp AND EXISTS ${DEJA_ALU_ROOT}/interp/interp_backend.h)
     set(diff_sequences 20000)
     set(fastdiff_counts --sequences 3000 --fuzz 3000)
   endif()
-  add_test(NAME interp_diff COMMAND interp_diff --seed 1 --count ${diff_sequences} --avoid-xadd-same-register
-                                   --avoid-unmasked-underflow)
+  add_test(NAME interp_diff COMMAND interp_diff --seed 1 --count ${diff_sequences} --cpu deja-v1
+                                   --avoid-xadd-same-register --avoid-unmasked-underflow)
+  # Every SIMD and x86-64-v2 instruction class on its own (the default model: the richest the software CPU
+  # implements), each as many sequences as the original mix (about 4 s a class).
+  foreach(class mmx mmx-sse sse3 ssse3 sse4.1 sse4.2 x86-64-v2)
+    add_test(NAME interp_diff_${class} COMMAND interp_diff --seed 1 --count ${diff_sequences} --classes ${class}
+                                                --avoid-unmasked-underflow)
+    set_tests_properties(interp_diff_${class} PROPERTIES TIMEOUT 300)
+  endforeach()
   # The VEX instructions (x86-64-v3 model): --count sequences of each class (AVX integer and floating point, FMA,
   # F16C, BMI1, BMI2, gathers); skipped (passing) on a host without AVX2.
   add_test(NAME interp_diff_avx COMMAND interp_diff --avx --seed 1 --count ${diff_sequences} --avoid-xadd-same-register
@@ -46,7 +53,8 @@ if(TARGET deja_interp AND EXISTS ${DEJA_ALU_ROOT}/interp/interp_backend.h)
   set_tests_properties(interp_fuzz PROPERTIES TIMEOUT 120)
   set_tests_properties(interp_diff PROPERTIES TIMEOUT 900)
   # The fast path (threaded blocks and the JIT) against the reference executor, compared at every block
-  # boundary: random sequences, random code and the guest images.
+  # boundary: random sequences (half of their instructions from the SIMD classes), random code and the guest
+  # images.
   add_executable(interp_fastdiff ${CMAKE_CURRENT_LIST_DIR}/diff/fastdiff_main.cpp)
   target_link_libraries(interp_fastdiff PRIVATE deja_difftest deja_boot deja_vmm CLI11::CLI11)
   set(fastdiff_guests)

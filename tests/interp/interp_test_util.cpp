@@ -69,7 +69,7 @@ SegmentReg flat(uint16_t selector, uint8_t type, unsigned dpl, bool l, bool db) 
   return s;
 }
 
-TestVm make_vm(uint64_t ram, const CpuModel& model = CpuModel::deja_v1()) {
+TestVm make_vm(uint64_t ram, const CpuModel& model) {
   auto memory = GuestMemory::create(ram);
   EXPECT_TRUE(memory.has_value());
   TestVm vm{std::make_unique<GuestMemory>(std::move(*memory)), nullptr};
@@ -115,7 +115,7 @@ TestVm TestVm::long_mode(uint64_t ram, const CpuModel& model) {
 }
 
 TestVm TestVm::protected_mode(uint64_t ram) {
-  TestVm vm = make_vm(ram);
+  TestVm vm = make_vm(ram, CpuModel::deja_v1());
   CpuState s = vm.state();
   s.cr0 = cr0::kPe | cr0::kEt;
   s.cs = flat(kCode32, 0xb, 0, false, true);

@@ -1,6 +1,7 @@
 // interp_diff: runs random instruction sequences on the host CPU and under InterpBackend and reports every difference.
 #include <cpuid.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -155,34 +156,58 @@ int main(int argc, char** argv) {
                "interp");
   app.add_flag("--avoid-xadd-same-register", avoid_xadd_same_register,
                "known interp defect: XADD r, r with one register writes the old value instead of the sum");
+  std::string cpu;
+  app.add_option("--cpu", cpu, "CPU model of the interpreter (default: the richest it implements)");
+  std::vector<std::string> classes;
+  app.add_option("--classes", classes,
+                 "draw instructions from these SIMD classes only (mmx, mmx-sse, sse3, ssse3, sse4.1, sse4.2, "
+                 "x86-64-v2; simd = all of them) instead of the original mix; with --avx, these VEX classes (avx-int, "
+                 "avx-fp, fma, f16c, bmi1, bmi2, gather; default all), --count sequences of each in turn")
+      ->delimiter(',');
+  bool mix = false;
+  app.add_flag("--mix", mix, "with --classes: half of the instructions from the original mix");
   bool avx = false;
-  std::vector<std::string> avx_class_names;
-  app.add_flag("--avx", avx,
-               "VEX instructions (x86-64-v3 model): --count sequences of each class in turn (avx-int, avx-fp, fma, "
-               "f16c, bmi1, bmi2, gather)");
-  app.add_option("--class", avx_class_names, "with --avx: only these classes");
+  app.add_flag("--avx", avx, "VEX instructions (AVX, AVX2, FMA, F16C, BMI1/2, gathers) on the x86-64-v3 model");
   CLI11_PARSE(app, argc, argv);
-  if (avx && avx_class_names.empty())
-    for (std::string_view c : avx_classes()) avx_class_names.emplace_back(c);
+  const deja::CpuModel* model = avx ? &deja::CpuModel::x86_64_v3() : nullptr;
+  if (!cpu.empty() && !(model = deja::CpuModel::find(cpu))) {
+    std::fprintf(stderr, "interp_diff: no CPU model '%s' (one of %s)\n", cpu.c_str(), deja::CpuModel::names().c_str());
+    return 2;
+  }
+  if (classes.size() == 1 && classes[0] == "simd") classes = Generator::simd_class_names();
+  if (avx && classes.empty())
+    for (std::string_view c : avx_classes()) classes.emplace_back(c);
+  for (const auto& c : classes) {
+    const auto& known = Generator::simd_class_names();
+    const bool found = avx ? std::find(avx_classes().begin(), avx_classes().end(), c) != avx_classes().end()
+                           : std::find(known.begin(), known.end(), c) != known.end();
+    if (!found) {
+      std::fprintf(stderr, "interp_diff: no instruction class '%s'\n", c.c_str());
+      return 2;
+    }
+  }
   if (avx && !host_has_avx2()) {
     std::printf("interp_diff: this host has no AVX2: nothing to compare the VEX instructions with\n");
     return 0;
   }
-  const int total = avx ? count * int(avx_class_names.size()) : count;
+  const int total = avx ? count * int(classes.size()) : count;
 
   std::printf("interp_diff: seed %llu, %d sequences (reproduce with --seed %llu --count %d --length %d)\n",
               static_cast<unsigned long long>(seed), count, static_cast<unsigned long long>(seed), count, max_length);
-  auto machine = GuestMachine::create(std::nullopt, avx ? &deja::CpuModel::x86_64_v3() : nullptr);
+  auto machine = GuestMachine::create(std::nullopt, model);
   if (!machine) {
     std::fprintf(stderr, "interp_diff: cannot build the guest machine\n");
     return 2;
   }
-  const deja::CpuModel& model = avx ? deja::CpuModel::x86_64_v3() : deja::CpuModel::deja_v1();
-  AvxGenerator avx_generator(seed);
-  Generator generator(seed, host_has_bmi1() && (model.cpuid(7, 0).ebx & (1u << 3)),
-                      host_has_lzcnt() && (model.cpuid(0x80000001, 0).ecx & (1u << 5)));
+  const deja::CpuModel& used = machine->model();
+  std::printf("interp_diff: CPU model %s\n", std::string(used.name()).c_str());
+  Generator generator(seed, host_has_bmi1() && (used.cpuid(7, 0).ebx & (1u << 3)),
+                      host_has_lzcnt() && (used.cpuid(0x80000001, 0).ecx & (1u << 5)));
   generator.avoid_xadd_same_register = avoid_xadd_same_register;
   generator.avoid_unmasked_underflow = avoid_unmasked_underflow;
+  generator.simd_classes = avx ? std::vector<std::string>{} : classes;
+  generator.mix_original = mix;
+  AvxGenerator avx_generator(seed);
   avx_generator.legacy().avoid_xadd_same_register = avoid_xadd_same_register;
   avx_generator.legacy().avoid_unmasked_underflow = avoid_unmasked_underflow;
   std::mt19937_64 lengths(seed ^ 0x5eed);
@@ -192,7 +217,7 @@ int main(int argc, char** argv) {
   std::map<std::string, int> failing_single;  // single-instruction failures by disassembly (exact attribution)
   for (int i = 0; i < total; ++i) {
     const int length = (i % 3 == 0) ? 1 : 1 + static_cast<int>(lengths() % max_length);
-    const Sequence seq = avx ? avx_generator.sequence(length, avx_class_names[size_t(i) % avx_class_names.size()])
+    const Sequence seq = avx ? avx_generator.sequence(length, classes[size_t(i) % classes.size()])
                              : generator.sequence(length);
     const RegisterFile regs = avx ? avx_generator.registers() : generator.registers();
     const std::vector<uint8_t> data = avx ? avx_generator.data() : generator.data();

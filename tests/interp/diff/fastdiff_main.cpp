@@ -226,8 +226,10 @@ bool program_terminal(const VcpuExit& e, const CpuState&) {
 
 // `avx`: the x86-64-v3 model, with VEX sequences (interp_diff --avx's generator) among the others.
 int run_programs(InterpMode mode, uint64_t seed, int sequences, int fuzz_runs, int max_length, int show, int only, bool trace,
-                 bool avx) {
+                 const std::vector<std::string>& classes, bool avx) {
   Generator generator(seed, false, false);
+  generator.simd_classes = classes;
+  generator.mix_original = true;
   AvxGenerator avx_generator(seed);
   const CpuModel* model = avx ? &CpuModel::x86_64_v3() : nullptr;
   std::mt19937_64 rng(seed ^ 0xfa57);
@@ -391,8 +393,15 @@ int main(int argc, char** argv) {
   app.add_option("--guest", guests, "guest images (Multiboot ELF) to run in lockstep too");
   app.add_option("--cmdline", cmdline, "command line for the guest images");
   app.add_option("--max-steps", max_steps, "step limit per guest");
+  std::vector<std::string> classes = {"simd"};
+  app.add_option("--classes", classes,
+                 "SIMD instruction classes (interp_diff's) to mix into half of the sequences' instructions; none: "
+                 "the original mix only")
+      ->delimiter(',');
   app.add_flag("--avx", avx, "the x86-64-v3 model, with VEX sequences (and VEX prefixes in the random code)");
   CLI11_PARSE(app, argc, argv);
+  if (classes.size() == 1 && classes[0] == "simd") classes = Generator::simd_class_names();
+  if (classes.size() == 1 && classes[0] == "none") classes.clear();
   auto mode = deja::parse_interp_mode(mode_name);
   if (!mode || *mode == deja::InterpMode::kReference) {
     std::fprintf(stderr, "interp_fastdiff: --mode must be threaded or jit\n");
@@ -400,7 +409,7 @@ int main(int argc, char** argv) {
   }
   std::printf("interp_fastdiff: mode %s, seed %llu (reproduce with --seed %llu)\n", mode_name.c_str(),
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
-  int failures = run_programs(*mode, seed, sequences, fuzz_runs, max_length, show, only, trace, avx);
+  int failures = run_programs(*mode, seed, sequences, fuzz_runs, max_length, show, only, trace, classes, avx);
   for (const std::string& guest : guests) {
     failures += run_guest(*mode, guest, cmdline, max_steps, Pass::kStepping);
     failures += run_guest(*mode, guest, cmdline, max_steps / 10, Pass::kBudgets);

@@ -40,9 +40,19 @@ class Generator {
   RegisterFile registers();
   std::vector<uint8_t> data();
 
+  // The SIMD and x86-64-v2 instruction classes (MMX with its x87 transitions, MMX's SSE additions and the
+  // MMX/SSE conversions, SSE3, SSSE3, SSE4.1, SSE4.2, the x86-64-v2 integer instructions) by name.
+  static const std::vector<std::string>& simd_class_names();
+  // What sequence() draws from: the original mix (empty), or these SIMD classes only; with `mix_original`
+  // half of the instructions still come from the original mix.
+  std::vector<std::string> simd_classes;
+  bool mix_original = false;
+
  private:
   bool emit_one(Sequence& seq);
   bool emit_x87(Sequence& seq, std::vector<uint8_t>& bytes, uint64_t& reads, uint64_t& defines, const char*& cls);
+  bool emit_simd(Sequence& seq, const std::string& name, std::vector<uint8_t>& bytes, uint64_t& reads,
+                 uint64_t& defines, const char*& cls);
   void x87_value(uint8_t* slot);
   uint16_t x87_control_ = 0x037f;  // chosen with each sequence, loaded by registers()
   uint64_t interesting(unsigned width);

@@ -1,10 +1,9 @@
-// Runs one instruction sequence natively (forked child, asm trampoline) or under InterpBackend, from the same register file.
+// Runs one instruction sequence natively (in this process, through an asm trampoline) or under InterpBackend, from the same register file.
 #include "tests/interp/diff/machine.h"
 
+#include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -146,6 +145,10 @@ deja_diff_exit:
 1:
   fxsave64 0x6001b0
   fnstenv 0x6003b0
+  fninit
+  cld
+  pushq $0x1f80
+  ldmxcsr (%rsp)
   mov 0x600090, %rsp
   pop %r15
   pop %r14
@@ -193,18 +196,41 @@ void* map_fixed(uint64_t address, uint64_t size, int prot) {
   return p;
 }
 
+// The sequences run in this process: a fault (or the alarm of a hang) jumps back out of the signal handler.
+sigjmp_buf g_fault_jump;
+volatile sig_atomic_t g_running = 0;
+volatile sig_atomic_t g_fault_signal = 0;
+volatile sig_atomic_t g_fault_code = 0;
+
+void on_fault(int signal, siginfo_t* info, void*) {
+  if (!g_running) {  // not the sequence's: the default action
+    ::signal(signal, SIG_DFL);
+    ::raise(signal);
+    return;
+  }
+  g_running = 0;
+  g_fault_signal = signal;
+  g_fault_code = info->si_code;
+  siglongjmp(g_fault_jump, 1);
+}
+
 bool ensure_mappings() {
   if (g_state) return true;
   g_code = static_cast<uint8_t*>(map_fixed(kCodeAddr, kCodeSize, PROT_READ | PROT_WRITE | PROT_EXEC));
   g_data = static_cast<uint8_t*>(map_fixed(kDataAddr, kDataSize, PROT_READ | PROT_WRITE));
   g_state = static_cast<RegisterFile*>(map_fixed(kStateAddr, 0x1000, PROT_READ | PROT_WRITE));
-  return g_code && g_data && g_state;
-}
-
-// In the child: record the signal's si_code (to tell #DE from #XM) and leave at once.
-void on_fault(int signal, siginfo_t* info, void*) {
-  g_state->pad = static_cast<uint32_t>(info->si_code);
-  _exit(100 + signal);
+  if (!g_code || !g_data || !g_state) return false;
+  static uint8_t alt_stack[64 * 1024];
+  stack_t ss{};
+  ss.ss_sp = alt_stack;
+  ss.ss_size = sizeof(alt_stack);
+  sigaltstack(&ss, nullptr);
+  struct sigaction action {};
+  action.sa_sigaction = on_fault;
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&action.sa_mask);
+  for (int s : {SIGFPE, SIGSEGV, SIGILL, SIGBUS, SIGTRAP, SIGALRM}) sigaction(s, &action, nullptr);
+  return true;
 }
 
 Ending ending_for_vector(int vector) {
@@ -216,70 +242,6 @@ Ending ending_for_vector(int vector) {
     case 12: case 13: case 14: case 17: return Ending::kMemoryFault;
     default: return Ending::kOther;
   }
-}
-
-}  // namespace
-
-namespace {
-
-// The native side runs in a child process that stays up from sequence to sequence (a fork for each one cost
-// milliseconds of page-table copying): the parent writes the code, data and registers into the shared mappings and
-// a byte into the child's pipe; the child runs them and answers with a byte. A fault ends the child (its signal
-// handler exits with the signal's number), and the next sequence starts a new one.
-struct NativeChild {
-  pid_t pid = -1;
-  int to_child = -1, from_child = -1;
-};
-NativeChild g_child;
-
-void start_child() {
-  int down[2], up[2];
-  if (pipe(down) != 0 || pipe(up) != 0) return;
-  fflush(nullptr);
-  const pid_t child = fork();
-  if (child == 0) {
-    close(down[1]);
-    close(up[0]);
-    static uint8_t alt_stack[64 * 1024];
-    stack_t ss{};
-    ss.ss_sp = alt_stack;
-    ss.ss_size = sizeof(alt_stack);
-    sigaltstack(&ss, nullptr);
-    struct sigaction action {};
-    action.sa_sigaction = on_fault;
-    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&action.sa_mask);
-    for (int s : {SIGFPE, SIGSEGV, SIGILL, SIGBUS, SIGTRAP}) sigaction(s, &action, nullptr);
-    const rlimit no_core{0, 0};
-    setrlimit(RLIMIT_CORE, &no_core);
-    char byte;
-    while (read(down[0], &byte, 1) == 1) {
-      alarm(5);
-      deja_diff_enter();
-      alarm(0);
-      if (write(up[1], &byte, 1) != 1) break;
-    }
-    _exit(0);
-  }
-  close(down[0]);
-  close(up[1]);
-  signal(SIGPIPE, SIG_IGN);  // (a write to a child that died fails instead)
-  if (child < 0) {
-    close(down[1]);
-    close(up[0]);
-    return;
-  }
-  g_child = {child, down[1], up[0]};
-}
-
-// Waits for the child that stopped answering; returns how it ended (exit status or signal).
-int reap_child() {
-  int status = 0;
-  waitpid(g_child.pid, &status, 0);
-  close(g_child.to_child);
-  close(g_child.from_child);
-  g_child = {};
-  return WIFEXITED(status) ? WEXITSTATUS(status) - 100 : WTERMSIG(status);
 }
 
 }  // namespace
@@ -296,18 +258,26 @@ Outcome run_native(const std::vector<uint8_t>& code, const RegisterFile& regs, c
   *g_state = regs;
   g_state->code_entry = kCodeAddr;
   g_state->exit_target = reinterpret_cast<uint64_t>(&deja_diff_exit);
-  g_state->pad = 0;
-  if (g_child.pid < 0) start_child();
-  char byte = 'r';
-  if (g_child.pid >= 0 && write(g_child.to_child, &byte, 1) == 1 && read(g_child.from_child, &byte, 1) == 1) {
+  // In this process, not a forked child (a fork a sequence was 90% of the tester's time): the generated code
+  // touches only its registers, the data page and its stack there; a fault or a hang (the alarm) comes back
+  // through the signal handler's jump, and the host's x87, MXCSR and direction flag are reset after it.
+  if (sigsetjmp(g_fault_jump, 1) == 0) {
+    g_running = 1;
+    alarm(5);
+    deja_diff_enter();
+    alarm(0);
+    g_running = 0;
     out.regs = *g_state;
     out.data.assign(g_data, g_data + kDataSize);
     return out;
   }
-  const int code_or_signal = g_child.pid >= 0 ? reap_child() : -1;
-  out.detail = code_or_signal;
-  switch (code_or_signal) {
-    case SIGFPE: out.ending = g_state->pad == FPE_INTDIV || g_state->pad == FPE_INTOVF ? Ending::kDivideError : Ending::kSimdFault; break;
+  alarm(0);
+  const uint32_t mxcsr = 0x1f80;
+  asm volatile("fninit\n\tcld\n\tldmxcsr %0" : : "m"(mxcsr));
+  const int signal = g_fault_signal;
+  out.detail = signal;
+  switch (signal) {
+    case SIGFPE: out.ending = g_fault_code == FPE_INTDIV || g_fault_code == FPE_INTOVF ? Ending::kDivideError : Ending::kSimdFault; break;
     case SIGILL: out.ending = Ending::kInvalidOpcode; break;
     case SIGSEGV:
     case SIGBUS: out.ending = Ending::kMemoryFault; break;
@@ -340,7 +310,14 @@ bool write64(GuestMemory& memory, uint64_t gpa, uint64_t value) { return memory.
 }  // namespace
 
 std::unique_ptr<GuestMachine> GuestMachine::create(std::optional<InterpMode> mode, const CpuModel* model) {
-  if (!model) model = &CpuModel::deja_v1();
+  if (!model) {
+    for (const CpuModel* m : CpuModel::all()) {
+      if (!m->first_missing(interp_features())) {
+        model = m;
+        break;
+      }
+    }
+  }
   auto memory = GuestMemory::create(kRamSize);
   if (!memory) {
     std::fprintf(stderr, "diff: guest memory: %s\n", memory.error().message.c_str());
@@ -364,6 +341,7 @@ std::unique_ptr<GuestMachine> GuestMachine::create(std::optional<InterpMode> mod
     ok = ok && m.write(Gpa{handler}, std::span(&hlt, 1)).has_value();
   }
   if (!ok) return nullptr;
+  machine->model_ = model;
   machine->cpu_ = std::make_unique<InterpBackend>(m, *model);
   if (mode) machine->cpu_->set_mode(*mode);
   auto state = machine->cpu_->get_state();

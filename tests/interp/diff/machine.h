@@ -76,14 +76,15 @@ struct Outcome {
 std::vector<uint8_t> host_tail();
 std::vector<uint8_t> guest_tail();
 
-// Runs `code` natively in a forked child. Sets up the shared mappings on first use.
+// Runs `code` natively, in this process (a fault or a hang is caught). Sets up the fixed mappings on first use.
 Outcome run_native(const std::vector<uint8_t>& code, const RegisterFile& regs, const std::vector<uint8_t>& data);
 
 // A 64-bit ring-0 guest with identity paging, a GDT, and an IDT whose gates all halt at kHandlerAddr + 16*vector.
 class GuestMachine {
  public:
-  // `mode`: how the interpreter executes (its default, or the one a differential test compares).
-  // `model`: the CPU model (deja-v1 unless given); one with AVX gets CR4.OSXSAVE and XCR0 = x87|SSE|AVX.
+  // `mode`: how the interpreter executes (its default, or the one a differential test compares); `model`: the
+  // CPU model (nullptr: the richest the software CPU implements); one with AVX gets CR4.OSXSAVE and XCR0 =
+  // x87|SSE|AVX, as Linux sets them.
   static std::unique_ptr<GuestMachine> create(std::optional<InterpMode> mode = std::nullopt,
                                               const CpuModel* model = nullptr);
   // Runs `code` (which should end in guest_tail()) for at most `budget` instructions.
@@ -92,11 +93,13 @@ class GuestMachine {
   // Loads code, data and registers and points the CPU at the code, without running it.
   bool prepare(const std::vector<uint8_t>& code, const RegisterFile& regs, const std::vector<uint8_t>& data);
   InterpBackend& cpu() { return *cpu_; }
+  const CpuModel& model() const { return *model_; }
   GuestMemory& memory() { return *memory_; }
 
  private:
   std::unique_ptr<GuestMemory> memory_;
   std::unique_ptr<InterpBackend> cpu_;
+  const CpuModel* model_ = nullptr;
   CpuState base_;
 };
 
