@@ -17,6 +17,10 @@ struct Ymm {
   void set_q(unsigned i, uint64_t v) { ((i & 1) ? lane[i >> 1].hi : lane[i >> 1].lo) = v; }
 };
 
+// The legacy mnemonic of a VEX one (VPSHUFB -> PSHUFB), whose datapath operation (interp/simd_ops.h) it shares;
+// ZYDIS_MNEMONIC_INVALID (0) for the VEX-only ones.
+uint16_t legacy_mnemonic(uint16_t vex);
+
 // ---- Floating point on the host ----
 // A VEX floating-point instruction (arithmetic, compares, conversions, rounding, dot products, FMA, F16C) runs as
 // the very same host instruction, re-encoded with register operands only, inside one code stub that loads the

@@ -149,7 +149,8 @@ bool decode_bytes(const uint8_t* bytes, size_t len, uint8_t mode, DecodedInsn& o
   if (zi.attributes & ZYDIS_ATTRIB_HAS_REPNE) out.flags |= insn_flags::kRepne;
   if (zi.attributes & ZYDIS_ATTRIB_HAS_LOCK) out.flags |= insn_flags::kLock;
   if (zi.attributes & ZYDIS_ATTRIB_HAS_OPERANDSIZE) out.flags |= insn_flags::kOpsizePrefix;
-  if (zi.raw.rex.W) out.flags |= insn_flags::kRexW;
+  // (For a VEX instruction Zydis fills raw.rex from the VEX prefix, W inverted: VEX.W is raw.vex.W.)
+  if (zi.raw.rex.W && zi.encoding == ZYDIS_INSTRUCTION_ENCODING_LEGACY) out.flags |= insn_flags::kRexW;
   if (zi.encoding == ZYDIS_INSTRUCTION_ENCODING_VEX) {
     out.isa = vex_isa(zi);
     if (out.isa == VexIsa::kNone) {  // (AVX-VNNI, VAES, GFNI, AMX, FMA4, AVX-512 mask instructions, ...)

@@ -7,10 +7,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "interp/avx.h"
 #include "interp/interp_backend.h"
+#include "interp/simd_ops.h"
 #include "interp/sse.h"
+#include "interp/sse4.h"
 
 namespace deja {
 
@@ -26,45 +31,11 @@ namespace {
 constexpr uint8_t kUd = 6, kNm = 7, kGp = 13, kXm = 19;
 constexpr size_t kXmmOffset = 160, kMxcsrOffset = 24;
 
-using IO = interp::sse::IntOp;
-struct LaneOp {
-  ZydisMnemonic mnemonic;
-  IO op;
-};
-// Two-source integer and bitwise operations, once per 128-bit lane.
-constexpr LaneOp kLaneOps[] = {
-    {ZYDIS_MNEMONIC_VPAND, IO::kPand}, {ZYDIS_MNEMONIC_VANDPS, IO::kPand}, {ZYDIS_MNEMONIC_VANDPD, IO::kPand},
-    {ZYDIS_MNEMONIC_VPANDN, IO::kPandn}, {ZYDIS_MNEMONIC_VANDNPS, IO::kPandn}, {ZYDIS_MNEMONIC_VANDNPD, IO::kPandn},
-    {ZYDIS_MNEMONIC_VPOR, IO::kPor}, {ZYDIS_MNEMONIC_VORPS, IO::kPor}, {ZYDIS_MNEMONIC_VORPD, IO::kPor},
-    {ZYDIS_MNEMONIC_VPXOR, IO::kPxor}, {ZYDIS_MNEMONIC_VXORPS, IO::kPxor}, {ZYDIS_MNEMONIC_VXORPD, IO::kPxor},
-    {ZYDIS_MNEMONIC_VPADDB, IO::kPaddb}, {ZYDIS_MNEMONIC_VPADDW, IO::kPaddw}, {ZYDIS_MNEMONIC_VPADDD, IO::kPaddd},
-    {ZYDIS_MNEMONIC_VPADDQ, IO::kPaddq}, {ZYDIS_MNEMONIC_VPADDSB, IO::kPaddsb}, {ZYDIS_MNEMONIC_VPADDSW, IO::kPaddsw},
-    {ZYDIS_MNEMONIC_VPADDUSB, IO::kPaddusb}, {ZYDIS_MNEMONIC_VPADDUSW, IO::kPaddusw},
-    {ZYDIS_MNEMONIC_VPSUBB, IO::kPsubb}, {ZYDIS_MNEMONIC_VPSUBW, IO::kPsubw}, {ZYDIS_MNEMONIC_VPSUBD, IO::kPsubd},
-    {ZYDIS_MNEMONIC_VPSUBQ, IO::kPsubq}, {ZYDIS_MNEMONIC_VPSUBSB, IO::kPsubsb}, {ZYDIS_MNEMONIC_VPSUBSW, IO::kPsubsw},
-    {ZYDIS_MNEMONIC_VPSUBUSB, IO::kPsubusb}, {ZYDIS_MNEMONIC_VPSUBUSW, IO::kPsubusw},
-    {ZYDIS_MNEMONIC_VPCMPEQB, IO::kPcmpeqb}, {ZYDIS_MNEMONIC_VPCMPEQW, IO::kPcmpeqw}, {ZYDIS_MNEMONIC_VPCMPEQD, IO::kPcmpeqd},
-    {ZYDIS_MNEMONIC_VPCMPGTB, IO::kPcmpgtb}, {ZYDIS_MNEMONIC_VPCMPGTW, IO::kPcmpgtw}, {ZYDIS_MNEMONIC_VPCMPGTD, IO::kPcmpgtd},
-    {ZYDIS_MNEMONIC_VPMULLW, IO::kPmullw}, {ZYDIS_MNEMONIC_VPMULHW, IO::kPmulhw}, {ZYDIS_MNEMONIC_VPMULHUW, IO::kPmulhuw},
-    {ZYDIS_MNEMONIC_VPMULUDQ, IO::kPmuludq}, {ZYDIS_MNEMONIC_VPMADDWD, IO::kPmaddwd},
-    {ZYDIS_MNEMONIC_VPMINUB, IO::kPminub}, {ZYDIS_MNEMONIC_VPMAXUB, IO::kPmaxub}, {ZYDIS_MNEMONIC_VPMINSW, IO::kPminsw},
-    {ZYDIS_MNEMONIC_VPMAXSW, IO::kPmaxsw}, {ZYDIS_MNEMONIC_VPAVGB, IO::kPavgb}, {ZYDIS_MNEMONIC_VPAVGW, IO::kPavgw},
-    {ZYDIS_MNEMONIC_VPSADBW, IO::kPsadbw},
-    {ZYDIS_MNEMONIC_VPUNPCKLBW, IO::kPunpcklbw}, {ZYDIS_MNEMONIC_VPUNPCKLWD, IO::kPunpcklwd},
-    {ZYDIS_MNEMONIC_VPUNPCKLDQ, IO::kPunpckldq}, {ZYDIS_MNEMONIC_VPUNPCKLQDQ, IO::kPunpcklqdq},
-    {ZYDIS_MNEMONIC_VPUNPCKHBW, IO::kPunpckhbw}, {ZYDIS_MNEMONIC_VPUNPCKHWD, IO::kPunpckhwd},
-    {ZYDIS_MNEMONIC_VPUNPCKHDQ, IO::kPunpckhdq}, {ZYDIS_MNEMONIC_VPUNPCKHQDQ, IO::kPunpckhqdq},
-    {ZYDIS_MNEMONIC_VPACKSSWB, IO::kPacksswb}, {ZYDIS_MNEMONIC_VPACKUSWB, IO::kPackuswb},
-    {ZYDIS_MNEMONIC_VPACKSSDW, IO::kPackssdw},
-    {ZYDIS_MNEMONIC_VUNPCKLPS, IO::kUnpcklps}, {ZYDIS_MNEMONIC_VUNPCKHPS, IO::kUnpckhps},
-    {ZYDIS_MNEMONIC_VUNPCKLPD, IO::kUnpcklpd}, {ZYDIS_MNEMONIC_VUNPCKHPD, IO::kUnpckhpd},
-};
-// Shifts: by an XMM/m128 count (both lanes by the same count) or by an immediate.
-constexpr LaneOp kLaneShifts[] = {
-    {ZYDIS_MNEMONIC_VPSLLW, IO::kPsllw}, {ZYDIS_MNEMONIC_VPSLLD, IO::kPslld}, {ZYDIS_MNEMONIC_VPSLLQ, IO::kPsllq},
-    {ZYDIS_MNEMONIC_VPSRLW, IO::kPsrlw}, {ZYDIS_MNEMONIC_VPSRLD, IO::kPsrld}, {ZYDIS_MNEMONIC_VPSRLQ, IO::kPsrlq},
-    {ZYDIS_MNEMONIC_VPSRAW, IO::kPsraw}, {ZYDIS_MNEMONIC_VPSRAD, IO::kPsrad},
-};
+bool is_shift(interp::sse::IntOp op) {
+  using IO = interp::sse::IntOp;
+  return op == IO::kPsllw || op == IO::kPslld || op == IO::kPsllq || op == IO::kPsrlw || op == IO::kPsrld ||
+         op == IO::kPsrlq || op == IO::kPsraw || op == IO::kPsrad;
+}
 
 // Floating-point instructions run on the host (avx::run_host).
 bool runs_on_host(ZydisMnemonic m) {
@@ -121,6 +92,21 @@ Ymm from_elements(const std::array<T, N>& e) {
 }
 
 }  // namespace
+
+uint16_t interp::avx::legacy_mnemonic(uint16_t vex) {
+  static const std::vector<uint16_t> table = [] {
+    std::unordered_map<std::string_view, uint16_t> by_name;
+    for (int m = 1; m <= ZYDIS_MNEMONIC_MAX_VALUE; ++m) by_name.emplace(ZydisMnemonicGetString(ZydisMnemonic(m)), uint16_t(m));
+    std::vector<uint16_t> legacy(ZYDIS_MNEMONIC_MAX_VALUE + 1, ZYDIS_MNEMONIC_INVALID);
+    for (int m = 1; m <= ZYDIS_MNEMONIC_MAX_VALUE; ++m) {
+      const std::string_view name = ZydisMnemonicGetString(ZydisMnemonic(m));
+      if (!name.starts_with('v')) continue;
+      if (auto it = by_name.find(name.substr(1)); it != by_name.end()) legacy[size_t(m)] = it->second;
+    }
+    return legacy;
+  }();
+  return vex < table.size() ? table[vex] : uint16_t(ZYDIS_MNEMONIC_INVALID);
+}
 
 void InterpBackend::exec_avx(const DecodedInsn& insn) {
   using interp::VexIsa;
@@ -257,22 +243,31 @@ void InterpBackend::exec_avx(const DecodedInsn& insn) {
     return;
   }
 
-  for (const LaneOp& e : kLaneOps) {
-    if (e.mnemonic != mnemonic) continue;
-    const Ymm a = load(1), b = load(2);
-    store(0, per_lane(a, b, [&](Xmm x, Xmm y, int) { return interp::sse::int_binary(e.op, x, y); }));
+  // The packed-integer operations of SSE2-SSE4.2 (interp/sse.h, interp/sse4.h), once a lane.
+  const uint16_t legacy = interp::avx::legacy_mnemonic(insn.mnemonic);
+  if (const auto op = interp::int_op_of(legacy)) {
+    const Ymm a = load(1);
+    if (insn.op[2].kind == OpKind::kImm) {  // shifts by an immediate
+      const uint8_t count = uint8_t(insn.op[2].disp);
+      store(0, per_lane(a, a, [&](Xmm x, Xmm, int) { return interp::sse::shift_imm(*op, x, count); }));
+    } else if (is_shift(*op)) {  // by the count in an XMM register or m128, both lanes
+      const Xmm count = load(2).lane[0];
+      store(0, per_lane(a, a, [&](Xmm x, Xmm, int) { return interp::sse::int_binary(*op, x, count); }));
+    } else {
+      store(0, per_lane(a, load(2), [&](Xmm x, Xmm y, int) { return interp::sse::int_binary(*op, x, y); }));
+    }
     return;
   }
-  for (const LaneOp& e : kLaneShifts) {
-    if (e.mnemonic != mnemonic) continue;
-    const Ymm a = load(1);
-    if (insn.op[2].kind == OpKind::kImm) {
-      const uint8_t count = uint8_t(insn.op[2].disp);
-      store(0, per_lane(a, a, [&](Xmm x, Xmm, int) { return interp::sse::shift_imm(e.op, x, count); }));
-    } else {
-      const Xmm count = load(2).lane[0];
-      store(0, per_lane(a, a, [&](Xmm x, Xmm, int) { return interp::sse::int_binary(e.op, x, count); }));
-    }
+  if (const auto op = interp::ext_op_of(legacy)) {
+    // One source (PABS*, PMOVSX/PMOVZX, PHMINPOSUW) or two. A 256-bit PMOVSX/PMOVZX widens the low 16 bytes of
+    // its source: its upper lane from the bytes after those of the lower one.
+    const bool unary = insn.operand_count == 2;
+    const Ymm a = unary ? Ymm{} : load(1), b = load(unary ? 1 : 2);
+    const bool widens = *op >= interp::sse::ExtOp::kPmovsxbw && *op <= interp::sse::ExtOp::kPmovzxdq;
+    store(0, per_lane(a, b, [&](Xmm x, Xmm y, int l) {
+            if (widens && l == 1) y = interp::sse::psrldq(b.lane[0], uint8_t(interp::sse::pmov_source_bytes(*op)));
+            return interp::sse::ext_binary(*op, x, y);
+          }));
     return;
   }
 
@@ -462,6 +457,40 @@ void InterpBackend::exec_avx(const DecodedInsn& insn) {
                   : mnemonic == ZYDIS_MNEMONIC_VPSRLVD ? VS::kSrlD : mnemonic == ZYDIS_MNEMONIC_VPSRLVQ ? VS::kSrlQ
                                                                                                        : VS::kSraD;
       store(0, per_lane(load(1), load(2), [&](Xmm x, Xmm n, int) { return interp::avx::shift_variable(op, x, n); }));
+      return;
+    }
+
+    case ZYDIS_MNEMONIC_VPALIGNR: {
+      const uint8_t bytes = imm8(insn);
+      store(0, per_lane(load(1), load(2), [&](Xmm x, Xmm y, int) { return interp::sse::palignr(x, y, bytes); }));
+      return;
+    }
+    case ZYDIS_MNEMONIC_VMPSADBW: {  // (the upper lane takes its offsets from imm8[5:3])
+      const uint8_t control = imm8(insn);
+      store(0, per_lane(load(1), load(2),
+                        [&](Xmm x, Xmm y, int l) { return interp::sse::mpsadbw(x, y, uint8_t(control >> (3 * l))); }));
+      return;
+    }
+    case ZYDIS_MNEMONIC_VPCMPESTRI: case ZYDIS_MNEMONIC_VPCMPESTRM: case ZYDIS_MNEMONIC_VPCMPISTRI:
+    case ZYDIS_MNEMONIC_VPCMPISTRM: {
+      // As the legacy forms (interp/sse4.h), except that the mask result zeroes bits 128-255 of YMM0.
+      const uint8_t control = imm8(insn);
+      const Xmm a = load(0).lane[0], b = load(1).lane[0];
+      const bool explicit_lengths = mnemonic == ZYDIS_MNEMONIC_VPCMPESTRI || mnemonic == ZYDIS_MNEMONIC_VPCMPESTRM;
+      const bool rex_w = insn.flags & interp::insn_flags::kRexW;
+      const unsigned length_a = explicit_lengths ? interp::sse::explicit_length(s_.gpr[kRax], rex_w, control)
+                                                 : interp::sse::implicit_length(a, control);
+      const unsigned length_b = explicit_lengths ? interp::sse::explicit_length(s_.gpr[kRdx], rex_w, control)
+                                                 : interp::sse::implicit_length(b, control);
+      const auto r = interp::sse::string_compare(a, length_a, b, length_b, control, s_.rflags);
+      if (mnemonic == ZYDIS_MNEMONIC_VPCMPESTRI || mnemonic == ZYDIS_MNEMONIC_VPCMPISTRI) {
+        s_.gpr[kRcx] = interp::sse::string_index(r, control);
+      } else {
+        Ymm y;
+        y.lane[0] = interp::sse::string_mask(r, control);
+        ymm_set(0, y);
+      }
+      s_.rflags = r.rflags | 2;
       return;
     }
 

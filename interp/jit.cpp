@@ -20,7 +20,9 @@
 
 #include <fmt/format.h>
 
+#include "interp/avx.h"
 #include "interp/interp_backend.h"
+#include "interp/simd_ops.h"
 #include "interp/x64_asm.h"
 
 namespace deja {
@@ -115,6 +117,8 @@ struct InterpBackend::Jit {
     kNop,
     kSse,        // SSE moves, bitwise and packed-integer operations (sse_template)
     kMmx,        // MMX moves, bitwise and packed-integer operations (mmx_template)
+    kVex,        // AVX/AVX2 moves, packed-integer and bitwise operations, VZEROUPPER (vex_template)
+    kBmi,        // BMI1/BMI2, TZCNT and LZCNT whose flags nothing reads (bmi_template)
     kFallThrough,  // the synthetic block end
   };
   // The SSE instructions with a template: what they are, and the host instruction that does a binary
@@ -318,6 +322,120 @@ struct InterpBackend::Jit {
         return {};
     }
   }
+  // The VEX instructions with a template: moves (any width, register or memory), PMOVMSKB/MOVMSKPS/MOVMSKPD,
+  // MOVD/MOVQ, VZEROUPPER/VZEROALL, and the operations of `kSame`: the host's own instruction of the guest's
+  // encoding (map, prefix, W, L, opcode, immediate) with the operands renamed to host registers (ModRM.reg YMM0,
+  // VEX.vvvv YMM1, ModRM.rm YMM2 or the guest memory operand, is4 YMM3). kSame is for the integer, bitwise, shuffle
+  // and permutation operations the reference computes in software (its interp_diff against this host checks them),
+  // never floating point or anything touching RFLAGS or a general register.
+  struct VexTemplate {
+    enum Kind : uint8_t { kNone, kSame, kMove, kMovemask, kMovq, kZeroUpper, kZeroAll } kind = kNone;
+    bool aligned = false;  // kMove: a memory operand must be aligned to its size (#GP otherwise)
+  };
+  VexTemplate vex_template(const DecodedInsn& i) const {
+    using T = VexTemplate;
+    if (!(i.flags & interp::insn_flags::kVex) || (i.flags & interp::insn_flags::kVsib) ||
+        i.isa == interp::VexIsa::kBmi1 || i.isa == interp::VexIsa::kBmi2 || !c.vex_features_[size_t(i.isa)])
+      return {};
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    const bool x0 = o0.kind == interp::OpKind::kXmm, x1 = o1.kind == interp::OpKind::kXmm;
+    switch (ZydisMnemonic(i.mnemonic)) {
+      case ZYDIS_MNEMONIC_VZEROUPPER: return T{T::kZeroUpper};
+      case ZYDIS_MNEMONIC_VZEROALL: return T{T::kZeroAll};
+      case ZYDIS_MNEMONIC_VMOVDQU: case ZYDIS_MNEMONIC_VMOVUPS: case ZYDIS_MNEMONIC_VMOVUPD: case ZYDIS_MNEMONIC_VLDDQU:
+      case ZYDIS_MNEMONIC_VMOVDQA: case ZYDIS_MNEMONIC_VMOVAPS: case ZYDIS_MNEMONIC_VMOVAPD: case ZYDIS_MNEMONIC_VMOVNTDQ:
+      case ZYDIS_MNEMONIC_VMOVNTPS: case ZYDIS_MNEMONIC_VMOVNTPD: case ZYDIS_MNEMONIC_VMOVNTDQA: {
+        const bool aligned = i.mnemonic != ZYDIS_MNEMONIC_VMOVDQU && i.mnemonic != ZYDIS_MNEMONIC_VMOVUPS &&
+                             i.mnemonic != ZYDIS_MNEMONIC_VMOVUPD && i.mnemonic != ZYDIS_MNEMONIC_VLDDQU;
+        if ((x0 || x1) && (x0 || is_mem(o0)) && (x1 || is_mem(o1))) return T{T::kMove, aligned};
+        return {};
+      }
+      case ZYDIS_MNEMONIC_VPMOVMSKB: case ZYDIS_MNEMONIC_VMOVMSKPS: case ZYDIS_MNEMONIC_VMOVMSKPD:
+        return o0.kind == interp::OpKind::kGpr && x1 ? T{T::kMovemask} : T{};
+      case ZYDIS_MNEMONIC_VMOVD: case ZYDIS_MNEMONIC_VMOVQ: {
+        const unsigned w = x0 ? (x1 ? 8 : o1.size) : o0.size;
+        if ((w == 4 || w == 8) && (x0 ? (x1 || is_reg(o1) || is_mem(o1)) : (x1 && (is_reg(o0) || is_mem(o0)))))
+          return T{T::kMovq};
+        return {};
+      }
+      case ZYDIS_MNEMONIC_VPSHUFD: case ZYDIS_MNEMONIC_VPSHUFHW: case ZYDIS_MNEMONIC_VPSHUFLW: case ZYDIS_MNEMONIC_VPSLLDQ:
+      case ZYDIS_MNEMONIC_VPSRLDQ: case ZYDIS_MNEMONIC_VPALIGNR: case ZYDIS_MNEMONIC_VPBLENDD: case ZYDIS_MNEMONIC_VPBLENDW:
+      case ZYDIS_MNEMONIC_VBLENDPS: case ZYDIS_MNEMONIC_VBLENDPD: case ZYDIS_MNEMONIC_VPBLENDVB:
+      case ZYDIS_MNEMONIC_VBLENDVPS: case ZYDIS_MNEMONIC_VBLENDVPD: case ZYDIS_MNEMONIC_VPERMQ: case ZYDIS_MNEMONIC_VPERMD:
+      case ZYDIS_MNEMONIC_VPERMPS: case ZYDIS_MNEMONIC_VPERMPD: case ZYDIS_MNEMONIC_VPERM2I128:
+      case ZYDIS_MNEMONIC_VPERM2F128: case ZYDIS_MNEMONIC_VINSERTI128: case ZYDIS_MNEMONIC_VINSERTF128:
+      case ZYDIS_MNEMONIC_VPBROADCASTB: case ZYDIS_MNEMONIC_VPBROADCASTW: case ZYDIS_MNEMONIC_VPBROADCASTD:
+      case ZYDIS_MNEMONIC_VPBROADCASTQ: case ZYDIS_MNEMONIC_VBROADCASTSS: case ZYDIS_MNEMONIC_VBROADCASTSD:
+      case ZYDIS_MNEMONIC_VBROADCASTI128: case ZYDIS_MNEMONIC_VBROADCASTF128: case ZYDIS_MNEMONIC_VPSLLVD:
+      case ZYDIS_MNEMONIC_VPSLLVQ: case ZYDIS_MNEMONIC_VPSRLVD: case ZYDIS_MNEMONIC_VPSRLVQ: case ZYDIS_MNEMONIC_VPSRAVD:
+      case ZYDIS_MNEMONIC_VSHUFPS: case ZYDIS_MNEMONIC_VSHUFPD: case ZYDIS_MNEMONIC_VPERMILPS: case ZYDIS_MNEMONIC_VPERMILPD:
+      case ZYDIS_MNEMONIC_VMOVDDUP: case ZYDIS_MNEMONIC_VMOVSHDUP: case ZYDIS_MNEMONIC_VMOVSLDUP: case ZYDIS_MNEMONIC_VMPSADBW:
+        break;
+      default: {
+        const uint16_t legacy = interp::avx::legacy_mnemonic(i.mnemonic);
+        if (!interp::int_op_of(legacy) && !interp::ext_op_of(legacy)) return {};
+        break;
+      }
+    }
+    // kSame: an XMM/YMM destination; sources XMM/YMM registers, one memory operand, an immediate.
+    if (!x0) return {};
+    for (int k = 1; k < i.operand_count; ++k) {
+      const interp::Operand& o = i.op[k];
+      if (o.kind != interp::OpKind::kXmm && !is_mem(o) && !is_imm(o)) return {};
+      if (o.enc == interp::OpEnc::kOther) return {};
+    }
+    return T{T::kSame};
+  }
+  // BMI1/BMI2 (VEX-encoded) and TZCNT/LZCNT on general registers: the host's own instruction, when nothing reads
+  // the flags of those that set any (the host's undefined flags are not deja's).
+  enum class BmiTemplate : uint8_t { kNone, kFlagless, kFlags };
+  BmiTemplate bmi_template(const DecodedInsn& i) const {
+    const bool vex = i.flags & interp::insn_flags::kVex;
+    switch (ZydisMnemonic(i.mnemonic)) {
+      case ZYDIS_MNEMONIC_SHLX: case ZYDIS_MNEMONIC_SHRX: case ZYDIS_MNEMONIC_SARX: case ZYDIS_MNEMONIC_RORX:
+      case ZYDIS_MNEMONIC_PDEP: case ZYDIS_MNEMONIC_PEXT:
+        if (!host_bmi2() || !c.vex_features_[size_t(interp::VexIsa::kBmi2)]) return BmiTemplate::kNone;
+        break;
+      case ZYDIS_MNEMONIC_BZHI:
+        if (!host_bmi2() || !c.vex_features_[size_t(interp::VexIsa::kBmi2)]) return BmiTemplate::kNone;
+        break;
+      case ZYDIS_MNEMONIC_ANDN: case ZYDIS_MNEMONIC_BLSI: case ZYDIS_MNEMONIC_BLSMSK: case ZYDIS_MNEMONIC_BLSR:
+      case ZYDIS_MNEMONIC_BEXTR:
+        if (!host_bmi1() || !c.vex_features_[size_t(interp::VexIsa::kBmi1)]) return BmiTemplate::kNone;
+        break;
+      case ZYDIS_MNEMONIC_TZCNT:  // (without BMI1 in the model it is BSF)
+        if (vex || !host_bmi1() || !c.vex_features_[size_t(interp::VexIsa::kBmi1)]) return BmiTemplate::kNone;
+        break;
+      case ZYDIS_MNEMONIC_LZCNT:  // (without LZCNT in the model it is BSR)
+        if (vex || !host_lzcnt() || !c.model_has(0x80000001, 2, 5)) return BmiTemplate::kNone;
+        break;
+      default:
+        return BmiTemplate::kNone;
+    }
+    if (i.mode != interp::kMode64 || (i.op[0].size != 4 && i.op[0].size != 8) || i.op[0].kind != interp::OpKind::kGpr)
+      return BmiTemplate::kNone;
+    for (int k = 1; k < i.operand_count; ++k) {
+      const interp::Operand& o = i.op[k];
+      if (!(o.kind == interp::OpKind::kGpr || is_imm(o) || mem_ok(o, i))) return BmiTemplate::kNone;
+    }
+    const bool flagless = i.mnemonic == ZYDIS_MNEMONIC_SHLX || i.mnemonic == ZYDIS_MNEMONIC_SHRX ||
+                          i.mnemonic == ZYDIS_MNEMONIC_SARX || i.mnemonic == ZYDIS_MNEMONIC_RORX ||
+                          i.mnemonic == ZYDIS_MNEMONIC_PDEP || i.mnemonic == ZYDIS_MNEMONIC_PEXT;
+    return flagless ? BmiTemplate::kFlagless : BmiTemplate::kFlags;
+  }
+  static bool host_bmi1() {
+    static const bool has = __builtin_cpu_supports("bmi");
+    return has;
+  }
+  static bool host_bmi2() {
+    static const bool has = __builtin_cpu_supports("bmi2");
+    return has;
+  }
+  static bool host_lzcnt() {
+    static const bool has = __builtin_cpu_supports("abm") || __builtin_cpu_supports("lzcnt");
+    return has;
+  }
+
   // The flags an operation leaves, for conditions compiled from them and for dropping dead flag stores.
   struct FlagUse {
     bool reads = false;     // needs the flags as they were (conditions, INC/DEC's CF)
@@ -510,6 +628,12 @@ struct InterpBackend::Jit {
         if (is_mem(i.op[k]) && !mem_ok(i.op[k], i)) return Form::kCall;
       return Form::kSse;
     }
+    if (op.fn != nullptr && vex_template(i).kind != VexTemplate::kNone) {
+      for (int k = 0; k < i.operand_count; ++k)
+        if (is_mem(i.op[k]) && !mem_ok(i.op[k], i)) return Form::kCall;
+      return Form::kVex;
+    }
+    if (op.fn != nullptr && bmi_template(i) != BmiTemplate::kNone) return Form::kBmi;
     if (op.fn != nullptr && c.simd_.mmx && mmx_template(i).kind != MmxTemplate::kNone) {
       for (int k = 0; k < i.operand_count; ++k)
         if (is_mem(i.op[k]) && !mem_ok(i.op[k], i)) return Form::kCall;
@@ -555,7 +679,11 @@ struct InterpBackend::Jit {
         u.reads = true;
         u.can_exit = touches_memory(op);
         return u;
-      case Form::kSse: case Form::kMmx:  // (its checks of CR0/CR4 and the x87 state may leave to the handler)
+      case Form::kBmi:  // (flagless, or run as the handler when its flags are read: emit_bmi)
+        u.writes = bmi_template(op.insn) == BmiTemplate::kFlags;
+        u.can_exit = touches_memory(op);
+        return u;
+      case Form::kSse: case Form::kMmx: case Form::kVex:  // (the checks of CR0/CR4/XCR0 and the x87 state may leave to the handler)
         u.can_exit = true;
         return u;
       default:  // handlers, transfers, the block's end: anything may follow
@@ -1700,6 +1828,190 @@ struct InterpBackend::Jit {
     bind_resume(s);
   }
 
+  // VEX templates (vex_template): the XMM halves in s_.fxsave, the upper ones in s_.ymmh, YMM0-3 of the host
+  // scratch. The #UD and #NM checks of VEX (CR4.OSXSAVE, XCR0's SSE and AVX state, CR0.TS) are made once a block,
+  // by its first VEX template: XSETBV and writes of CR0 and CR4 end blocks.
+  bool avx_checked = false;
+  x64::Mem ymmh(unsigned n, int32_t byte = 0) const {
+    return x64::at(rbx, off(&c.s_.ymmh[0]) + int32_t(16 * n) + byte);
+  }
+  // Host vector register `h` = guest register `n` (its upper half too when `wide`).
+  void vec_load(unsigned h, unsigned n, bool wide) {
+    a.vmovdqu_load(h, xmm(n));
+    if (wide) a.vinserti128_high(h, ymmh(n));
+  }
+  // Guest register `n` = host vector register `h` (bits 128-255 zero unless `wide`).
+  void vec_store(unsigned n, unsigned h, bool wide) {
+    a.vmovdqu_store(xmm(n), h);
+    if (wide) {
+      a.vextracti128_high(ymmh(n), h);
+    } else {
+      a.store_imm(8, ymmh(n), 0);
+      a.store_imm(8, ymmh(n, 8), 0);
+    }
+  }
+  void emit_vex(const Op& op) {
+    const DecodedInsn& i = op.insn;
+    const VexTemplate t = vex_template(i);
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    Slow& s = slow_path(op);
+    if (!avx_checked) {
+      avx_checked = true;
+      a.load(8, rax, field(&c.s_.cr4));
+      a.alu_imm(4, x64::kAnd, rax, int32_t(cr4::kOsxsave));
+      a.jcc(x64::kE, s.entry);
+      a.load(8, rax, field(&c.s_.xcr0));
+      a.alu_imm(4, x64::kAnd, rax, int32_t(xcr0::kSse | xcr0::kAvx));
+      a.alu_imm(4, x64::kCmp, rax, int32_t(xcr0::kSse | xcr0::kAvx));
+      a.jcc(x64::kNe, s.entry);
+      a.load(8, rax, field(&c.s_.cr0));
+      a.alu_imm(4, x64::kAnd, rax, int32_t(cr0::kTs));
+      a.jcc(x64::kNe, s.entry);
+    }
+    // The host address of memory operand `o` (n bytes, aligned to n where the instruction needs it).
+    auto memory = [&](const interp::Operand& o, unsigned n, bool write) {
+      address(op, o);
+      if (t.aligned) {
+        a.mov(4, rax, rsi);
+        a.alu_imm(4, x64::kAnd, rax, int32_t(n - 1));
+        a.jcc(x64::kNe, s.entry);
+      }
+      translate(n, write, s.entry);
+      return x64::at(rsi);
+    };
+    const bool wide = i.flags & interp::insn_flags::kVexL;
+    switch (t.kind) {
+      case VexTemplate::kMove: {  // 16 or 32 bytes through XMM0, a half at a time
+        const unsigned n = o0.kind == interp::OpKind::kXmm ? o0.size : o1.size;
+        if (is_mem(o0)) {
+          const x64::Mem m = memory(o0, n, true);
+          a.vmovdqu_load(0, xmm(o1.reg));
+          a.vmovdqu_store(m, 0);
+          if (n == 32) {
+            a.vmovdqu_load(0, ymmh(o1.reg));
+            a.vmovdqu_store(x64::at(rsi, 16), 0);
+          }
+          break;
+        }
+        const x64::Mem from = is_mem(o1) ? memory(o1, n, false) : xmm(o1.reg);
+        a.vmovdqu_load(0, from);
+        a.vmovdqu_store(xmm(o0.reg), 0);
+        if (n == 32) {
+          a.vmovdqu_load(0, is_mem(o1) ? x64::at(rsi, 16) : ymmh(o1.reg));
+          a.vmovdqu_store(ymmh(o0.reg), 0);
+        } else {
+          a.store_imm(8, ymmh(o0.reg), 0);
+          a.store_imm(8, ymmh(o0.reg, 8), 0);
+        }
+        break;
+      }
+      case VexTemplate::kSame: {
+        // Sources into the host registers of their fields; the guest's encoding with those; the destination back.
+        // (Without a ModRM.reg operand, that field is the opcode's extension: the shifts by an immediate.)
+        std::optional<x64::Mem> m;
+        int imm = -1;
+        bool vvvv = false, is4 = false, reg = false;
+        auto host_of = [](interp::OpEnc e) { return e == interp::OpEnc::kModrmReg ? 0u : e == interp::OpEnc::kVvvv ? 1u
+                                                   : e == interp::OpEnc::kModrmRm ? 2u : 3u; };
+        for (int k = 0; k < i.operand_count; ++k) {
+          const interp::Operand& o = i.op[k];
+          vvvv = vvvv || o.enc == interp::OpEnc::kVvvv;
+          is4 = is4 || o.enc == interp::OpEnc::kIs4;
+          reg = reg || o.enc == interp::OpEnc::kModrmReg;
+          if (is_imm(o)) imm = uint8_t(o.disp);
+          else if (is_mem(o)) m = memory(o, o.size, false);
+          else if (k > 0) vec_load(host_of(o.enc), o.reg, o.size == 32);
+        }
+        const bool w = i.flags & interp::insn_flags::kRexW;
+        const unsigned reg_field = reg ? 0 : (i.modrm >> 3) & 7;
+        if (m) a.vex_rm(i.opcode_map, i.vex_pp, wide, w, i.opcode, reg_field, vvvv ? 1 : 0, *m);
+        else a.vex_rr(i.opcode_map, i.vex_pp, wide, w, i.opcode, reg_field, vvvv ? 1 : 0, 2);
+        if (is4) a.u8(3 << 4);
+        else if (imm >= 0) a.u8(uint8_t(imm));
+        vec_store(o0.reg, host_of(o0.enc), o0.size == 32);
+        break;
+      }
+      case VexTemplate::kMovemask:  // VPMOVMSKB/VMOVMSKPS/VMOVMSKPD r32, xmm/ymm
+        vec_load(2, o1.reg, wide);
+        a.vex_rr(i.opcode_map, i.vex_pp, wide, false, i.opcode, rax, 0, 2);
+        store_reg(o0, rax, o0.size >= 4 ? o0.size : 4);
+        break;
+      case VexTemplate::kMovq:  // to XMM: the low 4 or 8 bytes, bits 32/64-255 cleared; from XMM: its low bytes
+        if (o0.kind == interp::OpKind::kXmm) {
+          const unsigned w = o1.kind == interp::OpKind::kXmm ? 8 : o1.size;
+          if (o1.kind == interp::OpKind::kXmm) a.load(8, rax, xmm(o1.reg));
+          else if (is_mem(o1)) a.load(w, rax, memory(o1, w, false));
+          else load_reg(rax, o1, w);
+          a.store(8, xmm(o0.reg), rax);
+          a.store_imm(8, xmm(o0.reg, 8), 0);
+          a.store_imm(8, ymmh(o0.reg), 0);
+          a.store_imm(8, ymmh(o0.reg, 8), 0);
+        } else {
+          const unsigned w = o0.size;
+          a.load(w, rax, xmm(o1.reg));
+          if (is_mem(o0)) {
+            const x64::Mem m = memory(o0, w, true);
+            a.store(w, m, rax);
+          } else {
+            store_reg(o0, rax, w);
+          }
+        }
+        break;
+      case VexTemplate::kZeroUpper:
+      case VexTemplate::kZeroAll:
+        a.vpxor_zero(0);
+        for (int32_t at = 0; at < 256; at += 32) a.vmovdqu_store(ymmh(0, at), 0, true);
+        if (t.kind == VexTemplate::kZeroAll)
+          for (int32_t at = 0; at < 256; at += 32) a.vmovdqu_store(xmm(0, at), 0, true);
+        break;
+      case VexTemplate::kNone:
+        break;
+    }
+    bind_resume(s);
+  }
+
+  // BMI templates (bmi_template): the host's instruction of the guest's encoding with the registers renamed by
+  // field: ModRM.reg RAX (or the opcode's extension: BLSI/BLSMSK/BLSR), VEX.vvvv RCX, ModRM.rm RDX or the memory
+  // operand; the destination is whichever of them it is.
+  void emit_bmi(const Op& op) {
+    const DecodedInsn& i = op.insn;
+    const interp::Operand& o0 = i.op[0];
+    const unsigned w = o0.size;
+    Slow& s = slow_path(op);
+    std::optional<x64::Mem> m;
+    int imm = -1;
+    bool vvvv = false, reg = false;
+    auto host_of = [](interp::OpEnc e) { return e == interp::OpEnc::kVvvv ? rcx : e == interp::OpEnc::kModrmRm ? rdx : rax; };
+    for (int k = 0; k < i.operand_count; ++k) {  // the memory operand first (its translation uses RCX and RDX)
+      const interp::Operand& o = i.op[k];
+      vvvv = vvvv || o.enc == interp::OpEnc::kVvvv;
+      reg = reg || o.enc == interp::OpEnc::kModrmReg;
+      if (is_imm(o)) imm = uint8_t(o.disp);
+      if (is_mem(o)) {
+        address(op, o);
+        translate(w, false, s.entry);
+        m = x64::at(rsi);
+      }
+    }
+    for (int k = 1; k < i.operand_count; ++k)
+      if (i.op[k].kind == interp::OpKind::kGpr) load_reg(host_of(i.op[k].enc), i.op[k], w);
+    const Reg dst = host_of(o0.enc);
+    raw({rax, rcx, rdx}, [&] {
+      if (i.flags & interp::insn_flags::kVex) {
+        const unsigned reg_field = reg ? unsigned(rax) : (i.modrm >> 3) & 7u;
+        if (m) a.vex_rm(i.opcode_map, i.vex_pp, false, w == 8, i.opcode, reg_field, vvvv ? rcx : 0, *m);
+        else a.vex_rr(i.opcode_map, i.vex_pp, false, w == 8, i.opcode, reg_field, vvvv ? rcx : 0, rdx);
+      } else {  // TZCNT/LZCNT: F3 [REX.W] 0F BC/BD
+        a.u8(0xf3);
+        if (m) a.op2_rm(w, i.opcode, rax, *m);
+        else a.op2_rr(w, i.opcode, rax, rdx);
+      }
+      if (imm >= 0) a.u8(uint8_t(imm));
+    });
+    store_reg(o0, dst, w);
+    bind_resume(s);
+  }
+
   // ---- the block -------------------------------------------------------------------------------------------
   size_t body_offset = 0;
   // Where a linked block's exit (chain_exit) comes in, with RBX set and RBX's push on the stack, RAX this
@@ -1813,6 +2125,15 @@ struct InterpBackend::Jit {
         case Form::kNop: break;
         case Form::kSse: emit_sse(op); break;
         case Form::kMmx: emit_mmx(op); break;
+        case Form::kVex: emit_vex(op); break;
+        case Form::kBmi:
+          if (bmi_template(op.insn) == BmiTemplate::kFlags && keep_flags[k]) {
+            call_handler(op);  // (its flags are read: the handler's, deja's undefined flags included)
+            known = false;
+          } else {
+            emit_bmi(op);
+          }
+          break;
         case Form::kFallThrough: set_rip(op.rip); chain_exit(op, 1, op.rip); break;
         default:
           call_handler(op);
