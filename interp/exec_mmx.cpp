@@ -53,6 +53,22 @@ void InterpBackend::set_mm(unsigned n, uint64_t value) {
   std::memset(slot + 10, 0, 6);   // (the reserved bytes read as zero, as FXSAVE writes them)
 }
 
+void InterpBackend::masked_store(const DecodedInsn& insn, const uint8_t* data, const uint8_t* mask, unsigned n) {
+  // DS:[RDI] (a segment prefix applies), the bytes whose mask byte has its sign bit set. Only those are stored,
+  // after the whole range is checked for a write; an all-zero mask accesses no memory (a documented choice: the
+  // SDM leaves faults on a zero mask to the implementation).
+  const uint64_t address_mask = insn.addrsize == 64 ? ~0ull : insn.addrsize == 32 ? 0xffffffffull : 0xffffull;
+  const uint64_t address = s_.gpr[kRdi] & address_mask;
+  const int seg = insn.seg_override != 0xff ? insn.seg_override : 3;
+  bool any = false;
+  for (unsigned i = 0; i < n; ++i) any |= (mask[i] & 0x80) != 0;
+  if (!any) return;
+  probe_write(seg, address, n);
+  for (unsigned i = 0; i < n; ++i) {
+    if (mask[i] & 0x80) write_mem(seg, (address + i) & address_mask, 1, data[i]);
+  }
+}
+
 void InterpBackend::exec_mmx(const DecodedInsn& insn) {
   namespace sse = interp::sse;
   namespace mmx = interp::mmx;
@@ -126,16 +142,8 @@ void InterpBackend::exec_mmx(const DecodedInsn& insn) {
       mmx_transition();
       return;
     case ZYDIS_MNEMONIC_MASKMOVQ: {
-      // The bytes of MM1 whose mask byte in MM2 has its sign set go to DS:[RDI] (a segment prefix applies).
-      // Only the selected bytes are stored; an all-zero mask accesses no memory.
       const uint64_t value = mm(dst.reg), mask = mm(src.reg);
-      const uint64_t address_mask = insn.addrsize == 64 ? ~0ull : insn.addrsize == 32 ? 0xffffffffull : 0xffffull;
-      const uint64_t address = s_.gpr[kRdi] & address_mask;
-      const int seg = insn.seg_override != 0xff ? insn.seg_override : 3;
-      if (mask & 0x8080808080808080ull) probe_write(seg, address, 8);
-      for (unsigned i = 0; i < 8; ++i) {
-        if ((mask >> (8 * i + 7)) & 1) write_mem(seg, (address + i) & address_mask, 1, (value >> (8 * i)) & 0xff);
-      }
+      masked_store(insn, reinterpret_cast<const uint8_t*>(&value), reinterpret_cast<const uint8_t*>(&mask), 8);
       mmx_transition();
       return;
     }

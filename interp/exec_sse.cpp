@@ -272,7 +272,11 @@ void InterpBackend::exec_sse(const DecodedInsn& insn) {
       xmm_set(dst.reg, d);
       return;
     }
-    case ZYDIS_MNEMONIC_MOVQ2DQ: case ZYDIS_MNEMONIC_MOVDQ2Q: raise_ud(insn, true);
+    case ZYDIS_MNEMONIC_MASKMOVDQU: {
+      const Xmm value = xmm_get(dst.reg), mask = xmm_get(insn.op[1].reg);
+      masked_store(insn, reinterpret_cast<const uint8_t*>(&value), reinterpret_cast<const uint8_t*>(&mask), 16);
+      return;
+    }
     case ZYDIS_MNEMONIC_PMOVMSKB: reg_write(dst.reg, dst.size, interp::sse::pmovmskb(xmm_get(insn.op[1].reg))); return;
     case ZYDIS_MNEMONIC_MOVMSKPS: reg_write(dst.reg, dst.size, interp::sse::movmskps(xmm_get(insn.op[1].reg))); return;
     case ZYDIS_MNEMONIC_MOVMSKPD: reg_write(dst.reg, dst.size, interp::sse::movmskpd(xmm_get(insn.op[1].reg))); return;

@@ -219,12 +219,13 @@ InterpBackend::SimdFeatures InterpBackend::simd_features_of(const CpuModel& mode
 }
 
 bool InterpBackend::exec_simd_extension(const DecodedInsn& insn) {
+  // No CPU model advertises MONITOR/MWAIT (CPUID.01H:ECX[3]) or AMD's 3DNow! (0F 0F).
+  if (insn.mnemonic == ZYDIS_MNEMONIC_MONITOR || insn.mnemonic == ZYDIS_MNEMONIC_MWAIT ||
+      insn.opcode_map == ZYDIS_OPCODE_MAP_0F0F)
+    raise_ud(insn, false);
   if (is_mmx_instruction(insn)) {
     exec_mmx(insn);
     return true;
-  }
-  if (insn.mnemonic == ZYDIS_MNEMONIC_MONITOR || insn.mnemonic == ZYDIS_MNEMONIC_MWAIT) {
-    raise_ud(insn, false);  // no CPU model advertises MONITOR/MWAIT (CPUID.01H:ECX[3])
   }
   if (extension_of(insn) == Extension::kNone) return false;
   exec_sse4(insn);

@@ -142,6 +142,15 @@ struct InterpBackend::Ops {
     }
     return nullptr;
   }
+  // PTEST and the string compares (glibc's SSE4.2 string functions): they write all six arithmetic flags, so
+  // the lazy ones are dropped instead of computed, once the instruction has completed (a fault leaves them).
+  static const Op* simd_flags(InterpBackend& c, const Op* op) {
+    enter_reference(c, op);
+    c.exec_sse4(op->insn);
+    c.lazy_.cc = interp::kCcNone;
+    if (c.watch_hit_) c.end_block_after_op_ = true;
+    return next(c, op);
+  }
   // The end of a block that does not end in a control transfer (not an instruction).
   static const Op* fall_through(InterpBackend& c, const Op* op) {
     c.s_.rip = op->rip;
@@ -936,6 +945,10 @@ void InterpBackend::bind_op(Op& op, bool transfer) {
       break;
     case ZYDIS_MNEMONIC_RDTSC: case ZYDIS_MNEMONIC_RDTSCP: case ZYDIS_MNEMONIC_IN: case ZYDIS_MNEMONIC_OUT:
       fn = O::pair<&O::reference_may_exit>();
+      break;
+    case ZYDIS_MNEMONIC_PTEST: case ZYDIS_MNEMONIC_PCMPESTRI: case ZYDIS_MNEMONIC_PCMPESTRM:
+    case ZYDIS_MNEMONIC_PCMPISTRI: case ZYDIS_MNEMONIC_PCMPISTRM:
+      fn = O::pair<&O::simd_flags>();
       break;
     default:
       break;

@@ -223,6 +223,8 @@ class InterpBackend : public Backend {
   // then MMn's mantissa = value and its exponent all ones (SDM vol. 1, 9.5).
   void mmx_transition();
   void set_mm(unsigned n, uint64_t value);
+  // MASKMOVQ/MASKMOVDQU: the `n` bytes of `data` whose `mask` byte has its sign set, to DS:[RDI].
+  void masked_store(const interp::DecodedInsn& insn, const uint8_t* data, const uint8_t* mask, unsigned n);
   // The extensions of the CPU model the SIMD executors check (an instruction of one the model lacks is #UD).
   struct SimdFeatures {
     bool mmx = false, sse3 = false, ssse3 = false, sse41 = false, sse42 = false;

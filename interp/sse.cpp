@@ -6,6 +6,7 @@
 // one would be a host SIGFPE); whether the guest would fault is derived from the raised flags.
 #include "interp/sse.h"
 #include "interp/sse_host.h"
+#include "interp/sse_lanes.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -15,39 +16,11 @@
 namespace deja::interp::sse {
 namespace {
 
-template <typename T>
-struct Lanes {
-  static constexpr int kCount = 16 / sizeof(T);
-  T v[kCount];
-};
-
-template <typename T>
-Lanes<T> lanes(Xmm x) {
-  Lanes<T> out;
-  const uint64_t halves[2] = {x.lo, x.hi};
-  std::memcpy(out.v, halves, 16);
-  return out;
-}
-
-template <typename T>
-Xmm to_xmm(const Lanes<T>& l) {
-  uint64_t halves[2];
-  std::memcpy(halves, l.v, 16);
-  return {halves[0], halves[1]};
-}
-
-template <typename T, typename F>
-Xmm map2(Xmm a, Xmm b, F f) {
-  const Lanes<T> la = lanes<T>(a), lb = lanes<T>(b);
-  Lanes<T> r;
-  for (int i = 0; i < Lanes<T>::kCount; ++i) r.v[i] = static_cast<T>(f(la.v[i], lb.v[i]));
-  return to_xmm(r);
-}
-
-template <typename T>
-T saturate(int64_t value) {
-  return static_cast<T>(std::clamp<int64_t>(value, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
-}
+using detail::Lanes;
+using detail::lanes;
+using detail::map2;
+using detail::saturate;
+using detail::to_xmm;
 
 template <typename T>
 Xmm add_saturating(Xmm a, Xmm b) {

@@ -10,43 +10,16 @@
 #include <utility>
 
 #include "interp/sse_host.h"
+#include "interp/sse_lanes.h"
 
 namespace deja::interp::sse {
 namespace {
 
-template <typename T>
-struct Lanes {
-  static constexpr int kCount = 16 / sizeof(T);
-  T v[kCount];
-};
-
-template <typename T>
-Lanes<T> lanes(Xmm x) {
-  Lanes<T> out;
-  const uint64_t halves[2] = {x.lo, x.hi};
-  std::memcpy(out.v, halves, 16);
-  return out;
-}
-
-template <typename T>
-Xmm to_xmm(const Lanes<T>& l) {
-  uint64_t halves[2];
-  std::memcpy(halves, l.v, 16);
-  return {halves[0], halves[1]};
-}
-
-template <typename T, typename F>
-Xmm map2(Xmm a, Xmm b, F f) {
-  const Lanes<T> la = lanes<T>(a), lb = lanes<T>(b);
-  Lanes<T> r;
-  for (int i = 0; i < Lanes<T>::kCount; ++i) r.v[i] = static_cast<T>(f(la.v[i], lb.v[i]));
-  return to_xmm(r);
-}
-
-template <typename T>
-T saturate(int64_t value) {
-  return static_cast<T>(std::clamp<int64_t>(value, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
-}
+using detail::Lanes;
+using detail::lanes;
+using detail::map2;
+using detail::saturate;
+using detail::to_xmm;
 
 // PHADD*/PHSUB*: pairs of a's elements in the low half, pairs of b's in the high half.
 template <typename T, typename F>
@@ -125,48 +98,18 @@ DEJA_SSE4_RR_FN(h_hsubps, "hsubps") DEJA_SSE4_RR_FN(h_hsubpd, "hsubpd")
 using HostFn = uint32_t (*)(Vec&, Vec, uint32_t);
 
 // The host instructions with an immediate: one function per immediate the instruction distinguishes.
-template <int kImm>
-uint32_t h_roundps(Vec& a, Vec b, uint32_t run) {
-  uint32_t saved, after;
-  DEJA_SSE_ASM("roundps %[i], %[b], %[a]", : [a] "+x"(a), [saved] "=&m"(saved), [after] "=m"(after)
-               : [b] "x"(b), [run] "m"(run), [i] "i"(kImm));
-  return after;
-}
-template <int kImm>
-uint32_t h_roundpd(Vec& a, Vec b, uint32_t run) {
-  uint32_t saved, after;
-  DEJA_SSE_ASM("roundpd %[i], %[b], %[a]", : [a] "+x"(a), [saved] "=&m"(saved), [after] "=m"(after)
-               : [b] "x"(b), [run] "m"(run), [i] "i"(kImm));
-  return after;
-}
-template <int kImm>
-uint32_t h_roundss(Vec& a, Vec b, uint32_t run) {
-  uint32_t saved, after;
-  DEJA_SSE_ASM("roundss %[i], %[b], %[a]", : [a] "+x"(a), [saved] "=&m"(saved), [after] "=m"(after)
-               : [b] "x"(b), [run] "m"(run), [i] "i"(kImm));
-  return after;
-}
-template <int kImm>
-uint32_t h_roundsd(Vec& a, Vec b, uint32_t run) {
-  uint32_t saved, after;
-  DEJA_SSE_ASM("roundsd %[i], %[b], %[a]", : [a] "+x"(a), [saved] "=&m"(saved), [after] "=m"(after)
-               : [b] "x"(b), [run] "m"(run), [i] "i"(kImm));
-  return after;
-}
-template <int kImm>
-uint32_t h_dpps(Vec& a, Vec b, uint32_t run) {
-  uint32_t saved, after;
-  DEJA_SSE_ASM("dpps %[i], %[b], %[a]", : [a] "+x"(a), [saved] "=&m"(saved), [after] "=m"(after)
-               : [b] "x"(b), [run] "m"(run), [i] "i"(kImm));
-  return after;
-}
-template <int kImm>
-uint32_t h_dppd(Vec& a, Vec b, uint32_t run) {
-  uint32_t saved, after;
-  DEJA_SSE_ASM("dppd %[i], %[b], %[a]", : [a] "+x"(a), [saved] "=&m"(saved), [after] "=m"(after)
-               : [b] "x"(b), [run] "m"(run), [i] "i"(kImm));
-  return after;
-}
+#define DEJA_SSE4_IMM_FN(NAME, INSN)                                                                \
+  template <int kImm>                                                                              \
+  uint32_t NAME(Vec& a, Vec b, uint32_t run) {                                                     \
+    uint32_t saved, after;                                                                         \
+    DEJA_SSE_ASM(INSN " %[i], %[b], %[a]", : [a] "+x"(a), [saved] "=&m"(saved), [after] "=m"(after) \
+                 : [b] "x"(b), [run] "m"(run), [i] "i"(kImm));                                      \
+    return after;                                                                                  \
+  }
+DEJA_SSE4_IMM_FN(h_roundps, "roundps") DEJA_SSE4_IMM_FN(h_roundpd, "roundpd")
+DEJA_SSE4_IMM_FN(h_roundss, "roundss") DEJA_SSE4_IMM_FN(h_roundsd, "roundsd")
+DEJA_SSE4_IMM_FN(h_dpps, "dpps") DEJA_SSE4_IMM_FN(h_dppd, "dppd")
+#undef DEJA_SSE4_IMM_FN
 
 template <template <int> class Fn, size_t... I>
 constexpr std::array<HostFn, sizeof...(I)> table(std::index_sequence<I...>) {

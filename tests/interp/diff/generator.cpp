@@ -902,11 +902,12 @@ bool Generator::emit_simd(Sequence& seq, const std::string& name, std::vector<ui
           default: ok = encode(ZYDIS_MNEMONIC_PMOVMSKB, {reg(gpr(rng_() % 2 ? 32 : 64)), mm()}, b); break;
         }
         break;
-      case 2: {  // MASKMOVQ to [rdi] in the data page
+      case 2: {  // MASKMOVQ (or MASKMOVDQU) to [rdi] in the data page
         const uint32_t disp = 0x100 + static_cast<uint32_t>(rng_() % 0x500);
         b.insert(b.end(), {0x49, 0x8d, 0xbf});  // lea rdi, [r15 + disp32]
         for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(disp >> (8 * i)));
-        ok = encode(ZYDIS_MNEMONIC_MASKMOVQ, {mm(), mm()}, b);
+        if (rng_() % 2) ok = encode(ZYDIS_MNEMONIC_MASKMOVQ, {mm(), mm()}, b);
+        else ok = encode(ZYDIS_MNEMONIC_MASKMOVDQU, {xmm(), xmm()}, b);  // (SSE2's, on XMM registers)
         break;
       }
       case 3: ok = encode(ZYDIS_MNEMONIC_MOVNTQ, {mem(8), mm()}, b); break;
