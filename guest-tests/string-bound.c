@@ -1,12 +1,12 @@
 /* Guest "string-bound" (benchmark): glibc's AVX2 string and memory functions' loops (memset, memcpy, strlen, memchr, memcmp) over buffers of varying sizes, ending in a checksum. */
 #include "runtime/runtime.h"
 
-/* The functions below follow the AVX2 string functions of glibc 2.36 (sysdeps/x86_64/multiarch, and memmove-vec-unaligned-erms
-   with 32-byte vectors): the same instructions in the same loops (VMOVDQU/VMOVDQA, VPBROADCASTB, VPCMPEQB,
-   VPMINUB, VPOR, VPAND, VPMOVMSKB, TZCNT, SARX, VZEROUPPER), with simpler edges. A distribution's user space
-   spends much of its time there. One iteration works on about 4 KiB in each function: about 900 guest
-   instructions; the default n = 400,000 is about 3.6e8 instructions; pass "n=NUMBER". The machine must have
-   AVX2 and BMI2 (x86-64-v3): the guest enables the AVX state (CR4.OSXSAVE, XCR0) as an OS does. */
+/* The functions below follow the AVX2 string functions of glibc 2.36 (sysdeps/x86_64/multiarch; memmove with
+   32-byte vectors): the same instructions in the same loops (VMOVDQU/VMOVDQA, VPBROADCASTB, VPCMPEQB, VPMINUB,
+   VPOR, VPAND, VPMOVMSKB, TZCNT, SARX, VZEROUPPER), with simpler edges. A distribution's user space spends much
+   of its time there. One iteration works on 2-6 KiB in each function: about 2,500 guest instructions; the
+   default n = 400,000 is about 9.8e8 instructions; pass "n=NUMBER". The machine must have AVX2 and BMI2
+   (x86-64-v3): the guest enables the AVX state (CR4.OSXSAVE, XCR0) as an OS does. */
 #define DEFAULT_ITERATIONS 400000ull
 #define BUFFER 16384
 
