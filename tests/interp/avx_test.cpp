@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <vector>
 
 #include "interp/avx.h"
 #include "replay/digest.h"
@@ -107,6 +109,8 @@ TEST(InterpAvx, OsEnablesAvxWithOsxsaveAndXsetbv) {
   EXPECT_EQ(ymm_q(s, 0, 3), ~0ull);
 }
 
+// In every executor: the JIT makes these checks once a block, by its first VEX template, and runs TZCNT and the
+// BMI instructions as the host's own; the block puts a VEX instruction after a few that are not.
 TEST(InterpAvx, VexIsUndefinedWithoutOsxsaveOrAvxStateAndNmWithTs) {
   struct Case {
     uint64_t cr4_osxsave, xcr0, cr0_ts;
@@ -117,17 +121,59 @@ TEST(InterpAvx, VexIsUndefinedWithoutOsxsaveOrAvxStateAndNmWithTs) {
       {cr4::kOsxsave, 3, 0, 6, kNoFault},     // XCR0 without AVX state
       {cr4::kOsxsave, 7, cr0::kTs, 7, kNoFault},  // CR0.TS: #NM (not for BMI)
   };
-  for (const Case& c : cases) {
-    for (const char* insn : {"vpaddb xmm1, xmm2, xmm3", "andn eax, ebx, ecx"}) {
-      TestVm vm = v3_vm();
-      CpuState s = vm.state();
-      s.cr4 |= c.cr4_osxsave;
-      s.xcr0 = c.xcr0;
-      s.cr0 |= c.cr0_ts;
-      vm.set_state(s);
-      vm.code(fmt::format("{}\n hlt\n", insn));
-      const bool vex = insn[0] == 'v';
-      EXPECT_EQ(run_to_hlt(vm), vex ? c.vex : c.bmi) << insn << " cr4.osxsave=" << c.cr4_osxsave << " xcr0=" << c.xcr0;
+  const char* insns[] = {"vpaddb xmm1, xmm2, xmm3", "vmovdqu ymm4, [0x200001]", "vpmovmskb eax, ymm1",
+                          "vzeroupper", "andn eax, ebx, ecx", "tzcnt eax, ebx"};
+  std::vector<std::vector<uint8_t>> code;  // (assembled once: `as` is the slow part)
+  for (const char* insn : insns)
+    code.push_back(assemble(fmt::format("mov ebx, 0x10\n add ecx, ebx\n {}\n mov r14d, 1\n hlt\n", insn), kCode));
+  for (const InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    TestVm vm = v3_vm();
+    vm.cpu->set_mode(mode);
+    const CpuState start = vm.state();
+    for (const Case& c : cases) {
+      for (size_t k = 0; k < std::size(insns); ++k) {
+        const char* insn = insns[k];
+        CpuState s = start;
+        s.cr4 |= c.cr4_osxsave;
+        s.xcr0 = c.xcr0;
+        s.cr0 |= c.cr0_ts;
+        vm.set_state(s);
+        vm.load(kCode, code[k]);
+        const bool vex = insn[0] == 'v';
+        const uint64_t vector = vex ? c.vex : c.bmi;
+        EXPECT_EQ(run_to_hlt(vm), vector) << interp_mode_name(mode) << ": " << insn << " cr4.osxsave=" << c.cr4_osxsave
+                                          << " xcr0=" << c.xcr0 << " cr0.ts=" << c.cr0_ts;
+        EXPECT_EQ(vm.state().gpr[kR14], vector == kNoFault ? 1u : 0u) << interp_mode_name(mode) << ": " << insn;
+      }
+    }
+  }
+}
+
+// The aligned moves (VMOVDQA, VMOVAPS, VMOVAPD, VMOVNTDQ...) #GP on an operand not aligned to its size; the others
+// and every other VEX memory operand take any address. In every executor.
+TEST(InterpAvx, AlignedMovesFaultOnMisalignedOperands) {
+  struct Case {
+    const char* insn;
+    uint64_t vector;
+  } cases[] = {
+      {"vmovdqa ymm0, [0x200010]", 13}, {"vmovdqa xmm0, [0x200010]", kNoFault}, {"vmovdqa xmm0, [0x200008]", 13},
+      {"vmovaps [0x200020], ymm1", kNoFault}, {"vmovapd [0x200030], ymm1", 13}, {"vmovntdq [0x200008], xmm1", 13},
+      {"vmovntdqa ymm2, [0x200010]", 13}, {"vmovdqu ymm0, [0x200003]", kNoFault}, {"vmovups [0x200001], ymm1", kNoFault},
+      {"vpcmpeqb ymm1, ymm0, [0x200001]", kNoFault}, {"vpminub ymm1, ymm0, [0x200011]", kNoFault},
+      {"movdqa xmm0, [0x200008]", 13},  // (the legacy form: 16 bytes)
+  };
+  std::vector<std::vector<uint8_t>> code;
+  for (const Case& c : cases) code.push_back(assemble(fmt::format("mov ebx, 0x10\n {}\n mov r14d, 1\n hlt\n", c.insn), kCode));
+  for (const InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    TestVm vm = avx_enabled_vm();
+    vm.cpu->set_mode(mode);
+    const CpuState start = vm.state();
+    for (size_t k = 0; k < std::size(cases); ++k) {
+      const Case& c = cases[k];
+      vm.set_state(start);
+      vm.load(kCode, code[k]);
+      EXPECT_EQ(run_to_hlt(vm), c.vector) << interp_mode_name(mode) << ": " << c.insn;
+      EXPECT_EQ(vm.state().gpr[kR14], c.vector == kNoFault ? 1u : 0u) << interp_mode_name(mode) << ": " << c.insn;
     }
   }
 }

@@ -35,6 +35,10 @@ bool host_has_avx2() {
   return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ebx & (1u << 5)) && (ebx & (1u << 8)) &&
          __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 12)) && (ecx & (1u << 29));
 }
+bool host_has_movbe() {
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 22));
+}
 bool host_has_bmi1() {
   unsigned eax, ebx, ecx, edx;
   return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ebx & (1u << 3));
@@ -204,11 +208,13 @@ int main(int argc, char** argv) {
   Generator generator(seed, host_has_bmi1() && (used.cpuid(7, 0).ebx & (1u << 3)),
                       host_has_lzcnt() && (used.cpuid(0x80000001, 0).ecx & (1u << 5)));
   generator.avoid_xadd_same_register = avoid_xadd_same_register;
+  generator.movbe = host_has_movbe() && (used.cpuid(1, 0).ecx & (1u << 22));
   generator.avoid_unmasked_underflow = avoid_unmasked_underflow;
   generator.simd_classes = avx ? std::vector<std::string>{} : classes;
   generator.mix_original = mix;
   AvxGenerator avx_generator(seed);
   avx_generator.legacy().avoid_xadd_same_register = avoid_xadd_same_register;
+  avx_generator.legacy().movbe = generator.movbe;
   avx_generator.legacy().avoid_unmasked_underflow = avoid_unmasked_underflow;
   std::mt19937_64 lengths(seed ^ 0x5eed);
   const auto start = std::chrono::steady_clock::now();

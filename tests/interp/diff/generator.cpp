@@ -500,9 +500,16 @@ bool Generator::emit_one(Sequence& seq) {
       step.cls = "div";
       break;
     }
-    case 6: {  // bit scans and counts (TZCNT/LZCNT only where host and deja's CPU model both have them)
-      const unsigned which = static_cast<unsigned>(rng_() % 5);
+    case 6: {  // bit scans and counts (TZCNT/LZCNT only where host and deja's CPU model both have them), MOVBE
+      const unsigned which = static_cast<unsigned>(rng_() % (movbe ? 6 : 5));
       if ((which == 2 && !tzcnt_) || (which == 4 && !lzcnt_)) return false;
+      if (which == 5) {
+        const unsigned w = rng_() % 3 == 0 ? 16 : rng_() % 2 ? 32 : 64;
+        if (rng_() % 2) ok = encode(ZYDIS_MNEMONIC_MOVBE, {reg(gpr(w)), mem(w / 8)}, b);
+        else ok = encode(ZYDIS_MNEMONIC_MOVBE, {mem(w / 8), reg(gpr(w))}, b);
+        step.cls = "movbe";
+        break;
+      }
       static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_BSF, ZYDIS_MNEMONIC_BSR, ZYDIS_MNEMONIC_TZCNT,
                                                ZYDIS_MNEMONIC_POPCNT, ZYDIS_MNEMONIC_LZCNT};
       const unsigned w = width_of(false);

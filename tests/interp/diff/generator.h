@@ -30,6 +30,9 @@ class Generator {
   // the host and deja's CPU model have them.
   Generator(uint64_t seed, bool has_tzcnt, bool has_lzcnt);
   Sequence sequence(int length);
+  // MOVBE (register from memory and memory from register) among the bit scans and counts: where the host and
+  // deja's CPU model both have it.
+  bool movbe = false;
 
   // Known interp defects the CI run steps around until they are fixed (each one is listed in the
   // tester's --help and in docs/interp-alu.md), so that everything else keeps being checked.
