@@ -20,7 +20,8 @@ constexpr uint32_t bit(int n) { return uint32_t{1} << n; }
 using R = CpuidRegister;
 constexpr CpuFeature kFeatures[] = {
     {1, 0, R::kEcx, 0, "SSE3"},        {1, 0, R::kEcx, 1, "PCLMULQDQ"},  {1, 0, R::kEcx, 9, "SSSE3"},
-    {1, 0, R::kEcx, 13, "CX16"},       {1, 0, R::kEcx, 19, "SSE4.1"},    {1, 0, R::kEcx, 20, "SSE4.2"},
+    {1, 0, R::kEcx, 12, "FMA"},        {1, 0, R::kEcx, 13, "CX16"},      {1, 0, R::kEcx, 19, "SSE4.1"},
+    {1, 0, R::kEcx, 20, "SSE4.2"},     {1, 0, R::kEcx, 27, "OSXSAVE", false}, {1, 0, R::kEcx, 29, "F16C"},
     {1, 0, R::kEcx, 21, "X2APIC", false}, {1, 0, R::kEcx, 24, "TSC_DEADLINE", false},
     {1, 0, R::kEcx, 22, "MOVBE"},      {1, 0, R::kEcx, 23, "POPCNT"},    {1, 0, R::kEcx, 26, "XSAVE"},
     {1, 0, R::kEcx, 28, "AVX"},        {1, 0, R::kEcx, 30, "RDRAND"},    {1, 0, R::kEcx, 31, "HYPERVISOR", false},
@@ -78,14 +79,16 @@ const CpuFeature& feature(std::string_view name) {
 // their feature flags and brand.
 struct CpuModelBuilder {
   static CpuModel make(std::string_view name, uint32_t version, const char* brand,
-                       std::initializer_list<std::string_view> features) {
+                       std::initializer_list<std::string_view> features, bool inert_perf_msrs = false) {
     static constexpr char kVendor[13] = "DejaVuReplay";
     CpuModel m;
     m.version_ = version;
     m.name_ = name;
+    m.inert_perf_msrs_ = inert_perf_msrs;
+    const bool xsave = std::find(features.begin(), features.end(), "XSAVE") != features.end();
     auto& e = m.entries_;
-    // Leaf 0: max basic leaf 7, vendor string in EBX, EDX, ECX.
-    e.push_back({0, 0, false, {7, chars(kVendor, 0), chars(kVendor, 8), chars(kVendor, 4)}});
+    // Leaf 0: max basic leaf 7 (0xD with XSAVE), vendor string in EBX, EDX, ECX.
+    e.push_back({0, 0, false, {xsave ? 0xdu : 7u, chars(kVendor, 0), chars(kVendor, 8), chars(kVendor, 4)}});
     // Leaf 1: family 6, model 1, stepping 0; CLFLUSH line 8 qwords, 1 logical CPU, APIC id 0. Flags below.
     e.push_back({1, 0, false, {0x00000610, (8u << 8) | (1u << 16), 0, 0}});
     // Leaf 2: no descriptors (0xff: use leaf 4).
@@ -106,6 +109,15 @@ struct CpuModelBuilder {
     e.push_back({6, 0, false, {}});
     // Leaf 7: structured extended features (flags below).
     e.push_back({7, 0, true, {0, 0, 0, 0}});
+    if (xsave) {
+      // Leaf 0xD: the XSAVE state components x87, SSE and AVX (XCR0 bits 0-2). Sub-leaf 0: EBX is the size
+      // XCR0 enables (576 after reset, with XCR0 = x87 only; it follows XCR0 at run time), ECX the size of all
+      // three; sub-leaf 1: XSAVEOPT (not XSAVEC: QEMU's TCG lacks it, so the nested harness's KVM could not run
+      // the model); sub-leaf 2: the AVX state's 256 bytes at offset 576.
+      e.push_back({0xd, 0, true, {0x7, 576, 832, 0}});
+      e.push_back({0xd, 1, true, {0x1, 0, 0, 0}});
+      e.push_back({0xd, 2, true, {256, 576, 0, 0}});
+    }
     // Hypervisor leaves.
     static constexpr char kHv[13] = "dejadejadeja";
     e.push_back({0x40000000, 0, false, {0x40000000, chars(kHv, 0), chars(kHv, 4), chars(kHv, 8)}});
@@ -145,14 +157,40 @@ const CpuModel& CpuModel::deja_v1() {
   return model;
 }
 
-const CpuModel& CpuModel::x86_64_v1() {
-  // The x86-64 psABI baseline (CMOV, CX8, FPU, FXSR, SSE, SSE2, SYSCALL; MMX left out: neither backend's
-  // software CPU implements it) plus what a Linux x86-64 kernel requires (PSE, PAE, PGE, MSR, TSC) and PAT,
-  // CLFLUSH, NX. Nothing that kvm-pvm-like or feature-hiding KVMs commonly lack.
+// The x86-64 psABI levels (x86-64-v1, -v2, -v3) plus what a Linux x86-64 kernel requires (PSE, PAE, PGE, MSR, TSC)
+// and PAT, CLFLUSH, NX. Nothing that kvm-pvm-like or feature-hiding KVMs commonly lack.
+#define DEJA_X86_64_V1                                                                                              \
+  "HYPERVISOR", "FPU", "PSE", "TSC", "MSR", "PAE", "CX8", "PGE", "CMOV", "PAT", "CLFSH", "MMX", "FXSR", "SSE", "SSE2", \
+      "SYSCALL", "NX", "LM", "INVARIANT_TSC"
+#define DEJA_X86_64_V2 DEJA_X86_64_V1, "CX16", "LAHF_LM", "POPCNT", "SSE3", "SSSE3", "SSE4.1", "SSE4.2"
+// v3's OSXSAVE is not in the table: CPUID.01H:ECX[27] reflects CR4.OSXSAVE at run time (0 after reset).
+#define DEJA_X86_64_V3 DEJA_X86_64_V2, "AVX", "AVX2", "BMI1", "BMI2", "F16C", "FMA", "ABM/LZCNT", "MOVBE", "XSAVE"
+
+const CpuModel& CpuModel::x86_64_v1_version1() {
+  // Exactly the table of the first x86-64-v1 traces; do not change a bit: the baseline without MMX, which
+  // neither backend's software CPU implemented then; unknown MSRs are #GP.
   static const CpuModel model = CpuModelBuilder::make(
       "x86-64-v1", 1, "deja virtual CPU x86-64-v1",
       {"HYPERVISOR", "FPU", "PSE", "TSC", "MSR", "PAE", "CX8", "PGE", "CMOV", "PAT", "CLFSH", "FXSR", "SSE", "SSE2",
        "SYSCALL", "NX", "LM", "INVARIANT_TSC"});
+  return model;
+}
+
+const CpuModel& CpuModel::x86_64_v1() {
+  static const CpuModel model =
+      CpuModelBuilder::make("x86-64-v1", 2, "deja virtual CPU x86-64-v1", {DEJA_X86_64_V1}, true);
+  return model;
+}
+
+const CpuModel& CpuModel::x86_64_v2() {
+  static const CpuModel model =
+      CpuModelBuilder::make("x86-64-v2", 1, "deja virtual CPU x86-64-v2", {DEJA_X86_64_V2}, true);
+  return model;
+}
+
+const CpuModel& CpuModel::x86_64_v3() {
+  static const CpuModel model =
+      CpuModelBuilder::make("x86-64-v3", 1, "deja virtual CPU x86-64-v3", {DEJA_X86_64_V3}, true);
   return model;
 }
 
@@ -177,7 +215,7 @@ const CpuModel& CpuModel::with_local_apic() const {
 }
 
 std::span<const CpuModel* const> CpuModel::all() {
-  static const CpuModel* const models[] = {&x86_64_v1(), &deja_v1()};
+  static const CpuModel* const models[] = {&x86_64_v3(), &x86_64_v2(), &x86_64_v1(), &deja_v1()};
   return models;
 }
 
@@ -189,8 +227,24 @@ const CpuModel* CpuModel::find(std::string_view name) {
 }
 
 const CpuModel* CpuModel::for_trace(std::string_view name, uint32_t version) {
-  const CpuModel* m = name.empty() && version == 1 ? &deja_v1() : find(name);
-  return m && m->version() == version ? m : nullptr;
+  if (name.empty()) return version == 1 ? &deja_v1() : nullptr;
+  // The current models, then the earlier versions of them that old traces name.
+  static const CpuModel* const earlier[] = {&x86_64_v1_version1()};
+  for (const CpuModel* m : all()) {
+    if (m->name() == name && m->version() == version) return m;
+  }
+  for (const CpuModel* m : earlier) {
+    if (m->name() == name && m->version() == version) return m;
+  }
+  return nullptr;
+}
+
+bool CpuModel::inert_msr(uint32_t index) const {
+  if (!inert_perf_msrs_) return false;
+  // AMD's legacy counters (PERF_CTL0-3, PERF_CTR0-3), which every AMD64 CPU has and software that does not
+  // know the vendor takes the AMD path to; and the architectural P6 counters and event selects.
+  return (index >= 0xc0010000 && index <= 0xc0010007) || index == 0xc1 || index == 0xc2 || index == 0x186 ||
+         index == 0x187;
 }
 
 std::string CpuModel::names() {

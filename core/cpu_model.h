@@ -53,7 +53,11 @@ class CpuModel {
   static std::string names();
 
   static const CpuModel& deja_v1();    // CX16, POPCNT, MOVBE, LZCNT on SSE2; no PSE/PGE
-  static const CpuModel& x86_64_v1();  // the x86-64 baseline (psABI v1 without MMX) plus what Linux requires
+  static const CpuModel& x86_64_v1();  // the x86-64 baseline (psABI v1) plus what Linux requires
+  static const CpuModel& x86_64_v2();  // x86-64-v1 plus the psABI's v2: CX16, LAHF_LM, POPCNT, SSE3-SSE4.2
+  static const CpuModel& x86_64_v3();  // x86-64-v2 plus the psABI's v3: AVX, AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE, XSAVE
+  // x86-64-v1 as first released (version 1): no MMX; only traces name it.
+  static const CpuModel& x86_64_v1_version1();
 
   // This model on the APIC PC (--machine pc-apic): the same name, version and table, plus APIC, X2APIC and
   // TSC_DEADLINE in CPUID.1, which the machine's local APIC provides. The machine type is recorded next to
@@ -79,12 +83,17 @@ class CpuModel {
   // other MSR exits to the VMM (KVM: via the MSR filter), which emulates it or answers #GP.
   static bool cpu_owns_msr(uint32_t msr);
   static std::span<const uint32_t> cpu_owned_msrs();
+  // MSRs the CPUs this model resembles accept and deja answers as KVM does for a vCPU without the unit behind
+  // them (a PMU): reads give 0, writes are ignored, on every backend (docs/cpu-models.md). None for deja-v1
+  // and the first x86-64-v1, where they are #GP.
+  bool inert_msr(uint32_t msr) const;
 
   // TSC frequency every model promises (the guest's TSC ticks at this rate of virtual time).
   static constexpr uint64_t kTscHz = 2'000'000'000;
 
  private:
   uint32_t version_ = 0;
+  bool inert_perf_msrs_ = false;
   std::string_view name_;
   std::vector<CpuidEntry> entries_;
   friend struct CpuModelBuilder;

@@ -85,6 +85,16 @@ constexpr char kTargetXml[] = R"(<?xml version="1.0"?>
 <reg name="cr3" bitsize="64" type="int" group="system"/><reg name="cr4" bitsize="64" type="int" group="system"/>
 <reg name="cr8" bitsize="64" type="int" group="system"/><reg name="efer" bitsize="64" type="int" group="system"/>
 </feature>
+<feature name="org.gnu.gdb.i386.avx">
+<reg name="ymm0h" bitsize="128" type="uint128"/><reg name="ymm1h" bitsize="128" type="uint128"/>
+<reg name="ymm2h" bitsize="128" type="uint128"/><reg name="ymm3h" bitsize="128" type="uint128"/>
+<reg name="ymm4h" bitsize="128" type="uint128"/><reg name="ymm5h" bitsize="128" type="uint128"/>
+<reg name="ymm6h" bitsize="128" type="uint128"/><reg name="ymm7h" bitsize="128" type="uint128"/>
+<reg name="ymm8h" bitsize="128" type="uint128"/><reg name="ymm9h" bitsize="128" type="uint128"/>
+<reg name="ymm10h" bitsize="128" type="uint128"/><reg name="ymm11h" bitsize="128" type="uint128"/>
+<reg name="ymm12h" bitsize="128" type="uint128"/><reg name="ymm13h" bitsize="128" type="uint128"/>
+<reg name="ymm14h" bitsize="128" type="uint128"/><reg name="ymm15h" bitsize="128" type="uint128"/>
+</feature>
 </target>
 )";
 
@@ -136,8 +146,10 @@ std::string register_hex(const CpuState& st, int n) {
     case 62: return hex_le(st.cr4, 8);
     case 63: return hex_le(st.cr8, 8);
     case 64: return hex_le(st.efer, 8);
-    default: return {};
+    default: break;
   }
+  if (n < 81) return hex_encode(std::span(st.ymmh).subspan(16 * (n - 65), 16));  // YMM0-15 bits 128-255
+  return {};
 }
 
 std::string error_reply(int code) { return fmt::format("E{:02x}", code); }

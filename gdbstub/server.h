@@ -49,7 +49,7 @@ class Server {
 
 // The x86-64 target description (qXfer:features:read:target.xml), and its register count.
 std::string_view target_xml();
-constexpr int kRegisterCount = 65;
+constexpr int kRegisterCount = 81;
 
 // Listens on host:port (IPv4 literal or "localhost"); port 0 picks one. Returns the socket and port.
 Result<std::pair<int, uint16_t>> listen_tcp(const std::string& host, uint16_t port);

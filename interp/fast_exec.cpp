@@ -94,6 +94,9 @@ Role string_role(const DecodedInsn& insn, bool rep) {
 // step().
 Role role_of(const DecodedInsn& insn) {
   if (!insn.valid) return Role::kFallback;
+  // Every VEX instruction (AVX, AVX2, FMA, F16C, BMI1/2, VZEROUPPER, VLDMXCSR) works on registers, MXCSR, flags
+  // and memory only.
+  if (insn.flags & interp::insn_flags::kVex) return Role::kInBlock;
   const bool rep = insn.flags & (interp::insn_flags::kRep | interp::insn_flags::kRepne);
   switch (ZydisMnemonic(insn.mnemonic)) {
     case ZYDIS_MNEMONIC_MOV:
@@ -184,9 +187,12 @@ Role role_of(const DecodedInsn& insn) {
       return (insn.opcode == 0xc2 || insn.opcode == 0xc3) ? Role::kTransfer : Role::kFallback;
     case ZYDIS_MNEMONIC_LDMXCSR: case ZYDIS_MNEMONIC_STMXCSR:
       return Role::kInBlock;
+    // MMX (its transition changes x87 state only), SSE4.2's CRC32: registers and memory only.
+    case ZYDIS_MNEMONIC_EMMS: case ZYDIS_MNEMONIC_CRC32:
+      return Role::kInBlock;
     default:
-      // SSE/SSE2 data instructions (an XMM operand): registers, MXCSR and memory only.
-      return has_operand(insn, OpKind::kXmm) ? Role::kInBlock : Role::kFallback;
+      // SSE data instructions (an XMM operand) and MMX ones: registers, MXCSR, the x87 registers and memory only.
+      return has_operand(insn, OpKind::kXmm) || has_operand(insn, OpKind::kMmx) ? Role::kInBlock : Role::kFallback;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "devices/state_codec.h"
+#include "interp/avx.h"
 #include "interp/jit.h"
 
 namespace deja {
@@ -30,6 +31,15 @@ InterpBackend::InterpBackend(GuestMemory& memory, const CpuModel& model)
   std::memcpy(s_.fxsave.data(), &fcw, 2);
   std::memcpy(s_.fxsave.data() + 24, &mxcsr, 4);
   s_.cr0 = cr0::kEt;
+  using interp::VexIsa;
+  vex_features_[size_t(VexIsa::kAvx)] = model_has(1, 2, 28);
+  vex_features_[size_t(VexIsa::kAvx2)] = model_has(1, 2, 28) && model_has(7, 1, 5);
+  vex_features_[size_t(VexIsa::kFma)] = model_has(1, 2, 28) && model_has(1, 2, 12);
+  vex_features_[size_t(VexIsa::kF16c)] = model_has(1, 2, 28) && model_has(1, 2, 29);
+  vex_features_[size_t(VexIsa::kBmi1)] = model_has(7, 1, 3);
+  vex_features_[size_t(VexIsa::kBmi2)] = model_has(7, 1, 8);
+  vex_features_[size_t(VexIsa::kAes)] = model_has(1, 2, 28) && model_has(1, 2, 25);
+  vex_features_[size_t(VexIsa::kPclmul)] = model_has(1, 2, 28) && model_has(1, 2, 1);
   // The jump cache names live blocks only (as links do): a dropped block leaves it at once.
   blocks_.set_drop_listener([this](const interp::Block& block) {
     JumpEntry& entry = jump_cache_[jump_index(block.rip)];
@@ -416,11 +426,24 @@ Result<> InterpBackend::Counter::arm(uint64_t at) {
 }
 
 std::span<const std::string_view> interp_features() {
-  // FPU: the whole x87 (interp/x87.cpp). No XSAVE, SMAP or SSE3 here: their instructions stay #UD.
-  static constexpr std::string_view kFeatures[] = {
-      "FPU",  "PSE",   "TSC",   "MSR", "PAE",    "CX8",     "PGE",       "CMOV",    "PAT", "CLFSH", "FXSR",
-      "SSE",  "SSE2",  "CX16",  "POPCNT", "MOVBE", "LAHF_LM", "ABM/LZCNT", "SYSCALL", "NX",  "LM"};
-  return kFeatures;
+  // FPU: the whole x87 (interp/x87.cpp); MMX (interp/exec_mmx.cpp); SSE3-SSE4.2 (interp/exec_sse4.cpp), whose
+  // floating point (ADDSUBPS, HADDPS, ROUNDPS, DPPS, ...) the host runs under the guest's MXCSR, as SSE's: a
+  // host without SSE3 or SSE4.1 cannot provide them. BMI1/BMI2 in portable C++; XSAVE and the AVX family
+  // (interp/exec_avx.cpp) only on a host with AVX2, FMA and F16C, whose own instructions compute their floating
+  // point (interp/avx.h). No SMAP here: its instructions stay #UD.
+  static const std::vector<std::string_view> features = [] {
+    std::vector<std::string_view> out = {"FPU", "PSE",    "TSC",   "MSR",     "PAE",       "CX8",     "PGE", "CMOV",
+                                         "PAT", "CLFSH",  "MMX",   "FXSR",    "SSE",       "SSE2",    "CX16",
+                                         "POPCNT", "MOVBE", "LAHF_LM", "ABM/LZCNT", "SYSCALL", "NX",  "LM",
+                                         "SSSE3", "SSE4.2", "BMI1", "BMI2"};
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse3")) out.push_back("SSE3");
+    if (__builtin_cpu_supports("sse4.1")) out.push_back("SSE4.1");
+    if (interp::avx::host_supports_avx())
+      for (std::string_view f : {"XSAVE", "AVX", "AVX2", "FMA", "F16C"}) out.push_back(f);
+    return out;
+  }();
+  return features;
 }
 
 Result<std::unique_ptr<Backend>> make_interp_backend(GuestMemory& memory, const CpuModel& model) {

@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "interp/block.h"
 #include "interp/decoded_insn.h"
 #include "interp/lazy_flags.h"
+#include "interp/sse.h"
 #include "core/backend.h"
 #include "core/cpu_model.h"
 #include "core/guest_memory.h"
@@ -188,6 +190,48 @@ class InterpBackend : public Backend {
   void exec_system(const interp::DecodedInsn& insn);
   void exec_sse(const interp::DecodedInsn& insn);
   void exec_x87(const interp::DecodedInsn& insn);  // interp/x87.cpp: ESC opcodes D8-DF and FWAIT
+  void exec_avx(const interp::DecodedInsn& insn);    // interp/exec_avx.cpp: every VEX-encoded instruction
+  void exec_bmi(const interp::DecodedInsn& insn);    // interp/exec_bmi.cpp: BMI1/BMI2 (VEX-encoded, GPRs only)
+  void exec_xsave(const interp::DecodedInsn& insn);  // interp/exec_xsave.cpp: XSAVE*, XRSTOR, XGETBV, XSETBV
+  // CPUID as the guest sees it now: the model's answer with the bits that follow CR4 and XCR0 (OSXSAVE, the
+  // XSAVE area sizes of leaf 0DH), as KVM computes them (interp/exec_xsave.cpp).
+  CpuidResult cpuid(uint32_t leaf, uint32_t subleaf) const;
+  // Whether the model has the feature of CPUID.leaf(subleaf 0):reg[bit] (reg 0-3: EAX..EDX).
+  bool model_has(uint32_t leaf, int reg, int bit) const;
+  // The model's features each VEX instruction checks (interp::VexIsa), read once.
+  std::array<bool, 16> vex_features_{};
+  // The SIMD extensions after SSE2: every instruction with an MMX register, EMMS, SSE3, SSSE3, SSE4.1 and
+  // SSE4.2 (interp/exec_mmx.cpp, interp/exec_sse4.cpp); false for anything else.
+  bool exec_simd_extension(const interp::DecodedInsn& insn);
+  void exec_mmx(const interp::DecodedInsn& insn);
+  void exec_sse4(const interp::DecodedInsn& insn);
+
+  // SIMD state, all in s_.fxsave: XMM registers, MXCSR, and the MMX registers on the x87 stack's mantissas.
+  interp::sse::Xmm xmm(unsigned n) const {
+    interp::sse::Xmm x;
+    std::memcpy(&x, s_.fxsave.data() + 160 + 16 * n, 16);
+    return x;
+  }
+  void set_xmm(unsigned n, interp::sse::Xmm x) { std::memcpy(s_.fxsave.data() + 160 + 16 * n, &x, 16); }
+  uint32_t mxcsr() const {
+    uint32_t value;
+    std::memcpy(&value, s_.fxsave.data() + 24, 4);
+    return value;
+  }
+  void set_mxcsr(uint32_t value) { std::memcpy(s_.fxsave.data() + 24, &value, 4); }
+  // MMn is physical x87 register n, wherever TOP puts it in the FXSAVE image's stack order.
+  uint64_t mm(unsigned n) const;
+  // The x87-to-MMX transition of every MMX instruction but EMMS (TOP = 0, every register tagged valid),
+  // then MMn's mantissa = value and its exponent all ones (SDM vol. 1, 9.5).
+  void mmx_transition();
+  void set_mm(unsigned n, uint64_t value);
+  // MASKMOVQ/MASKMOVDQU: the `n` bytes of `data` whose `mask` byte has its sign set, to DS:[RDI].
+  void masked_store(const interp::DecodedInsn& insn, const uint8_t* data, const uint8_t* mask, unsigned n);
+  // The extensions of the CPU model the SIMD executors check (an instruction of one the model lacks is #UD).
+  struct SimdFeatures {
+    bool mmx = false, sse3 = false, ssse3 = false, sse41 = false, sse42 = false;
+  };
+  static SimdFeatures simd_features_of(const CpuModel& model);
 
   // Register and operand access.
   uint64_t reg_read(int index, unsigned bytes) const {
@@ -336,6 +380,7 @@ class InterpBackend : public Backend {
 
   GuestMemory& memory_;
   const CpuModel& model_;
+  const SimdFeatures simd_ = simd_features_of(model_);
   uint8_t* ram_;
   uint64_t ram_size_;
   CpuState s_;

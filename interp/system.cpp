@@ -289,8 +289,9 @@ void InterpBackend::set_cr(int cr, uint64_t value) {
       flush_tlb(false);
       return;
     case 4: {
-      // The model offers VME..OSXMMEXCPT (bits 0-10); FSGSBASE, OSXSAVE, SMEP, ... are absent from CPUID.
-      if (value & ~0x7ffull) raise(kGp, 0, true);
+      // The model offers VME..OSXMMEXCPT (bits 0-10), and OSXSAVE with XSAVE; FSGSBASE, SMEP, ... are absent
+      // from CPUID.
+      if (value & ~(0x7ffull | (model_has(1, 2, 26) ? cr4::kOsxsave : 0))) raise(kGp, 0, true);
       if (long_mode() && !(value & cr4::kPae)) raise(kGp, 0, true);
       if ((value ^ s_.cr4) & (cr4::kPae | cr4::kPge | cr4::kPse)) flush_tlb(true);
       s_.cr4 = value;

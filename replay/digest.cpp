@@ -88,6 +88,12 @@ XXH3_state_t* start_cpu_ram(const CpuState& s, const GuestMemory& memory, Digest
   regs[kGprCount + 6] = s.efer;
   XXH3_128bits_update(h, regs, sizeof(regs));
   if (parts) parts->registers.assign(std::begin(regs), std::end(regs));
+  // XCR0 only once XSETBV moved it from its reset value, so that the digests of traces from before it existed
+  // (whose guests could not execute XSETBV) stay what they were.
+  if (s.xcr0 != xcr0::kX87) {
+    XXH3_128bits_update(h, &s.xcr0, sizeof(s.xcr0));
+    if (parts) parts->registers.push_back(s.xcr0);
+  }
   hash_ram(h, memory, parts ? &parts->ram_regions : nullptr);
   return h;
 }
@@ -105,10 +111,10 @@ Digest finish(XXH3_state_t* h) {
 }  // namespace
 
 std::string_view DigestParts::register_name(int index) {
-  static constexpr std::string_view kNames[kRegisterCount] = {
+  static constexpr std::string_view kNames[kRegisterCount + 1] = {
       "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8",  "r9",  "r10", "r11",
-      "r12", "r13", "r14", "r15", "rip", "rflags", "cr0", "cr2", "cr3", "cr4", "efer"};
-  return index >= 0 && index < kRegisterCount ? kNames[index] : "?";
+      "r12", "r13", "r14", "r15", "rip", "rflags", "cr0", "cr2", "cr3", "cr4", "efer", "xcr0"};
+  return index >= 0 && index <= kRegisterCount ? kNames[index] : "?";
 }
 
 Digest cpu_ram_digest(const CpuState& state, const GuestMemory& memory) {

@@ -17,7 +17,8 @@ namespace deja {
 uint64_t gpr_digest(const CpuState& state);
 
 // 128-bit digest of what both backends must agree on at the end of a deterministic run: GPRs, RIP,
-// RFLAGS (RF masked), CR0, CR2, CR3, CR4, EFER and all of RAM. Device state is added separately
+// RFLAGS (RF masked), CR0, CR2, CR3, CR4, EFER, XCR0 when it is not its reset value (1), and all of RAM. The x87,
+// XMM and YMM registers are not in it (their effects reach RAM or the GPRs soon enough). Device state is added separately
 // (machine_digest) because a digest must mean the same on KVM and interp.
 struct Digest {
   std::array<uint8_t, 16> bytes{};
@@ -31,7 +32,7 @@ struct Digest {
 struct DigestParts {
   static constexpr uint64_t kRamRegionBytes = 4ull << 20;
   static constexpr int kRegisterCount = kGprCount + 7;  // GPRs, RIP, RFLAGS (RF masked), CR0, CR2, CR3, CR4, EFER
-  std::vector<uint64_t> registers;
+  std::vector<uint64_t> registers;  // kRegisterCount of them, then XCR0 when it is in the digest
   std::vector<uint64_t> ram_regions;  // region i covers [i * kRamRegionBytes, (i + 1) * kRamRegionBytes)
   std::vector<uint64_t> devices;      // in Machine::device_states() order
   static std::string_view register_name(int index);

@@ -39,14 +39,16 @@ TEST(GdbServer, RegistersInTargetDescriptionOrder) {
   Server s(t);
   std::string g = ask(s, "g");
   // 16 GPRs + rip (8 bytes each), eflags and 6 selectors (4), 8 x87 (10), 8 x87 control (4), 16 XMM (16),
-  // MXCSR (4), fs_base, gs_base and 6 system registers (8).
-  EXPECT_EQ(g.size(), size_t(2 * (17 * 8 + 7 * 4 + 8 * 10 + 8 * 4 + 16 * 16 + 4 + 8 * 8)));
+  // MXCSR (4), fs_base, gs_base and 6 system registers (8), the upper halves of the 16 YMM registers (16).
+  EXPECT_EQ(g.size(), size_t(2 * (17 * 8 + 7 * 4 + 8 * 10 + 8 * 4 + 16 * 16 + 4 + 8 * 8 + 16 * 16)));
   EXPECT_EQ(g.substr(0, 16), hex_le(t.state.gpr[kRax], 8));
   EXPECT_EQ(g.substr(16, 16), hex_le(t.state.gpr[kRbx], 8));  // gdb's second register is rbx
   EXPECT_EQ(ask(s, "p10"), hex_le(0x100000, 8));              // rip
   EXPECT_EQ(ask(s, "p39"), hex_le(t.state.fs.base, 8));       // fs_base (57)
   EXPECT_EQ(ask(s, "p3d"), hex_le(0x1000, 8));                // cr3 (61)
-  EXPECT_EQ(ask(s, "p41"), "E01");                            // past the last register
+  t.state.ymmh[16 * 2] = 0xab;
+  EXPECT_EQ(ask(s, "p43"), "ab" + std::string(30, '0'));      // ymm2h (67)
+  EXPECT_EQ(ask(s, "p51"), "E01");                            // past the last register
 }
 
 TEST(GdbServer, MemoryReadsAndPartialReads) {
