@@ -230,8 +230,8 @@ bool Session::async_work_due() {
 
 // Run / record: let host time and host input into the machine, if anything is due.
 void Session::poll_async(bool idle) {
-  uint64_t now = idle ? engine_.host_now_ns() : engine_.running_now_ns();
   auto deadline = machine_->next_deadline_ns();
+  uint64_t now = idle ? engine_.idle_now_ns(deadline) : engine_.running_now_ns();
   bool due = deadline && *deadline <= now;
   uint8_t buf[256];
   size_t n = 0;

@@ -231,6 +231,10 @@ def main():
                 raise linux_guest.GuestError(f"{args.machine}: systemd did not reach multi-user.target; console "
                                              "ends:\n" + text[-4000:])
             results.append(next(line for line in text.splitlines() if SYSTEMD_MARKER in line).strip())
+            # A halted guest's timer must fire at its deadline (Engine::idle_now_ns), not after a jump of guest time.
+            stall = re.search(r"rcu: INFO: rcu_preempt self-detected stall|timer wakeup didn't happen", text)
+            if stall:
+                raise linux_guest.GuestError(f"{args.machine}: the guest reported a stall: {stall.group(0)}")
             output = None
         if status != 1:
             raise linux_guest.GuestError(f"{args.machine} ended with status {status}, not 1 (isa-debug-exit 0)")
