@@ -233,7 +233,10 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       return;
     }
     case ZYDIS_MNEMONIC_SYSCALL: {
-      if (!mode64() || !(s_.efer & efer::kSce)) raise_ud(insn, false);
+      // In compatibility mode AMD's CPUs enter the 64-bit kernel at CSTAR (Linux's 32-bit programs take this
+      // path on AMD: X86_FEATURE_SYSCALL32); Intel's, and deja's own vendor, #UD. Legacy mode: #UD.
+      const bool compat = long_mode() && !mode64();
+      if (!(mode64() || (compat && model_.is_amd())) || !(s_.efer & efer::kSce)) raise_ud(insn, false);
       s_.gpr[kRcx] = next_rip_;
       s_.gpr[kR11] = s_.rflags & ~rflags::kRf;
       s_.rflags = (s_.rflags & ~(s_.msrs.sfmask | rflags::kRf)) | 2;
@@ -256,7 +259,7 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       ss.db = true;
       ss.g = true;
       s_.ss = ss;
-      next_rip_ = s_.msrs.lstar;
+      next_rip_ = compat ? s_.msrs.cstar : s_.msrs.lstar;
       return;
     }
     case ZYDIS_MNEMONIC_SYSRET: {

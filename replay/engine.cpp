@@ -42,6 +42,12 @@ uint64_t Engine::host_now_ns() {
   return t;
 }
 
+uint64_t Engine::idle_now_ns(std::optional<uint64_t> deadline) {
+  const uint64_t running = running_now_ns();
+  const uint64_t host = host_clock_.elapsed_ns();
+  return std::max(running, deadline ? std::min(host, *deadline) : host);
+}
+
 void Engine::remember(const trace::Event& e) {
   recent_.push_back(fmt::format("#{} {}", events_, describe_event(e)));
   if (recent_.size() > kRecentEvents) recent_.pop_front();

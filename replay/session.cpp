@@ -230,8 +230,8 @@ bool Session::async_work_due() {
 
 // Run / record: let host time and host input into the machine, if anything is due.
 void Session::poll_async(bool idle) {
-  uint64_t now = idle ? engine_.host_now_ns() : engine_.running_now_ns();
   auto deadline = machine_->next_deadline_ns();
+  uint64_t now = idle ? engine_.idle_now_ns(deadline) : engine_.running_now_ns();
   bool due = deadline && *deadline <= now;
   uint8_t buf[256];
   size_t n = 0;
@@ -441,10 +441,10 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
     }
     case ExitKind::kMsrRead:
       // Outside the vCPU deja emulates the TSC, the MSRs of the machine's devices (the local APIC's on
-      // pc-apic) and the CPU model's inert MSRs (0, a function of the model: not recorded); every other one
-      // is #GP, as on a CPU that lacks it.
-      if (machine_->config().cpu_model->inert_msr(exit.msr)) {
-        exit.value = 0;
+      // pc-apic) and the CPU model's own MSRs (a function of the model: not recorded); every other one is
+      // #GP, as on a CPU that lacks it.
+      if (const ModelMsr* model_msr = machine_->config().cpu_model->msr(exit.msr)) {
+        exit.value = model_msr->value;
         exit.fault = false;
       } else if (exit.msr == msr::kTsc) {
         exit.value = engine_.msr_read(exit.msr, exit.rip, engine_.mode() == Mode::kReplay ? 0 : engine_.tsc_now());
@@ -458,8 +458,11 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
       }
       break;
     case ExitKind::kMsrWrite:
-      exit.fault = !machine_->config().cpu_model->inert_msr(exit.msr) &&
-                   !machine_->write_msr(exit.msr, exit.value).value_or(false);
+      if (const ModelMsr* model_msr = machine_->config().cpu_model->msr(exit.msr)) {
+        exit.fault = !model_msr->accepts(exit.value);
+      } else {
+        exit.fault = !machine_->write_msr(exit.msr, exit.value).value_or(false);
+      }
       break;
     case ExitKind::kHlt: {
       auto st = machine_->backend().get_state();
