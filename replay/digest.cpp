@@ -74,9 +74,7 @@ void hash_ram(XXH3_state_t* h, const GuestMemory& memory, std::vector<uint64_t>*
   }
 }
 
-XXH3_state_t* start_cpu_ram(const CpuState& s, const GuestMemory& memory, DigestParts* parts) {
-  XXH3_state_t* h = XXH3_createState();
-  XXH3_128bits_reset(h);
+void hash_registers(XXH3_state_t* h, const CpuState& s, DigestParts* parts) {
   uint64_t regs[DigestParts::kRegisterCount];
   for (int i = 0; i < kGprCount; ++i) regs[i] = s.gpr[i];
   regs[kGprCount + 0] = s.rip;
@@ -87,7 +85,14 @@ XXH3_state_t* start_cpu_ram(const CpuState& s, const GuestMemory& memory, Digest
   regs[kGprCount + 5] = s.cr4;
   regs[kGprCount + 6] = s.efer;
   XXH3_128bits_update(h, regs, sizeof(regs));
-  if (parts) parts->registers.assign(std::begin(regs), std::end(regs));
+  if (parts) parts->registers.insert(parts->registers.end(), std::begin(regs), std::end(regs));
+}
+
+XXH3_state_t* start_cpu_ram(const CpuState& s, const GuestMemory& memory, DigestParts* parts) {
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_128bits_reset(h);
+  if (parts) parts->registers.clear();
+  hash_registers(h, s, parts);
   hash_ram(h, memory, parts ? &parts->ram_regions : nullptr);
   return h;
 }
@@ -104,19 +109,22 @@ Digest finish(XXH3_state_t* h) {
 
 }  // namespace
 
-std::string_view DigestParts::register_name(int index) {
+std::string DigestParts::register_name(int index) {
   static constexpr std::string_view kNames[kRegisterCount] = {
       "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8",  "r9",  "r10", "r11",
       "r12", "r13", "r14", "r15", "rip", "rflags", "cr0", "cr2", "cr3", "cr4", "efer"};
-  return index >= 0 && index < kRegisterCount ? kNames[index] : "?";
+  if (index < 0) return "?";
+  if (index < kRegisterCount) return std::string(kNames[index]);
+  return fmt::format("vcpu{} {}", index / kRegisterCount, kNames[index % kRegisterCount]);
 }
 
 Digest cpu_ram_digest(const CpuState& state, const GuestMemory& memory) {
   return finish(start_cpu_ram(state, memory, nullptr));
 }
 
-Digest machine_digest(const CpuState& state, const GuestMemory& memory, std::span<const std::vector<uint8_t>> devices,
-                      DigestParts* parts) {
+namespace {
+XXH3_state_t* start_machine(const CpuState& state, const GuestMemory& memory,
+                            std::span<const std::vector<uint8_t>> devices, DigestParts* parts) {
   XXH3_state_t* h = start_cpu_ram(state, memory, parts);
   if (parts) parts->devices.clear();
   for (const auto& d : devices) {
@@ -125,6 +133,19 @@ Digest machine_digest(const CpuState& state, const GuestMemory& memory, std::spa
     XXH3_128bits_update(h, d.data(), d.size());
     if (parts) parts->devices.push_back(XXH3_64bits(d.data(), d.size()));
   }
+  return h;
+}
+}  // namespace
+
+Digest machine_digest(const CpuState& state, const GuestMemory& memory, std::span<const std::vector<uint8_t>> devices,
+                      DigestParts* parts) {
+  return finish(start_machine(state, memory, devices, parts));
+}
+
+Digest machine_digest(std::span<const CpuState> states, const GuestMemory& memory,
+                      std::span<const std::vector<uint8_t>> devices, DigestParts* parts) {
+  XXH3_state_t* h = start_machine(states.empty() ? CpuState{} : states.front(), memory, devices, parts);
+  for (size_t i = 1; i < states.size(); ++i) hash_registers(h, states[i], parts);
   return finish(h);
 }
 

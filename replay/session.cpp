@@ -473,6 +473,7 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
     case ExitKind::kInterruptWindow:
     case ExitKind::kCoordinateReached:
     case ExitKind::kDebug:
+    case ExitKind::kPause:
       break;
     case ExitKind::kCoordinateMissed:
       if (engine_.mode() == Mode::kReplay && engine_.peek()) {
@@ -958,7 +959,7 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
   uint32_t recent = r.u32();
   if (recent > 64) r.invalid("too many recent events");
   for (uint32_t i = 0; i < recent && r.ok(); ++i) c.recent.push_back(get_string(r));
-  if (kind > uint8_t(ExitKind::kFault)) r.invalid("exit kind out of range");
+  if (kind > uint8_t(ExitKind::kPause)) r.invalid("exit kind out of range");
   if (auto done = r.finish(); !done) return done;
   if (auto moved = engine_.restore_cursor(c); !moved) return moved;
   guest_exits_ = guest_exits;
