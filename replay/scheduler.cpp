@@ -1,4 +1,4 @@
-// The default schedule: seeded round robin with quanta and PAUSE counts drawn per turn.
+// The default schedule: seeded round robin with quanta and PAUSE counts drawn per slice.
 #include "replay/scheduler.h"
 
 #include <fmt/format.h>
@@ -7,15 +7,15 @@
 
 namespace deja {
 
-std::string_view turn_unit_name(TurnUnit unit) {
-  return unit == TurnUnit::kInstructions ? "instructions" : "guest-exits";
+std::string_view slice_unit_name(SliceUnit unit) {
+  return unit == SliceUnit::kInstructions ? "instructions" : "guest-exits";
 }
 
-ScheduleConfig default_schedule(TurnUnit unit, uint64_t seed) {
+ScheduleConfig default_schedule(SliceUnit unit, uint64_t seed) {
   ScheduleConfig c;
   c.seed = seed;
   c.unit = unit;
-  c.quantum = unit == TurnUnit::kInstructions ? 200'000 : 32;
+  c.quantum = unit == SliceUnit::kInstructions ? 200'000 : 32;
   c.pause_limit = 64;
   return c;
 }
@@ -61,8 +61,8 @@ class QuantumScheduler : public Scheduler {
     return current;  // (never reached: the caller passes at least one runnable vCPU)
   }
 
-  Turn turn(uint32_t) override {
-    Turn t;
+  Slice slice(uint32_t) override {
+    Slice t;
     t.length = config_.quantum / 2 + random_.below(config_.quantum);
     t.pauses = uint32_t(1 + random_.below(config_.pause_limit));
     return t;
