@@ -595,7 +595,7 @@ std::string Session::host_failure() const {
   return out_ ? out_->error() : std::string();
 }
 
-Result<> Session::finish_recording(const Outcome& outcome) {
+Result<trace::Footer> Session::finish_recording(const Outcome& outcome) {
   Digest full = final_machine_digest();
   trace::End end;
   *end.mutable_at() = to_proto(position());
@@ -621,7 +621,9 @@ Result<> Session::finish_recording(const Outcome& outcome) {
   footer.set_branches(branches);
   footer.set_wall_ns(wall_ns_);
   footer.set_exit_status(outcome.status);
-  return engine_.finish_record(std::move(end), std::move(footer));
+  const trace::Footer stated = footer;
+  if (auto r = engine_.finish_record(std::move(end), std::move(footer)); !r) return std::unexpected(r.error());
+  return stated;
 }
 
 // ---- several vCPUs (docs/smp.md) ----------------------------------------------------------------------
