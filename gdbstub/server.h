@@ -21,6 +21,8 @@ class Server {
   std::optional<std::string> handle(std::string_view packet, const std::function<bool()>& interrupted);
   bool finished() const { return finished_; }  // gdb detached or killed
   bool no_ack() const { return no_ack_; }
+  // The stop reply to a Ctrl-C that came while the machine was stopped.
+  std::string interrupted_reply();
 
  private:
   std::string stop_reply(const StopInfo& stop);
@@ -30,11 +32,14 @@ class Server {
   std::string handle_query(std::string_view packet, const std::function<bool()>& interrupted);
   std::string handle_v(std::string_view packet, const std::function<bool()>& interrupted);
   std::string breakpoint(std::string_view packet, bool insert);
+  // The vCPU a thread id names (hex, 1-based; "0" and "-1": the stopped one); nullopt when none.
+  std::optional<uint32_t> thread_vcpu(std::string_view id);
 
   Target& target_;
   std::vector<uint64_t> software_breakpoints_, hardware_breakpoints_;
   std::vector<Watchpoint> watchpoints_;
   StopInfo last_stop_;
+  uint32_t selected_ = 0;  // the vCPU (gdb thread - 1) whose registers and memory g, p and m read
   bool finished_ = false;
   bool no_ack_ = false;
 };
