@@ -279,9 +279,11 @@ for i in range(399, -1, -1):
 emit(reverse_stepi=back_ok, first_bad=first_bad)
 gdb.execute("watch unlocked_counter")
 writers = []
-for i in range(30):
+for i in range(300):  # the BSP prints a line before it starts writing: the AP writes first
     gdb.execute("continue", to_string=True)
     writers.append(gdb.selected_thread().num)
+    if len(set(writers)) == 2 and writers[-1] != writers[0]:
+        break
 emit(writers=sorted(set(writers)))
 steps_after = int(mon("when").split()[1])
 gdb.execute("reverse-continue", to_string=True)

@@ -118,7 +118,7 @@ TEST(GdbServer, EveryVcpuIsAThread) {
   EXPECT_EQ(ask(s, "qThreadExtraInfo,3"), hex_encode(std::string_view("vCPU 2")));
   EXPECT_EQ(ask(s, "qThreadExtraInfo,4"), "E01");
   EXPECT_EQ(ask(s, "T3"), "OK");
-  EXPECT_EQ(ask(s, "T0"), "E01");
+  EXPECT_EQ(ask(s, "Tzz"), "E01");
   EXPECT_EQ(ask(s, "T4"), "E01");
   // A stop names the vCPU the machine stopped on, and g then reads that vCPU.
   EXPECT_EQ(ask(s, "vCont;s:2"), "T05thread:2;");
