@@ -40,16 +40,7 @@ bool ApicFabric::deliver(const ApicMessage& m) {
 }
 
 void ApicFabric::deliver_msi(uint64_t address, uint32_t data) {
-  if ((address >> 20) != 0xfee) return;  // not an interrupt message
-  bool level = data & 0x8000;
-  if (level && !(data & 0x4000)) return;  // a level de-assert message carries no interrupt
-  ApicMessage m;
-  m.vector = uint8_t(data);
-  m.delivery_mode = uint8_t((data >> 8) & 7);
-  m.logical = address & 4;
-  m.destination = uint32_t((address >> 12) & 0xff);
-  m.level = level;
-  deliver(m);
+  if (auto m = decode_msi(address, data)) deliver(*m);
 }
 
 void ApicFabric::nmi(uint32_t cpu) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 namespace deja {
 
@@ -65,6 +66,21 @@ class EoiListener {
   virtual ~EoiListener() = default;
   virtual void end_of_interrupt(uint8_t vector) = 0;
 };
+
+// The message an MSI / MSI-X write carries (SDM 10.11: destination in address bits 19:12, logical mode in bit 2;
+// vector, delivery mode and trigger in data); nullopt for a write outside 0xFEExxxxx or a level de-assert.
+inline std::optional<ApicMessage> decode_msi(uint64_t address, uint32_t data) {
+  if ((address >> 20) != 0xfee) return std::nullopt;  // not an interrupt message
+  const bool level = data & 0x8000;
+  if (level && !(data & 0x4000)) return std::nullopt;  // a level de-assert message carries no interrupt
+  ApicMessage m;
+  m.vector = uint8_t(data);
+  m.delivery_mode = uint8_t((data >> 8) & 7);
+  m.logical = address & 4;
+  m.destination = uint32_t((address >> 12) & 0xff);
+  m.level = level;
+  return m;
+}
 
 // A PCI device's MSI / MSI-X write: `address` in 0xFEE00000-0xFEEFFFFF, 32-bit `data` (SDM 10.11).
 class MsiSink {

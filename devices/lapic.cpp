@@ -224,16 +224,7 @@ bool LocalApic::receive(const ApicMessage& message) {
 }
 
 void LocalApic::deliver_msi(uint64_t address, uint32_t data) {
-  if ((address >> 20) != 0xfee) return;  // not an interrupt message
-  bool level = data & 0x8000;
-  if (level && !(data & 0x4000)) return;  // a level de-assert message carries no interrupt
-  ApicMessage m;
-  m.vector = uint8_t(data);
-  m.delivery_mode = uint8_t((data >> 8) & 7);
-  m.logical = address & 4;
-  m.destination = uint32_t((address >> 12) & 0xff);
-  m.level = level;
-  deliver(m);
+  if (auto m = decode_msi(address, data)) deliver(*m);
 }
 
 void LocalApic::send_ipi(uint32_t icr_low, uint32_t destination, bool x2) {
