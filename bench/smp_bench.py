@@ -9,7 +9,7 @@ recorded and replayed with 1 and 2 vCPUs. Prints times and the ratios the issue'
   - the trace with 2 vCPUs / with 1 (aim: <= 1.2x: the schedule costs no bytes).
 
 QEMU boots with ACPI (its -smp guest finds its processors in the MADT; with acpi=off Linux would see one), deja
-with the MP table. Usage: bench/smp_bench.py [--build build] [--repeat 1] [--skip qemu,rr] [--json FILE]
+with the MP table. Usage: bench/smp_bench.py [--build build] [--repeat 1] [--skip boot,qemu,rr] [--json FILE]
 """
 import argparse
 import json
@@ -45,7 +45,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--skip", default="", help="comma-separated: qemu, rr")
+    ap.add_argument("--skip", default="", help="comma-separated: boot (deja's boots), qemu, rr")
     ap.add_argument("--json", help="write the figures here too")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
@@ -55,7 +55,7 @@ def main():
     skip = set(filter(None, args.skip.split(",")))
     boots, rr = {}, {}
 
-    for cpus in (1, 2, 4):
+    for cpus in (1, 2, 4) if "boot" not in skip else ():
         argv = [deja, "run", "--linux", "--machine", "pc-apic", "--stats", "--append", BOOT_SCRIPT]
         if cpus > 1:
             argv += ["--cpus", str(cpus), "--schedule-seed", "1"]
