@@ -310,6 +310,21 @@ const CpuModel& CpuModel::with_local_apic() const {
   return *variant;
 }
 
+const CpuModel& CpuModel::for_apic_id(uint8_t apic_id) const {
+  if (apic_id == 0) return *this;
+  static std::mutex lock;
+  static std::map<std::pair<const CpuModel*, uint8_t>, std::unique_ptr<CpuModel>> variants;
+  std::lock_guard guard(lock);
+  auto& variant = variants[{this, apic_id}];
+  if (!variant) {
+    variant = std::make_unique<CpuModel>(*this);
+    for (auto& entry : variant->entries_) {
+      if (entry.function == 1) entry.result.ebx = (entry.result.ebx & 0x00ffffffu) | (uint32_t(apic_id) << 24);
+    }
+  }
+  return *variant;
+}
+
 std::span<const CpuModel* const> CpuModel::all() {
   static const CpuModel* const models[] = {&x86_64_v3(), &x86_64_v2(), &x86_64_v1(), &deja_v1()};
   return models;

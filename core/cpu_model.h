@@ -74,6 +74,10 @@ class CpuModel {
   // TSC_DEADLINE in CPUID.1, which the machine's local APIC provides. The machine type is recorded next to
   // the model, so a trace names both. Models without a local APIC never set these bits.
   const CpuModel& with_local_apic() const;
+  // This model as vCPU `apic_id` of a multiprocessor sees it: its initial APIC ID in CPUID.1:EBX[31:24]
+  // (each vCPU is a package of its own: one logical processor, as leaves 1 and 4 already say). ID 0 is
+  // this model itself.
+  const CpuModel& for_apic_id(uint8_t apic_id) const;
 
   // Recorded in trace headers with the name; bump `version` whenever any answer of the model changes.
   uint32_t version() const { return version_; }

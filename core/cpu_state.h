@@ -95,4 +95,11 @@ constexpr uint64_t kSce = 1u << 0, kLme = 1u << 8, kLma = 1u << 10, kNxe = 1u <<
 // Human-readable register dump for diagnostics (triple fault, failed entry, divergence reports).
 std::string format_cpu_state(const CpuState& state);
 
+// A processor after INIT (Intel SDM vol. 3, table 9-1, "Following INIT"; x87 and SSE as at power-up): real
+// mode at F000:FFF0, EDX = the CPUID.1 signature `signature`.
+CpuState cpu_state_after_init(uint32_t signature);
+// An application processor started by a STARTUP message with `vector` (SDM 8.4.4.1, 10.6.1): as after INIT,
+// in real mode at CS = vector << 8, IP = 0.
+CpuState cpu_state_at_startup(uint8_t vector, uint32_t signature);
+
 }  // namespace deja

@@ -169,23 +169,34 @@ std::optional<WatchKind> watch_kind_of(char type) {
 std::string_view target_xml() { return kTargetXml; }
 
 std::string Server::stop_reply(const StopInfo& stop) {
+  const std::string thread = fmt::format("thread:{:x};", target_.stopped_vcpu() + 1);
   switch (stop.why) {
-    case StopInfo::Why::kStep: return "T05thread:1;";
-    case StopInfo::Why::kBreakpoint: return stop.hardware ? "T05hwbreak:;thread:1;" : "T05swbreak:;thread:1;";
+    case StopInfo::Why::kStep: return "T05" + thread;
+    case StopInfo::Why::kBreakpoint: return (stop.hardware ? "T05hwbreak:;" : "T05swbreak:;") + thread;
     case StopInfo::Why::kWatchpoint: {
       const char* name = stop.watch_kind == WatchKind::kRead ? "rwatch" : stop.watch_kind == WatchKind::kAccess ? "awatch" : "watch";
-      return fmt::format("T05{}:{:x};thread:1;", name, stop.watch_address);
+      return fmt::format("T05{}:{:x};{}", name, stop.watch_address, thread);
     }
-    case StopInfo::Why::kInterrupted: return "T02thread:1;";
-    case StopInfo::Why::kHistoryBegin: return "T05replaylog:begin;thread:1;";
-    case StopInfo::Why::kHistoryEnd: return "T05replaylog:end;thread:1;";
-    case StopInfo::Why::kError: return "T06thread:1;";  // SIGABRT: the replay cannot go on
+    case StopInfo::Why::kInterrupted: return "T02" + thread;
+    case StopInfo::Why::kHistoryBegin: return "T05replaylog:begin;" + thread;
+    case StopInfo::Why::kHistoryEnd: return "T05replaylog:end;" + thread;
+    case StopInfo::Why::kError: return "T06" + thread;  // SIGABRT: the replay cannot go on
   }
   return "S05";
 }
 
+std::string Server::interrupted_reply() { return stop_reply(StopInfo{StopInfo::Why::kInterrupted}); }
+
+std::optional<uint32_t> Server::thread_vcpu(std::string_view id) {
+  // "0" (any thread) and "-1" (all threads) name the vCPU the machine stopped on.
+  if (id == "0" || id == "-1") return target_.stopped_vcpu();
+  auto n = parse_hex_u64(id);
+  if (!n || *n == 0 || *n > target_.threads()) return std::nullopt;
+  return uint32_t(*n - 1);
+}
+
 std::string Server::read_registers() {
-  auto st = target_.registers();
+  auto st = target_.registers(selected_);
   if (!st) return error_reply(kENoTarget);
   std::string out;
   for (int n = 0; n < kRegisterCount; ++n) out += register_hex(*st, n);
@@ -194,7 +205,7 @@ std::string Server::read_registers() {
 
 std::optional<std::string> Server::read_register(uint64_t number) {
   if (number >= kRegisterCount) return std::nullopt;
-  auto st = target_.registers();
+  auto st = target_.registers(selected_);
   if (!st) return error_reply(kENoTarget);
   return register_hex(*st, int(number));
 }
@@ -205,8 +216,9 @@ std::string Server::resume(const ResumeRequest& base, const std::function<bool()
   request.breakpoints.insert(request.breakpoints.end(), hardware_breakpoints_.begin(), hardware_breakpoints_.end());
   request.watchpoints = watchpoints_;
   last_stop_ = target_.resume(request, interrupted);
+  selected_ = target_.stopped_vcpu();  // gdb reads the stopped thread's registers next (or says Hg first)
   if (last_stop_.why == StopInfo::Why::kBreakpoint) {
-    auto st = target_.registers();
+    auto st = target_.registers(selected_);
     last_stop_.hardware =
         st && std::find(hardware_breakpoints_.begin(), hardware_breakpoints_.end(), st->rip) != hardware_breakpoints_.end() &&
         std::find(software_breakpoints_.begin(), software_breakpoints_.end(), st->rip) == software_breakpoints_.end();
@@ -280,10 +292,18 @@ std::string Server::handle_query(std::string_view p, const std::function<bool()>
     return reply;
   }
   if (p == "qAttached") return "1";
-  if (p == "qC") return "QC1";
-  if (p == "qfThreadInfo") return "m1";
+  if (p == "qC") return fmt::format("QC{:x}", target_.stopped_vcpu() + 1);
+  if (p == "qfThreadInfo") {
+    std::string list = "m1";
+    for (uint32_t t = 2; t <= target_.threads(); ++t) list += fmt::format(",{:x}", t);
+    return list;
+  }
   if (p == "qsThreadInfo") return "l";
-  if (p.starts_with("qThreadExtraInfo")) return hex_encode(std::string_view("vCPU 0"));
+  if (p.starts_with("qThreadExtraInfo,")) {
+    auto vcpu = thread_vcpu(p.substr(std::string_view("qThreadExtraInfo,").size()));
+    if (!vcpu) return error_reply(kEInvalid);
+    return hex_encode(std::string_view(fmt::format("vCPU {}", *vcpu)));
+  }
   if (p == "qOffsets") return "Text=0;Data=0;Bss=0";
   if (p.starts_with("qSymbol")) return "OK";
   if (p.starts_with("qRcmd,")) {
@@ -338,12 +358,20 @@ std::optional<std::string> Server::handle(std::string_view p, const std::functio
       auto range = parse_addr_length(p.substr(1), kMaxPacket / 2);
       if (!range) return error_reply(kEInvalid);
       std::vector<uint8_t> buffer(range->second);
-      size_t got = target_.read_virtual(range->first, buffer);
+      size_t got = target_.read_virtual(selected_, range->first, buffer);
       if (got == 0 && !buffer.empty()) return error_reply(kEFault);
       return hex_encode(std::span(buffer).first(got));
     }
-    case 'H': return p.size() >= 2 ? "OK" : error_reply(kEInvalid);
-    case 'T': return "OK";
+    case 'H': {
+      // Hg picks the thread whose registers and memory gdb reads; Hc the one to resume, which is the whole
+      // machine whatever gdb names (one vCPU runs at a time, as the schedule says).
+      if (p.size() < 3 || (p[1] != 'g' && p[1] != 'c')) return error_reply(kEInvalid);
+      auto vcpu = thread_vcpu(p.substr(2));
+      if (!vcpu) return error_reply(kEInvalid);
+      if (p[1] == 'g') selected_ = *vcpu;
+      return "OK";
+    }
+    case 'T': return thread_vcpu(p.substr(1)) ? "OK" : error_reply(kEInvalid);  // is the thread alive
     case 'c': case 's': {
       if (p.size() > 1) return error_reply(kEInvalid);  // resuming at another address would diverge
       ResumeRequest request;
@@ -461,7 +489,7 @@ Result<> serve(int fd, Server& server) {
           break;
         case Incoming::Kind::kInterrupt: {
           // Ctrl-C while stopped: report a stop where we are.
-          if (!send_all(frame("T02thread:1;"))) return {};
+          if (!send_all(frame(server.interrupted_reply()))) return {};
           break;
         }
         case Incoming::Kind::kBadChecksum:

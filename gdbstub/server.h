@@ -29,6 +29,9 @@ class Server {
   static constexpr size_t kMaxBreakpoints = 4096;
   static constexpr size_t kMaxWatchpoints = 256;
 
+  // The stop reply to a Ctrl-C that came while the machine was stopped.
+  std::string interrupted_reply();
+
  private:
   std::string stop_reply(const StopInfo& stop);
   std::string read_registers();
@@ -37,11 +40,14 @@ class Server {
   std::string handle_query(std::string_view packet, const std::function<bool()>& interrupted);
   std::string handle_v(std::string_view packet, const std::function<bool()>& interrupted);
   std::string breakpoint(std::string_view packet, bool insert);
+  // The vCPU a thread id names (hex, 1-based; "0" and "-1": the stopped one); nullopt when none.
+  std::optional<uint32_t> thread_vcpu(std::string_view id);
 
   Target& target_;
   std::vector<uint64_t> software_breakpoints_, hardware_breakpoints_;
   std::vector<Watchpoint> watchpoints_;
   StopInfo last_stop_;
+  uint32_t selected_ = 0;  // the vCPU (gdb thread - 1) whose registers and memory g, p and m read
   bool finished_ = false;
   bool no_ack_ = false;
   std::string refusal_;

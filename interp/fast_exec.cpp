@@ -250,7 +250,8 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
       break;
     }
     if (block->count == 0) first_length = insn.length;
-    const Role role = role_of(insn);
+    // A PAUSE that exits (set_pause_exits) stays with step(), which reports it.
+    const Role role = pause_exits_ && insn.mnemonic == ZYDIS_MNEMONIC_PAUSE ? Role::kFallback : role_of(insn);
     if (role == Role::kFallback) break;
     const uint64_t next = (at + insn.length) & rip_mask;
     if (next < at && mode != interp::kMode64) break;  // IP wraps: the next instruction is not the next byte
@@ -302,7 +303,7 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
   // were dropped earned them): they go now, so that every store into the page checks for this block.
   const bool was_code = is_code_page(phys >> 12);
   Block* inserted = blocks_.insert(std::move(block));
-  if (!was_code) revoke_fast_writes(phys >> 12);
+  if (!was_code) code_appeared(phys >> 12);
   return inserted;
 }
 

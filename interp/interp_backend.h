@@ -47,6 +47,11 @@ class InterpBackend : public Backend {
   Result<> set_state(const CpuState& state) override;
   bool can_inject_interrupt() override;
   Result<> inject_interrupt(uint8_t vector) override;
+  Result<> inject_nmi() override {
+    nmi_pending_ = true;
+    return {};
+  }
+  Result<> set_pause_exits(bool on) override;
   void request_interrupt_window(bool enable) override { window_requested_ = enable; }
   void kick() override { kicked_.store(true, std::memory_order_relaxed); }
   ProgressCounter* progress_counter() override { return &counter_; }
@@ -58,6 +63,11 @@ class InterpBackend : public Backend {
   std::vector<std::string> cpu_quirks() const override;
   Result<> adopt_cpu_quirks(std::span<const std::string> quirks) override;
   Result<> adopt_software_tlb_entries(uint32_t entries) override;
+
+  // The vCPUs of one machine (docs/smp.md, "Code one vCPU writes and another runs"): each keeps its own decoded
+  // code, TLB and counts; a store by any of them into code another has decoded drops it there too, and VMM
+  // writes (DMA, the loader, a checkpoint restore) drop it in all of them.
+  static void share_code(std::span<InterpBackend* const> vcpus);
 
   // An armed overflow stops the vCPU a random 0..skid branches late, drawn from a generator seeded with `seed`.
   Result<> emulate_pmu_skid(uint64_t skid, uint64_t seed) override;
@@ -371,7 +381,22 @@ class InterpBackend : public Backend {
   void triple_fault(const std::string& why);
 
   void invalidate_vmm_writes();
-  bool is_code_page(uint64_t pfn) const { return cache_.has_code(pfn) || blocks_.has_code(pfn); }
+  // Whether stores into page `pfn` must look for decoded code to drop: this vCPU's, or with vCPUs sharing
+  // code (share_code), any of theirs (a bitmap that may keep a page a little longer than its code).
+  bool own_code_page(uint64_t pfn) const { return cache_.has_code(pfn) || blocks_.has_code(pfn); }
+  bool is_code_page(uint64_t pfn) const {
+    if (peers_) [[unlikely]] return pfn < peers_->code.size() && peers_->code[pfn];
+    return own_code_page(pfn);
+  }
+  // Page `pfn` holds decoded code now (it did not): stores into it, by any vCPU, lose their fast path.
+  void code_appeared(uint64_t pfn);
+  // Drops this vCPU's decoded code overlapping [gpa, gpa + size).
+  void drop_own_code(uint64_t gpa, unsigned size);
+  struct CodePeers {
+    std::vector<InterpBackend*> vcpus;
+    std::vector<uint8_t> code;  // per guest page: some vCPU may hold decoded code there
+  };
+  std::shared_ptr<CodePeers> peers_;
   // Data watchpoints (DebugControl::watchpoints): notes the first access of this step that hits one.
   void check_watch(uint64_t linear, unsigned size, bool write);
   bool user_breakpoint_here() const;
@@ -479,6 +504,12 @@ class InterpBackend : public Backend {
   bool hlt_executed_ = false;
   uint64_t hlt_rip_ = 0;
   bool hlt_unreported_ = false;  // a HLT retired and its kHlt exit has not been returned yet
+  bool nmi_pending_ = false;     // inject_nmi() not yet delivered
+  bool nmi_blocked_ = false;     // an NMI handler runs: NMIs wait for its IRET
+  bool pause_exits_ = false;     // set_pause_exits
+  bool pause_executed_ = false;  // the current instruction is a PAUSE that exits once retired
+  bool pause_unreported_ = false;
+  uint64_t pause_rip_ = 0;
   int delivering_ = -1;       // vector being delivered, for double-fault classification
   bool shutdown_ = false;
   std::string shutdown_detail_;

@@ -172,6 +172,7 @@ void InterpBackend::far_return(unsigned opsize, uint16_t pop_extra) {
 
 void InterpBackend::iret(unsigned opsize) {
   const unsigned bytes = opsize / 8;
+  nmi_blocked_ = false;  // IRET ends an NMI handler's blocking, even one that faults (SDM 6.7.1)
   if (!(s_.cr0 & cr0::kPe)) {
     uint64_t rip = pop(bytes);
     uint16_t cs_sel = uint16_t(pop(bytes));

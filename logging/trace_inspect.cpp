@@ -82,6 +82,7 @@ struct Survey {
   std::optional<Error> error;
   std::optional<trace::Footer> footer;
   uint64_t file_size = 0;
+  std::map<uint32_t, uint64_t> events_by_vcpu;  // several vCPUs: the events each made or took
 };
 
 struct Duration {
@@ -135,6 +136,7 @@ Result<Survey> survey(const std::string& path, LinuxTraceView& view, PcapWriter*
     const trace::Event& e = **event;
     view.add(reader.events_read() - 1, e);
     ++s.by_kind[event_kind_name(e)];
+    ++s.events_by_vcpu[e.vcpu()];
     if (e.has_serial_output()) s.serial_bytes += e.serial_output().data().size();
     if (pcap && !s.pcap_error) {
       Result<> r;
@@ -235,6 +237,11 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
                "clock or RDTSC events)\n", c.derived_time().picoseconds_per_instruction(),
                c.derived_time().nanoseconds_per_device_read());
   }
+  if (c.has_schedule()) {
+    const trace::Schedule& sc = c.schedule();
+    fmt::print(out, "schedule     {} seed {}: slices of {} {} on average, up to {} PAUSEs (docs/smp.md)\n", sc.policy(),
+               sc.seed(), sc.quantum(), sc.unit(), sc.pause_limit());
+  }
   for (const auto& quirk : c.cpu_quirks()) fmt::print(out, "cpu quirk    {}\n", printable(quirk));
   if (!c.cmdline().empty()) fmt::print(out, "cmdline      {}\n", json_string(c.cmdline()));
   for (const auto& arg : c.module_args()) fmt::print(out, "module arg   {}\n", json_string(arg));
@@ -280,6 +287,17 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
     fmt::print(out, "final digest {}\n", hex(s.footer->final_digest()));
   fmt::print(out, "events       {} total{}\n", s.events, s.complete ? "" : " (up to where the trace ends)");
   for (const auto& [kind, count] : s.by_kind) fmt::print(out, "  {:<16} {}\n", kind, count);
+  if (c.vcpus() > 1) {
+    for (uint32_t v = 0; v < c.vcpus(); ++v) {
+      fmt::print(out, "  vCPU {:<11} {} events", v, s.events_by_vcpu.contains(v) ? s.events_by_vcpu.at(v) : 0);
+      if (s.footer && v < uint32_t(s.footer->vcpus_size())) {
+        const trace::VcpuSummary& t = s.footer->vcpus(int(v));
+        fmt::print(out, ", {} instructions, {} branches, {} guest exits", t.instructions(), t.branches(),
+                   t.guest_exits());
+      }
+      fmt::print(out, "\n");
+    }
+  }
   fmt::print(out, "serial       {} bytes of guest output\n", s.serial_bytes);
 
   if (story.kernel) {

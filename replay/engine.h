@@ -177,6 +177,9 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
 
   // Where the guest is now (for divergence reports); set by the session.
   void set_position_source(std::function<Position()> where) { where_ = std::move(where); }
+  // The vCPU whose exits the choke points serve now (several vCPUs: docs/smp.md). Recorded in each event's
+  // `vcpu` (absent for vCPU 0, so one-vCPU traces are what they were) and checked in replay.
+  void set_vcpu(uint32_t vcpu) { vcpu_ = vcpu; }
 
   // Set when replay diverged (the session stops at the next opportunity).
   const std::optional<Divergence>& divergence() const { return divergence_; }
@@ -246,6 +249,7 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
 
   Mode mode_;
   ProgressMode progress_;
+  uint32_t vcpu_ = 0;
   HostClock host_clock_;
   uint64_t last_now_ = 0;
   std::optional<uint64_t> frozen_now_;

@@ -92,6 +92,7 @@ std::string hex_prefix(std::span<const uint8_t> b) {
 
 uint64_t MachineCheckpoint::state_bytes() const {
   uint64_t n = cpu.size() + backend.size() + session.size() + sizeof(*this);
+  for (const Vcpu& v : more_vcpus) n += v.cpu.size() + v.backend.size() + sizeof(v);
   for (const auto& [name, blob] : devices) n += name.size() + blob.size();
   return n;
 }
@@ -218,7 +219,7 @@ Result<> write_checkpoint_file(const std::string& path, const CheckpointIdentity
   StreamWriter out(**file);
   out.put(std::span(reinterpret_cast<const uint8_t*>(kMagic), sizeof kMagic));
   out.put_u32(kCheckpointFileVersion);
-  out.put_u32(6);
+  out.put_u32(cp.more_vcpus.empty() ? 6 : 7);
   auto section = [&](const char (&tag)[5], std::span<const uint8_t> body) {
     out.section(tag, body.size());
     out.put(body);
@@ -235,6 +236,17 @@ Result<> write_checkpoint_file(const std::string& path, const CheckpointIdentity
   }
   section("DEVS", devs);
   section("SESS", cp.session);
+  if (!cp.more_vcpus.empty()) {
+    std::vector<uint8_t> vcpus;
+    put_u32(vcpus, uint32_t(cp.more_vcpus.size()));
+    for (const auto& v : cp.more_vcpus) {
+      put_u64(vcpus, v.cpu.size());
+      put_bytes(vcpus, v.cpu);
+      put_u64(vcpus, v.backend.size());
+      put_bytes(vcpus, v.backend);
+    }
+    section("VCPU", vcpus);
+  }
   // The pages go straight from the shared copies to the file.
   const MemoryImage& image = *cp.memory;
   const uint64_t stored = image.stored_pages();
@@ -364,6 +376,15 @@ Result<MachineCheckpoint> read_checkpoint_file(const std::string& path, const Ch
       cp.backend.assign(payload.begin(), payload.end());
     } else if (tag == "SESS") {
       cp.session.assign(payload.begin(), payload.end());
+    } else if (tag == "VCPU") {
+      const uint32_t n = s.u32();
+      if (n >= 1024) return bad("VCPU section claims too many vCPUs");
+      for (uint32_t v = 0; v < n && s.ok(); ++v) {
+        auto state = s.bytes(s.u64());
+        auto backend = s.bytes(s.u64());
+        cp.more_vcpus.push_back({{state.begin(), state.end()}, {backend.begin(), backend.end()}});
+      }
+      if (!s.ok() || !s.at_end()) return bad("VCPU section is malformed");
     } else if (tag == "DEVS") {
       uint32_t n = s.u32();
       if (n > 1024) return bad("DEVS section claims too many devices");

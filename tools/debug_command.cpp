@@ -56,10 +56,12 @@ class ReplayTarget final : public gdb::Target {
  public:
   explicit ReplayTarget(ReplayTimeline& timeline) : timeline_(timeline), session_(timeline.session()) {}
 
-  Result<CpuState> registers() override { return session_.machine().backend().get_state(); }
+  uint32_t threads() override { return uint32_t(session_.machine().vcpu_count()); }
+  uint32_t stopped_vcpu() override { return session_.current_vcpu(); }
+  Result<CpuState> registers(uint32_t vcpu) override { return session_.machine().backend(vcpu).get_state(); }
 
-  size_t read_virtual(uint64_t gva, std::span<uint8_t> out) override {
-    auto st = registers();
+  size_t read_virtual(uint32_t vcpu, uint64_t gva, std::span<uint8_t> out) override {
+    auto st = registers(vcpu);
     if (!st) return 0;
     return read_gva(*st, session_.machine().memory(), gva, out);
   }
@@ -175,7 +177,7 @@ class ReplayTarget final : public gdb::Target {
  private:
   std::string read_bytes(uint64_t addr, uint64_t len) {
     std::vector<uint8_t> buf(len);
-    size_t got = read_virtual(addr, buf);
+    size_t got = read_virtual(session_.current_vcpu(), addr, buf);
     if (got != len) return "(unmapped)";
     std::string out = "0x";
     for (size_t i = len; i-- > 0;) out += fmt::format("{:02x}", buf[i]);  // little-endian value
@@ -184,9 +186,11 @@ class ReplayTarget final : public gdb::Target {
 
   std::string when() {
     CheckpointPosition at = session_.checkpoint_position();
-    auto st = session_.machine().backend().get_state();
-    return fmt::format("steps {} instructions {} events {} branches {} guest-exits {} rip {:#x}{}\n", at.steps,
-                       at.instructions, at.events, at.branches, at.guest_exits, st ? st->rip : 0,
+    auto st = session_.machine().backend(session_.current_vcpu()).get_state();
+    const std::string vcpu =
+        session_.machine().vcpu_count() > 1 ? fmt::format("vcpu {} ", session_.current_vcpu()) : std::string();
+    return fmt::format("steps {} instructions {} events {} branches {} guest-exits {} {}rip {:#x}{}\n", at.steps,
+                       at.instructions, at.events, at.branches, at.guest_exits, vcpu, st ? st->rip : 0,
                        session_.replay_ended() ? " (end of trace)" : "");
   }
 

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct RunArgs {
   std::string backend;
   std::string interp_mode;
   std::string machine = std::string(kMachinePc);
+  int64_t cpus = 1;
+  std::optional<uint64_t> schedule_seed;
+  std::optional<uint64_t> schedule_quantum;
   std::string mem = "256M";
   std::string cmdline;
   std::string serial_in;
@@ -58,6 +62,8 @@ struct RunArgs {
 // What a run or a recording needs, resolved from the options.
 struct SessionOptions {
   MachineConfig machine;
+  std::optional<uint64_t> schedule_seed;     // several vCPUs: the schedule's seed (default: random)
+  std::optional<uint64_t> schedule_quantum;  // and its mean slice
   std::string image_path;
   LoadOptions load;
   std::string serial_in;         // "" = none, "-" = stdin, else a file
@@ -89,6 +95,15 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
                   "machine type: pc (8259A PIC only, the default) or pc-apic (adds a local APIC, an I/O APIC and an "
                   "MP table; CPUID reports the APIC)")
       ->check(CLI::IsMember({std::string(kMachinePc), std::string(kMachinePcApic)}));
+  cmd->add_option("--cpus", a.cpus,
+                  fmt::format("vCPUs (1 to {}, default 1; more than one needs --machine pc-apic): serialized on one "
+                              "host thread in a schedule drawn from --schedule-seed (docs/smp.md)",
+                              kMaxVcpus));
+  cmd->add_option("--schedule-seed", a.schedule_seed,
+                  "several vCPUs: the seed of their schedule (default: random, printed); a recording keeps it");
+  cmd->add_option("--schedule-quantum", a.schedule_quantum,
+                  "several vCPUs: the mean slice a vCPU runs before the next takes over, in instructions (guest exits "
+                  "with exit-sync progress); default 200000 (32)");
   std::vector<std::string> models;
   for (const CpuModel* m : CpuModel::all()) models.emplace_back(m->name());
   cmd->add_option("--cpu", a.cpu,
@@ -141,6 +156,20 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   o.machine.cmdline = a.cmdline;
   o.machine.machine = a.machine;
   o.machine.interp_mode = a.interp_mode;
+  if (a.cpus < 1 || a.cpus > int64_t(kMaxVcpus)) {
+    return fail(ErrorKind::kInvalidArgument, "--cpus {}: a machine has 1 to {} vCPUs", a.cpus, kMaxVcpus);
+  }
+  if (a.cpus > 1 && a.machine != kMachinePcApic) {
+    return fail(ErrorKind::kInvalidArgument,
+                "--cpus {} needs --machine {}: the PIC-only PC cannot start or interrupt another processor", a.cpus,
+                kMachinePcApic);
+  }
+  if (a.cpus == 1 && (a.schedule_seed || a.schedule_quantum)) {
+    return fail(ErrorKind::kInvalidArgument, "--schedule-seed and --schedule-quantum are for several vCPUs (--cpus)");
+  }
+  o.machine.vcpus = uint32_t(a.cpus);
+  o.schedule_seed = a.schedule_seed;
+  o.schedule_quantum = a.schedule_quantum;
   if (!a.progress.empty()) {
     auto progress = parse_progress(a.progress);
     if (!progress) return std::unexpected(progress.error());
@@ -362,6 +391,18 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     return report_error(built.error());
   }
   if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
+  if (config.vcpus > 1) {
+    // The schedule: its seed drawn here when not given, and said, so that a run can be repeated.
+    const uint64_t seed = options.schedule_seed ? *options.schedule_seed : std::random_device{}();
+    ScheduleConfig schedule = default_schedule(
+        progress.mode == ProgressMode::kExact && session.machine().backend().instruction_count()
+            ? SliceUnit::kInstructions
+            : SliceUnit::kGuestExits,
+        seed);
+    if (options.schedule_quantum) schedule.quantum = *options.schedule_quantum;
+    if (auto r = session.set_schedule(schedule); !r) return report_error(r.error());
+    if (!options.schedule_seed) say("note: {} vCPUs, schedule seed {} (repeat with --schedule-seed {})", config.vcpus, seed, seed);
+  }
   session.set_digest_interval(options.digest_interval);
   session.count_rdtsc_as_guest_exits(session.machine().backend().traps_rdtsc());
   session.complete_mmio_write_exits(true);

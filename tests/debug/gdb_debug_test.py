@@ -11,6 +11,9 @@ Python script (gdb's own API) that prints one JSON line per fact checked here. S
   hostile:   malformed, oversized and unknown packets on a raw socket get errors or empty replies, and the
              server still answers afterwards
   interrupt: Ctrl-C interrupts a long continue and a long reverse-continue
+  smp:       smp-counter with 2 vCPUs and tiny slices: both vCPUs are threads (info threads, thread N, each its own
+             registers); a breakpoint in ap_main stops on thread 2; stepi across schedule switches and reverse-stepi
+             back give the same thread and registers at every point; a watchpoint fires on whichever vCPU writes
   damaged:   a checkpoint file saved beside the trace, then damaged, is refused naming the file; the session
              falls back to the trace; checkpoints past the end of a trace cut short are dropped when used
   memory:    `dump binary memory` of 8 KiB is one m packet and equals `deja query --mem`; 100 packets with
@@ -240,6 +243,72 @@ emit(bad_restart=mon("restart 99"))
           "begin: reverse-continue reaches replaylog:begin at _start")
     check(fact(facts, "restart_rip") is True, "begin: monitor restart 1 returns to the checkpoint")
     check("no checkpoint 99" in (fact(facts, "bad_restart") or ""), "begin: restart of an unknown checkpoint is refused")
+    if FAILURES:
+        print(out[-3000:], log[-2000:])
+
+
+def scenario_smp(args, work):
+    trace = os.path.join(work, "smp.trace")
+    # Slices of 50 to 150 instructions: a few hundred steps cross several switches between the vCPUs.
+    record(args.deja, os.path.join(args.guests, "smp-counter.elf"), trace,
+           ["--machine", "pc-apic", "--cpus", "2", "--schedule-seed", "3", "--schedule-quantum", "100",
+            "--append", "increments=3000"])
+    d = Debug(args.deja, trace, ["--checkpoint-interval", "200"])
+    body = """
+gdb.execute("break ap_main")
+gdb.execute("continue")
+emit(ap_thread=gdb.selected_thread().num, at_ap_main=reg("rip") == int(gdb.parse_and_eval("(long)&ap_main")))
+emit(threads=sorted(t.num for t in gdb.selected_inferior().threads()))
+emit(info_threads=gdb.execute("info threads", to_string=True))
+ap_rip = reg("rip")
+gdb.execute("thread 1")
+emit(bsp_rip_differs=reg("rip") != ap_rip)
+gdb.execute("thread 2")
+emit(ap_rip_again=reg("rip") == ap_rip)
+gdb.execute("delete")
+def here():
+    return (gdb.selected_thread().num, regs())
+forward = []
+for i in range(400):
+    forward.append(here())
+    gdb.execute("stepi", to_string=True)
+emit(step_threads=sorted(set(t for t, _ in forward)))
+back_ok, first_bad = True, None
+for i in range(399, -1, -1):
+    gdb.execute("reverse-stepi", to_string=True)
+    if here() != forward[i]:
+        back_ok = False
+        first_bad = i if first_bad is None else first_bad
+emit(reverse_stepi=back_ok, first_bad=first_bad)
+gdb.execute("watch unlocked_counter")
+writers = []
+for i in range(300):  # the BSP prints a line before it starts writing: the AP writes first
+    gdb.execute("continue", to_string=True)
+    writers.append(gdb.selected_thread().num)
+    if len(set(writers)) == 2 and writers[-1] != writers[0]:
+        break
+emit(writers=sorted(set(writers)))
+steps_after = int(mon("when").split()[1])
+gdb.execute("reverse-continue", to_string=True)
+emit(back_steps=int(mon("when").split()[1]), steps_after=steps_after, back_thread=gdb.selected_thread().num,
+     last_writer=writers[-1])
+"""
+    facts, out = run_gdb(args.gdb, os.path.join(args.guests, "smp-counter.elf64"), d.port, body)
+    rc, log = d.finish()
+    check(fact(facts, "at_ap_main") is True and fact(facts, "ap_thread") == 2,
+          f"smp: break ap_main stops there on thread 2 (thread {fact(facts, 'ap_thread')})")
+    check(fact(facts, "threads") == [1, 2], f"smp: gdb sees threads {fact(facts, 'threads')}")
+    check("vCPU 1" in (fact(facts, "info_threads") or ""), "smp: info threads names the vCPUs")
+    check(fact(facts, "bsp_rip_differs") is True and fact(facts, "ap_rip_again") is True,
+          "smp: thread 1 and thread 2 show their own registers")
+    check(fact(facts, "step_threads") == [1, 2], f"smp: 400 stepi ran on threads {fact(facts, 'step_threads')}")
+    check(fact(facts, "reverse_stepi") is True,
+          f"smp: reverse-stepi gives the forward thread and registers at every point (first bad "
+          f"{fact(facts, 'first_bad')})")
+    check(fact(facts, "writers") == [1, 2], f"smp: the watchpoint fired on threads {fact(facts, 'writers')}")
+    check(fact(facts, "back_steps") is not None and fact(facts, "back_steps") == fact(facts, "steps_after") - 1
+          and fact(facts, "back_thread") == fact(facts, "last_writer"),
+          "smp: reverse-continue stops just before the last write, on the thread that made it")
     if FAILURES:
         print(out[-3000:], log[-2000:])
 
@@ -486,7 +555,7 @@ def main():
     ap.add_argument("--guests", required=True)
     ap.add_argument("--gdb", default=shutil.which("gdb") or "gdb")
     ap.add_argument("scenarios", nargs="*",
-                    default=["step", "watch", "begin", "hostile", "interrupt", "damaged", "memory"])
+                    default=["step", "watch", "begin", "hostile", "interrupt", "damaged", "memory", "smp"])
     args = ap.parse_args()
     if not shutil.which(args.gdb):
         sys.exit("gdb is not installed (scripts/setup.sh installs it)")

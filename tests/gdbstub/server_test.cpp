@@ -138,5 +138,39 @@ TEST(GdbServer, MonitorCommandsAndThreads) {
   EXPECT_TRUE(s.finished());
 }
 
+TEST(GdbServer, EveryVcpuIsAThread) {
+  FakeTarget t;
+  t.vcpus = 3;
+  t.stopped = 1;
+  Server s(t);
+  EXPECT_EQ(ask(s, "qfThreadInfo"), "m1,2,3");
+  EXPECT_EQ(ask(s, "qsThreadInfo"), "l");
+  EXPECT_EQ(ask(s, "qC"), "QC2");
+  EXPECT_EQ(ask(s, "qThreadExtraInfo,3"), hex_encode(std::string_view("vCPU 2")));
+  EXPECT_EQ(ask(s, "qThreadExtraInfo,4"), "E01");
+  EXPECT_EQ(ask(s, "T3"), "OK");
+  EXPECT_EQ(ask(s, "Tzz"), "E01");
+  EXPECT_EQ(ask(s, "T4"), "E01");
+  // A stop names the vCPU the machine stopped on, and g then reads that vCPU.
+  EXPECT_EQ(ask(s, "vCont;s:2"), "T05thread:2;");
+  const uint64_t rip1 = t.state.rip + 1, rip2 = t.state.rip + 2;
+  EXPECT_EQ(ask(s, "p10"), hex_le(rip1, 8));
+  // Hg picks another vCPU's registers and page tables; Hc is accepted (the whole machine resumes).
+  EXPECT_EQ(ask(s, "Hg3"), "OK");
+  EXPECT_EQ(ask(s, "p10"), hex_le(rip2, 8));
+  EXPECT_EQ(ask(s, "m0,4"), "00010203");
+  EXPECT_EQ(t.reads_by.back(), 2u);
+  EXPECT_EQ(ask(s, "Hg0"), "OK");  // any thread: the stopped one
+  EXPECT_EQ(ask(s, "p10"), hex_le(rip1, 8));
+  EXPECT_EQ(ask(s, "Hc-1"), "OK");
+  EXPECT_EQ(ask(s, "Hg9"), "E01");
+  EXPECT_EQ(ask(s, "Hx1"), "E01");
+  t.stopped = 2;
+  t.next_stop = {StopInfo::Why::kWatchpoint, false, 0x2004, WatchKind::kWrite};
+  EXPECT_EQ(ask(s, "vCont;c"), "T05watch:2004;thread:3;");
+  EXPECT_EQ(ask(s, "?"), "T05watch:2004;thread:3;");
+  EXPECT_EQ(s.interrupted_reply(), "T02thread:3;");
+}
+
 }  // namespace
 }  // namespace deja::gdb
