@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
 #include <google/protobuf/util/message_differencer.h>
@@ -127,7 +128,7 @@ Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path) 
   if (r->header_.format_version() != version)
     return fail(ErrorKind::kBadTrace, "trace {}: header says format version {} but the file preamble says {}", path,
                 r->header_.format_version(), version);
-  r->chain_ = digest;
+  r->chain_ = r->chunks_chain_ = digest;
   r->offset_ = r->valid_end_ = header_end;
 
   // A trailer at the very end means the writer finished: then an incomplete frame is corruption, not truncation.
@@ -145,7 +146,7 @@ Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path) 
 std::unexpected<Error> TraceReader::corrupt(std::string what) {
   error_ = Error{ErrorKind::kBadTrace,
                  fmt::format("trace {} is corrupt at {} (byte {}, after event {}): {}", path_,
-                             in_footer_ ? std::string("the footer") : fmt::format("chunk {}", chunks_.size()), offset_,
+                             in_footer_ ? std::string("the footer") : fmt::format("chunk {}", first_chunk_ + chunks_.size()), offset_,
                              events_read_, what)};
   ended_ = true;
   return std::unexpected(*error_);
@@ -160,14 +161,17 @@ void TraceReader::end_truncated(std::string why) {
 std::string TraceReader::end_description() const {
   if (error_) return error_->message;
   if (complete_)
-    return fmt::format("trace complete: {} chunks, {} events, footer at byte {}, {} bytes verified", chunks_.size(),
+    return fmt::format("trace complete: {} chunks, {} events, footer at byte {}, {} bytes verified",
+                       first_chunk_ + chunks_.size(),
                        events_read_, trailer_footer_offset_, valid_end_);
   if (truncated_) {
-    std::string where = chunks_.empty() ? std::string("the header") : fmt::format("chunk {}", chunks_.size() - 1);
+    std::string where =
+        chunks_.empty() ? std::string("the header") : fmt::format("chunk {}", first_chunk_ + chunks_.size() - 1);
     return fmt::format("trace ends after {} (event {}) at byte {}: {} — recording was interrupted", where, events_read_,
                        valid_end_, end_why_);
   }
-  return fmt::format("reading: {} chunks, {} events so far, at byte {}", chunks_.size(), events_read_, valid_end_);
+  return fmt::format("reading: {} chunks, {} events so far, at byte {}", first_chunk_ + chunks_.size(), events_read_,
+                     valid_end_);
 }
 
 Result<std::optional<trace::Event>> TraceReader::next() {
@@ -271,7 +275,8 @@ Result<> TraceReader::load_next_frame() {
   entry.set_first_event(events_read_);
   entry.set_events(count);
   chunks_.push_back(entry);
-  chain_ = chain;
+  chain_before_.push_back(chain_);
+  chain_ = chunks_chain_ = chain;
   offset_ += kFrameHeaderBytes + stored;
   valid_end_ = offset_;
   raw_pos_ = 0;
@@ -298,8 +303,9 @@ Result<> TraceReader::read_footer_frame(const uint8_t* frame, uint64_t remaining
     return corrupt("footer hash chain mismatch: the footer was altered, or chunks before it were removed or reordered");
   trace::Footer footer;
   if (!footer.ParseFromArray(bytes.data(), static_cast<int>(stored))) return corrupt("footer is not a valid Footer protobuf");
-  if (chunk_count != chunks_.size())
-    return corrupt(fmt::format("footer frame counts {} chunks but {} were read", chunk_count, chunks_.size()));
+  if (chunk_count != first_chunk_ + chunks_.size())
+    return corrupt(fmt::format("footer frame counts {} chunks but {} were read", chunk_count,
+                               first_chunk_ + chunks_.size()));
   footer_ = std::move(footer);
   if (auto r = check_footer_against_stream(); !r) return r;
   const uint64_t footer_offset = offset_;
@@ -357,15 +363,74 @@ Result<trace::Footer> TraceReader::read_index() {
   return footer;
 }
 
+Result<> TraceReader::start_at_event(uint64_t event) {
+  if (events_read_ != 0 || !chunks_.empty() || ended_)
+    return fail(ErrorKind::kInvalidArgument, "trace {}: a reader starts part-way only before it has read", path_);
+  if (event == 0) return {};
+  auto index = read_index();
+  if (!index) return std::unexpected(index.error());
+  const auto& chunks = index->chunks();
+  // The last chunk whose first event is at or before `event`.
+  auto after = std::upper_bound(chunks.begin(), chunks.end(), event,
+                                [](uint64_t e, const trace::ChunkIndex& c) { return e < c.first_event(); });
+  if (after == chunks.begin() || event >= index->total_events())
+    return fail(ErrorKind::kBadTrace, "trace {} has no event {} (its index lists {} events)", path_, event,
+                index->total_events());
+  const uint64_t chunk = uint64_t(after - chunks.begin()) - 1;
+  const trace::ChunkIndex& at = chunks[int(chunk)];
+  if (at.offset() < offset_ || at.offset() >= file_size_)
+    return fail(ErrorKind::kBadTrace, "trace {}: index entry {} points at byte {}, outside its chunks", path_, chunk,
+                at.offset());
+  if (chunk > 0) {
+    // The previous frame's chain value: its header's last 32 bytes, which must be a chunk frame ending here.
+    const uint64_t previous = chunks[int(chunk - 1)].offset();
+    uint8_t frame[kFrameHeaderBytes];
+    if (previous < offset_ || previous + kFrameHeaderBytes > at.offset())
+      return fail(ErrorKind::kBadTrace, "trace {}: index entries {} and {} overlap", path_, chunk - 1, chunk);
+    if (auto r = read_at(previous, frame, sizeof frame); !r) return r;
+    if (get_u32(frame) != kChunkFrameMagic || previous + kFrameHeaderBytes + get_u32(frame + 4) != at.offset())
+      return fail(ErrorKind::kBadTrace, "trace {}: no chunk frame at byte {} ending where chunk {} begins", path_,
+                  previous, chunk);
+    std::memcpy(chain_.data(), frame + kFrameFieldBytes, chain_.size());
+    chunks_chain_ = chain_;
+  }
+  offset_ = valid_end_ = at.offset();
+  events_read_ = at.first_event();
+  first_chunk_ = chunk;
+  while (events_read_ < event) {
+    auto skipped = next();
+    if (!skipped) return std::unexpected(skipped.error());
+    if (!*skipped)
+      return fail(ErrorKind::kBadTrace, "trace {} ends at event {}, before event {}", path_, events_read_, event);
+  }
+  return {};
+}
+
+std::optional<TraceReader::ChainPoint> TraceReader::chain_point(uint64_t event) const {
+  if (chunks_.empty()) {
+    if (event != events_read_) return std::nullopt;
+    return ChainPoint{first_chunk_, events_read_, chunks_chain_};
+  }
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    if (event >= chunks_[i].first_event() && event < chunks_[i].first_event() + chunks_[i].events()) {
+      return ChainPoint{first_chunk_ + i, chunks_[i].first_event(), chain_before_[i]};
+    }
+  }
+  const uint64_t after = chunks_.back().first_event() + chunks_.back().events();
+  if (event != after) return std::nullopt;
+  return ChainPoint{first_chunk_ + chunks_.size(), after, chunks_chain_};
+}
+
 Result<> TraceReader::check_footer_against_stream() {
   const trace::Footer& f = *footer_;
   if (f.total_events() != events_read_)
     return corrupt(fmt::format("footer says {} events but {} were read", f.total_events(), events_read_));
-  if (static_cast<size_t>(f.chunks_size()) != chunks_.size())
-    return corrupt(fmt::format("footer index lists {} chunks but {} were read", f.chunks_size(), chunks_.size()));
+  if (static_cast<uint64_t>(f.chunks_size()) != first_chunk_ + chunks_.size())
+    return corrupt(fmt::format("footer index lists {} chunks but {} were read", f.chunks_size(),
+                               first_chunk_ + chunks_.size()));
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const trace::ChunkIndex& want = chunks_[i];
-    const trace::ChunkIndex& got = f.chunks(static_cast<int>(i));
+    const trace::ChunkIndex& got = f.chunks(static_cast<int>(first_chunk_ + i));
     if (got.offset() != want.offset() || got.first_event() != want.first_event() || got.events() != want.events())
       return corrupt(fmt::format("footer index entry {} (offset {}, first event {}, {} events) disagrees with the chunk "
                                  "read (offset {}, first event {}, {} events)",
@@ -374,6 +439,9 @@ Result<> TraceReader::check_footer_against_stream() {
     if (!same_coordinate(got, want))
       return corrupt(fmt::format("footer index entry {} has a different first coordinate than chunk {}", i, i));
   }
+  // A reader that started part-way counted only its own events: the counts and the serial output are the whole
+  // trace's (a full read checks them).
+  if (first_chunk_ > 0) return {};
   std::map<std::string, uint64_t> listed(f.events_by_kind().begin(), f.events_by_kind().end());
   std::map<std::string, uint64_t> counted;
   for (size_t kind = 0; kind < count_by_case_.size(); ++kind)

@@ -33,6 +33,10 @@ Subcommand add_verify_command(CLI::App& app);
 Subcommand add_selftest_command(CLI::App& app);
 Subcommand add_debug_command(CLI::App& app);
 Subcommand add_query_command(CLI::App& app);
+Subcommand add_index_command(CLI::App& app);
+Subcommand add_plan_command(CLI::App& app);
+Subcommand add_segment_command(CLI::App& app);
+Subcommand add_merge_command(CLI::App& app);
 
 // Prints the error ("deja: ...") and returns the exit status for its kind.
 int report_error(const Error& e);

@@ -9,6 +9,7 @@
 #include "kvm/pmu.h"
 #include "logging/trace_format.h"
 #include "replay/trace_config.h"
+#include "segments/trace_checkpoints.h"
 #include "tools/command_support.h"
 #include "tools/linux_guest.h"
 #include "core/exit_status.h"
@@ -46,6 +47,8 @@ struct RunArgs {
   bool rng = false;
   std::string output;            // record: the trace
   uint64_t digest_every = Session::kDefaultDigestInterval;  // record: a full state digest every N events
+  std::string checkpoint_every;  // record: checkpoints beside the trace (TRACE.ckpt)
+  uint64_t checkpoint_full_every = CheckpointWriter::kDefaultFullEvery;
 };
 
 // What a run or a recording needs, resolved from the options.
@@ -63,6 +66,8 @@ struct SessionOptions {
   bool rng = false;
   std::string trace_path;            // record: output file
   uint64_t digest_interval = Session::kDefaultDigestInterval;
+  std::string checkpoint_every;
+  uint64_t checkpoint_full_every = CheckpointWriter::kDefaultFullEvery;
 };
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
@@ -194,6 +199,8 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   o.serial_out = a.serial_out;
   o.stats = a.stats;
   o.digest_interval = a.digest_every;
+  o.checkpoint_every = a.checkpoint_every;
+  o.checkpoint_full_every = a.checkpoint_full_every;
   o.print_digest = a.digest;
   return o;
 }
@@ -249,6 +256,43 @@ Result<> check_recording_options(const SessionOptions& o) {
   return {};
 }
 
+// record --checkpoint-every: checkpoints that travel with the trace, taken at the top of a turn once the instruction
+// count reaches each multiple of the interval, into TRACE.ckpt.partial (renamed to TRACE.ckpt with the trace).
+Result<std::unique_ptr<CheckpointWriter>> start_record_checkpoints(Session& session, const trace::Header& header,
+                                                                   const SessionOptions& options) {
+  const Backend& cpu = session.machine().backend();
+  if (!cpu.instruction_count() || !cpu.step_count()) {
+    return fail(ErrorKind::kUnsupported,
+                "--checkpoint-every needs a backend that counts instructions (--backend interp); on KVM, make them "
+                "after the recording with `deja index TRACE --backend interp`");
+  }
+  const auto rates = session.engine().derived_time_rates();
+  auto every = parse_checkpoint_interval(options.checkpoint_every, rates ? rates->ps_per_instruction : 1000);
+  if (!every) return std::unexpected(every.error());
+  const std::string serialized = header.SerializeAsString();
+  const CheckpointIdentity identity{
+      sha256_bytes(std::span(reinterpret_cast<const uint8_t*>(serialized.data()), serialized.size())),
+      session.machine().config().memory_bytes, session.machine().config().backend};
+  auto writer = CheckpointWriter::create(session, identity,
+                                         partial_checkpoint_directory(checkpoint_directory(options.trace_path)),
+                                         options.checkpoint_full_every);
+  if (!writer) return std::unexpected(writer.error());
+  session.set_record_turn_hook([&session, w = writer->get(), every = *every, next = *every]() mutable -> Result<> {
+    const uint64_t instructions = session.machine().backend().instruction_count().value_or(0);
+    if (instructions < next) return {};
+    auto taken = w->take();
+    if (taken) {
+      next = (instructions / every + 1) * every;
+    } else if (taken.error().kind == ErrorKind::kUnsupported) {
+      next = instructions + std::max<uint64_t>(1, every / 16);  // no checkpoint just here: a little later
+    } else {
+      return std::unexpected(taken.error());
+    }
+    return {};
+  });
+  return writer;
+}
+
 int run_or_record(const SessionOptions& options, Mode mode) {
   install_stop_signal_handlers();
   if (mode == Mode::kRecord) {
@@ -280,6 +324,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
   }
   Session session(mode, progress.mode);
+  std::unique_ptr<CheckpointWriter> checkpoints;  // record --checkpoint-every
   // Disks: the images opened read-only (and identified, for a recording), the overlays created or reopened. Two
   // disks never share an overlay, and no overlay is an image.
   for (size_t i = 0; i < options.disks.size(); ++i) {
@@ -381,9 +426,17 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       recorded.nics.push_back(RecordedNic{options.nets[i].forward_texts, std::string(mac.begin(), mac.end())});
     }
     const trace::Header header = to_header(recorded);
+    if (!options.checkpoint_every.empty()) {
+      if (auto ok = check_checkpoint_directory(checkpoint_directory(options.trace_path)); !ok) return report_error(ok.error());
+    }
     auto writer = TraceWriter::create_replacing(options.trace_path, header);
     if (!writer) return report_error(writer.error());
     session.engine().attach_writer(std::move(*writer));
+    if (!options.checkpoint_every.empty()) {
+      auto started = start_record_checkpoints(session, header, options);
+      if (!started) return report_error(started.error());
+      checkpoints = std::move(*started);
+    }
   }
   session.attach_input(std::move(serial_input));
 
@@ -412,7 +465,14 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       int status = report_error(r.error());
       say("the recording is in {} (a valid prefix: `deja replay {}` replays it)", session.engine().trace_file(),
           session.engine().trace_file());
+      if (checkpoints) discard_partial_checkpoint_directory(checkpoint_directory(options.trace_path));
       return status;
+    }
+    if (checkpoints) {
+      const std::string directory = checkpoint_directory(options.trace_path);
+      if (auto r = commit_checkpoint_directory(directory); !r) return report_error(r.error());
+      say("{} checkpoints in {} ({:.1f} MiB)", checkpoints->checkpoints(), directory,
+          double(checkpoints->bytes_written()) / (1 << 20));
     }
     // The progress option as given (emulated-pmu:N is exact progress through an emulated counter).
     std::string counter = progress.mode == ProgressMode::kExact ? session.counter_description() : std::string();
@@ -447,6 +507,13 @@ std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
                      "N makes a replay that diverges without a wrong event say so closer to where it happened, at "
                      "the cost of hashing RAM each time")
       ->check(CLI::Range(uint64_t{2}, uint64_t{1} << 32));  // a digest is an event: at 1 it would be due again at once
+  record->add_option("--checkpoint-every", record_args->checkpoint_every,
+                     "write checkpoints beside the trace (TRACE.ckpt/) every DURATION of guest time (60s, 500ms) or N "
+                     "instructions (5G): segments of the trace then replay in parallel (deja verify --replay, "
+                     "docs/segments.md); interp");
+  record->add_option("--checkpoint-full-every", record_args->checkpoint_full_every,
+                     "every Nth checkpoint holds all of RAM, the others what changed since the one before (default 16)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
 
   auto start = [](const RunArgs& a, Mode mode) {
     auto options = to_session(a);
