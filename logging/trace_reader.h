@@ -14,6 +14,19 @@ typedef struct ZSTD_DCtx_s ZSTD_DCtx;
 
 namespace deja {
 
+// Which of `deja verify`'s ordered checks a reader's error belongs to (docs/audit.md).
+enum class TraceCheck { kStructure, kChain };
+
+// A seal frame as read (format 6): where it is, what the stream had reached there, and its DSSE envelope, whose
+// signature and claims the verifier checks (logging/trace_signature.h).
+struct SealFrame {
+  uint64_t offset = 0;  // of the seal frame
+  uint64_t chunks = 0;  // chunk frames before it
+  uint64_t events = 0;  // events in them
+  Sha256 chain{};       // the chain value after those chunks (what the seal signs)
+  std::string envelope;
+};
+
 class TraceReader {
  public:
   // Validates magic, version and header (checksum and protobuf).
@@ -45,11 +58,11 @@ class TraceReader {
 
   // Starting part-way (a segment of the trace, segments/): moves a reader just opened to raw event `event` (serial
   // output and disk_io events counted), through the footer index to the chunk that holds it, taking the hash chain's
-  // value before that chunk from the previous chunk frame's header (the header's digest for the first chunk). That
-  // value is not checked here: the chain is checked from it on, and `deja merge` checks that every segment starts
-  // from the value the segment before it computed, so that the segments together check the whole chain
-  // (docs/segments.md). Seam: where the footer index carries signed per-chunk chain values, the start value can be
-  // checked against it here instead. Needs a complete trace (its index); events_read() counts from the trace's start.
+  // value before that chunk from the previous chunk frame's header (the header's digest for the first chunk); a
+  // format-6 footer index lists that value too, and the two must agree. The chain is checked from there on, each
+  // chunk against the footer index, and `deja merge` checks that every segment starts from the value the segment
+  // before it computed, so that the segments together check the whole chain (docs/segments.md). Needs a complete
+  // trace (its index); events_read() counts from the trace's start.
   Result<> start_at_event(uint64_t event);
   // A point of the hash chain: the value before chunk `chunk`, whose first event is `first_event`.
   struct ChainPoint {
@@ -63,6 +76,13 @@ class TraceReader {
   std::optional<ChainPoint> chain_point(uint64_t event) const;
   // The chunk this reader started at (0 unless start_at_event moved it) and the chunks it has read from there.
   uint64_t first_chunk() const { return first_chunk_; }
+  // SHA-256 of the header bytes (the chain's c0) and the chain value of the last frame read (after a complete read,
+  // the footer's, which the trailer repeats).
+  const Sha256& header_sha256() const { return header_sha256_; }
+  const Sha256& chain_value() const { return chain_; }
+  const std::vector<SealFrame>& seals() const { return seals_; }
+  // The check an error belongs to: a hash-chain mismatch, or anything else about the file's structure.
+  TraceCheck failed_check() const { return failed_check_; }
 
  private:
   TraceReader(int fd, std::string path, uint64_t file_size);
@@ -71,7 +91,8 @@ class TraceReader {
   Result<> read_footer_frame(const uint8_t* frame, uint64_t remaining);
   Result<> check_footer_against_stream();
   void end_truncated(std::string why);
-  std::unexpected<Error> corrupt(std::string what);
+  std::unexpected<Error> corrupt(std::string what, TraceCheck check = TraceCheck::kStructure);
+  Result<> read_seal_frame(const uint8_t* frame, uint64_t remaining);
 
   int fd_ = -1;
   std::string path_;
@@ -85,6 +106,9 @@ class TraceReader {
   uint64_t offset_ = 0;     // next frame
   uint64_t valid_end_ = 0;  // end of the last verified frame
   Sha256 chain_{};
+  Sha256 header_sha256_{};
+  TraceCheck failed_check_ = TraceCheck::kStructure;
+  std::vector<SealFrame> seals_;
   std::vector<uint8_t> compressed_;
   std::vector<uint8_t> raw_;
   size_t raw_pos_ = 0;

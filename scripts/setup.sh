@@ -8,6 +8,8 @@ PACKAGES=(
   # libraries
   libzydis-dev libprotobuf-dev protobuf-compiler libzstd-dev libssl-dev libxxhash-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev
+  # signed traces: DSSE envelopes and in-toto statements are JSON; docs/audit.md checks them with jq and openssl
+  nlohmann-json3-dev jq openssl
   # --net user: the user-mode network stack QEMU uses
   libslirp-dev
   # Linux kernels: every compression a bzImage payload may use is decompressed in-process (PVH boot)
@@ -26,6 +28,9 @@ PACKAGES=(
   gdb
   # `deja inspect --pcap` is checked by reading the capture back with tshark (tests/linux)
   tshark
+  # the distro guests (guest-distro/, tests/distro): a Debian root file system made with mmdebstrap from the mirror
+  # apt uses, packed with mkfs.ext4 -d; the host's initrd unpacked for the diagnostic copy (unmkinitramfs)
+  mmdebstrap e2fsprogs initramfs-tools-core
 )
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "logging/signing.h"
 #include "logging/trace.pb.h"
 #include "core/cpu_model.h"
 #include "core/error.h"
@@ -37,6 +38,17 @@ Subcommand add_index_command(CLI::App& app);
 Subcommand add_plan_command(CLI::App& app);
 Subcommand add_segment_command(CLI::App& app);
 Subcommand add_merge_command(CLI::App& app);
+Subcommand add_keygen_command(CLI::App& app);
+Subcommand add_sign_command(CLI::App& app);
+Subcommand add_custody_command(CLI::App& app);
+
+// `deja verify --replay`: replays TRACE (serial output discarded); 0 when every event and digest matched, else
+// deja's status for what went wrong (tools/replay_command.cpp).
+int replay_for_verify(const std::string& trace_path);
+
+// `--tsa-request FILE` of record and sign: an RFC 3161 request for the signature's time-stamp (tools/sign_command.cpp).
+Result<> write_timestamp_request(const std::string& path, const DsseEnvelope& signed_trace,
+                                 const std::vector<std::string>& inputs);
 
 // Prints the error ("deja: ...") and returns the exit status for its kind.
 int report_error(const Error& e);

@@ -25,6 +25,9 @@ int main(int argc, char** argv) {
   table.push_back(add_plan_command(app));
   table.push_back(add_segment_command(app));
   table.push_back(add_merge_command(app));
+  table.push_back(add_keygen_command(app));
+  table.push_back(add_sign_command(app));
+  table.push_back(add_custody_command(app));
 
   try {
     app.parse(argc, argv);
