@@ -325,10 +325,12 @@ uint64_t Engine::instructions_until(uint64_t ns) {
                   derived_->rates.ps_per_instruction);
 }
 
-std::array<uint64_t, 6> Engine::derived_time_state() const {
+std::array<uint64_t, 5> Engine::derived_time_state() const {
   if (!derived_) return {};
   const DerivedTime& d = *derived_;
-  return {d.device_reads, d.anchor_ns, d.anchor_instructions, d.anchor_device_reads, d.last_ns, d.last_tsc};
+  // Not last_ns: a recording also reads the time for itself (when its timers are due), a replay does not, so the
+  // highest time read differs between them at the same point (a restored replay has the recorder's).
+  return {d.device_reads, d.anchor_ns, d.anchor_instructions, d.anchor_device_reads, d.last_tsc};
 }
 
 void Engine::derive_time(TimeRates rates, std::function<std::optional<uint64_t>()> instructions) {

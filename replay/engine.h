@@ -135,9 +135,9 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   uint64_t running_now_ns() { return derived_ ? derived_now_ns() : host_now_ns(); }
   // Derived time: the instructions after which it reaches `ns` (at least 1).
   uint64_t instructions_until(uint64_t ns);
-  // Derived time's state (device reads; the anchor's time, instructions and device reads; the last time and TSC read),
-  // zeros without it: what every replay that reaches this point has too.
-  std::array<uint64_t, 6> derived_time_state() const;
+  // Derived time's state that the guest's own reads make (device reads; the anchor's time, instructions and device
+  // reads; the last TSC read), zeros without it: what every replay that reaches this point has too.
+  std::array<uint64_t, 5> derived_time_state() const;
 
   // ---- asynchronous events (time advancing, host input arriving) ------------------------------
   // Record/run: what host time says now (virtual ns), without logging.

@@ -120,6 +120,7 @@ class ZstdReader {
         error_ = ZSTD_getErrorName(r);
         return false;
       }
+      frame_done_ = r == 0;
       if (out.pos == before && in_.pos == in_.size) {
         error_ = "the compressed data ends early";
         return false;
@@ -144,10 +145,25 @@ class ZstdReader {
   Result<> finish(const std::string& what) {
     if (error_.empty() && raw_left_ != 0) error_ = fmt::format("{} bytes left over", raw_left_);
     if (error_.empty()) {
+      // The frame's end (its last block header, its checksum) may still be unread: read on until zstd says the frame
+      // is complete (once it has, another call would start a next frame), refusing any byte of content beyond the
+      // declared length and anything after the frame.
       uint8_t extra;
-      ZSTD_outBuffer out{&extra, 1, 0};
-      const size_t r = ZSTD_decompressStream(dctx_, &out, &in_);
-      if (ZSTD_isError(r) || out.pos != 0 || r != 0 || in_.pos != in_.size) error_ = "the frame does not end there";
+      while (!frame_done_) {
+        ZSTD_outBuffer out{&extra, 1, 0};
+        const size_t before = in_.pos;
+        const size_t r = ZSTD_decompressStream(dctx_, &out, &in_);
+        if (ZSTD_isError(r) || out.pos != 0) {
+          error_ = "the frame holds more than its declared length";
+          break;
+        }
+        frame_done_ = r == 0;
+        if (!frame_done_ && in_.pos == before) {
+          error_ = "the frame does not end there";
+          break;
+        }
+      }
+      if (error_.empty() && in_.pos != in_.size) error_ = "bytes follow the frame";
     }
     if (!error_.empty()) return fail(ErrorKind::kBadTrace, "{}: {}", what, error_);
     return {};
@@ -158,6 +174,7 @@ class ZstdReader {
   ZSTD_DCtx* dctx_;
   ZSTD_inBuffer in_{nullptr, 0, 0};
   uint64_t raw_left_ = 0;
+  bool frame_done_ = false;  // the last call to zstd ended the frame
   std::string error_;
 };
 

@@ -89,10 +89,13 @@ TEST_F(TraceCheckpointFileTest, RoundTripsStatePagesAndDisks) {
   EXPECT_EQ(file->machine.devices, machine_.devices);
   EXPECT_EQ(file->machine.session, machine_.session);
   std::map<uint64_t, bool> seen;
-  ASSERT_TRUE(apply_checkpoint_pages(*file, 64, [&](uint64_t pfn, const uint8_t* bytes) {
+  auto applied = apply_checkpoint_pages(*file, 64, [&](uint64_t pfn, const uint8_t* bytes) {
     seen[pfn] = bytes != nullptr;
-    if (bytes) EXPECT_EQ(std::memcmp(bytes, pages_.at(pfn).data(), 4096), 0);
-  }).has_value());
+    if (bytes) {
+      EXPECT_EQ(std::memcmp(bytes, pages_.at(pfn).data(), 4096), 0);
+    }
+  });
+  ASSERT_TRUE(applied.has_value()) << applied.error().message;
   EXPECT_EQ(seen, (std::map<uint64_t, bool>{{3, true}, {17, false}, {40, true}}));
   std::vector<uint8_t> state;
   std::vector<uint64_t> blocks, verified;
