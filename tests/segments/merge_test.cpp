@@ -1,6 +1,8 @@
 // deja merge: segments that chain pass; every way of not chaining (state, position, trace hash, End) is named; shards plug in.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "../logging/trace_test_support.h"
 #include "segments/merge.h"
 #include "segments/segment_run.h"
@@ -31,6 +33,9 @@ class MergeTest : public ::testing::Test {
  protected:
   void SetUp() override {
     trace_ = dir_.file("t.trace");
+    std::filesystem::remove(trace_);  // SetUp() again in a test starts over
+    results_.clear();
+    loaded_ = {};
     testing::write_trace(trace_, testing::sample_events(50), 300);
     auto reader = TraceReader::open(trace_);
     ASSERT_TRUE(reader.has_value());
