@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
 #include <google/protobuf/util/message_differencer.h>
@@ -127,7 +128,7 @@ Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path) 
   if (r->header_.format_version() != version)
     return fail(ErrorKind::kBadTrace, "trace {}: header says format version {} but the file preamble says {}", path,
                 r->header_.format_version(), version);
-  r->chain_ = r->header_sha256_ = digest;
+  r->chain_ = r->chunks_chain_ = r->header_sha256_ = digest;
   r->offset_ = r->valid_end_ = header_end;
 
   // A trailer at the very end means the writer finished: then an incomplete frame is corruption, not truncation.
@@ -146,7 +147,7 @@ std::unexpected<Error> TraceReader::corrupt(std::string what, TraceCheck check) 
   failed_check_ = check;
   error_ = Error{ErrorKind::kBadTrace,
                  fmt::format("trace {} is corrupt at {} (byte {}, after event {}): {}", path_,
-                             in_footer_ ? std::string("the footer") : fmt::format("chunk {}", chunks_.size()), offset_,
+                             in_footer_ ? std::string("the footer") : fmt::format("chunk {}", first_chunk_ + chunks_.size()), offset_,
                              events_read_, what)};
   ended_ = true;
   return std::unexpected(*error_);
@@ -161,14 +162,17 @@ void TraceReader::end_truncated(std::string why) {
 std::string TraceReader::end_description() const {
   if (error_) return error_->message;
   if (complete_)
-    return fmt::format("trace complete: {} chunks, {} events, footer at byte {}, {} bytes verified", chunks_.size(),
+    return fmt::format("trace complete: {} chunks, {} events, footer at byte {}, {} bytes verified",
+                       first_chunk_ + chunks_.size(),
                        events_read_, trailer_footer_offset_, valid_end_);
   if (truncated_) {
-    std::string where = chunks_.empty() ? std::string("the header") : fmt::format("chunk {}", chunks_.size() - 1);
+    std::string where =
+        chunks_.empty() ? std::string("the header") : fmt::format("chunk {}", first_chunk_ + chunks_.size() - 1);
     return fmt::format("trace ends after {} (event {}) at byte {}: {} — recording was interrupted", where, events_read_,
                        valid_end_, end_why_);
   }
-  return fmt::format("reading: {} chunks, {} events so far, at byte {}", chunks_.size(), events_read_, valid_end_);
+  return fmt::format("reading: {} chunks, {} events so far, at byte {}", first_chunk_ + chunks_.size(), events_read_,
+                     valid_end_);
 }
 
 Result<std::optional<trace::Event>> TraceReader::next() {
@@ -277,7 +281,8 @@ Result<> TraceReader::load_next_frame() {
   entry.set_events(count);
   entry.set_chain(chain.data(), chain.size());
   chunks_.push_back(entry);
-  chain_ = chain;
+  chain_before_.push_back(chain_);
+  chain_ = chunks_chain_ = chain;
   offset_ += kFrameHeaderBytes + stored;
   valid_end_ = offset_;
   raw_pos_ = 0;
@@ -305,8 +310,9 @@ Result<> TraceReader::read_footer_frame(const uint8_t* frame, uint64_t remaining
                    TraceCheck::kChain);
   trace::Footer footer;
   if (!footer.ParseFromArray(bytes.data(), static_cast<int>(stored))) return corrupt("footer is not a valid Footer protobuf");
-  if (chunk_count != chunks_.size())
-    return corrupt(fmt::format("footer frame counts {} chunks but {} were read", chunk_count, chunks_.size()));
+  if (chunk_count != first_chunk_ + chunks_.size())
+    return corrupt(fmt::format("footer frame counts {} chunks but {} were read", chunk_count,
+                               first_chunk_ + chunks_.size()));
   footer_ = std::move(footer);
   if (auto r = check_footer_against_stream(); !r) return r;
   const uint64_t footer_offset = offset_;
@@ -351,8 +357,9 @@ Result<> TraceReader::read_seal_frame(const uint8_t* frame, uint64_t remaining) 
     return {};
   }
   // A seal is not chained (its signature covers it); it must sit where it says it does.
-  if (chunk_count != chunks_.size())
-    return corrupt(fmt::format("seal frame says it follows {} chunks but {} were read", chunk_count, chunks_.size()));
+  if (chunk_count != first_chunk_ + chunks_.size())
+    return corrupt(fmt::format("seal frame says it follows {} chunks but {} were read", chunk_count,
+                               first_chunk_ + chunks_.size()));
   // A seal follows at least one chunk the seal before it did not cover (so there are never more seals than chunks).
   if (chunk_count == (seals_.empty() ? 0 : seals_.back().chunks))
     return corrupt("a seal frame with no chunk frame since the previous seal (or the header)");
@@ -397,15 +404,81 @@ Result<trace::Footer> TraceReader::read_index() {
   return footer;
 }
 
+Result<> TraceReader::start_at_event(uint64_t event) {
+  if (events_read_ != 0 || !chunks_.empty() || ended_)
+    return fail(ErrorKind::kInvalidArgument, "trace {}: a reader starts part-way only before it has read", path_);
+  if (event == 0) return {};
+  auto index = read_index();
+  if (!index) return std::unexpected(index.error());
+  const auto& chunks = index->chunks();
+  // The last chunk whose first event is at or before `event`.
+  auto after = std::upper_bound(chunks.begin(), chunks.end(), event,
+                                [](uint64_t e, const trace::ChunkIndex& c) { return e < c.first_event(); });
+  if (after == chunks.begin() || event >= index->total_events())
+    return fail(ErrorKind::kBadTrace, "trace {} has no event {} (its index lists {} events)", path_, event,
+                index->total_events());
+  const uint64_t chunk = uint64_t(after - chunks.begin()) - 1;
+  const trace::ChunkIndex& at = chunks[int(chunk)];
+  if (at.offset() < offset_ || at.offset() >= file_size_)
+    return fail(ErrorKind::kBadTrace, "trace {}: index entry {} points at byte {}, outside its chunks", path_, chunk,
+                at.offset());
+  if (chunk > 0) {
+    // The chain value before this chunk: the previous chunk frame's (the last 32 bytes of its header), which must end
+    // at or before this chunk (a seal frame may sit between). Format 6 lists it in the footer index too: then the two
+    // must agree, so that a segment's start is checked against the footer (which the trace's signature covers).
+    const trace::ChunkIndex& before = chunks[int(chunk - 1)];
+    const uint64_t previous = before.offset();
+    uint8_t frame[kFrameHeaderBytes];
+    if (previous < offset_ || previous + kFrameHeaderBytes > at.offset())
+      return fail(ErrorKind::kBadTrace, "trace {}: index entries {} and {} overlap", path_, chunk - 1, chunk);
+    if (auto r = read_at(previous, frame, sizeof frame); !r) return r;
+    if (get_u32(frame) != kChunkFrameMagic || previous + kFrameHeaderBytes + get_u32(frame + 4) > at.offset())
+      return fail(ErrorKind::kBadTrace, "trace {}: no chunk frame at byte {} ending before chunk {} begins", path_,
+                  previous, chunk);
+    std::memcpy(chain_.data(), frame + kFrameFieldBytes, chain_.size());
+    if ((header_.format_version() >= 6 || !before.chain().empty()) &&
+        (before.chain().size() != chain_.size() || std::memcmp(before.chain().data(), chain_.data(), chain_.size()) != 0))
+      return fail(ErrorKind::kBadTrace, "trace {}: chunk {}'s frame has another chain value than the footer index lists",
+                  path_, chunk - 1);
+    chunks_chain_ = chain_;
+  }
+  offset_ = valid_end_ = at.offset();
+  events_read_ = at.first_event();
+  first_chunk_ = chunk;
+  while (events_read_ < event) {
+    auto skipped = next();
+    if (!skipped) return std::unexpected(skipped.error());
+    if (!*skipped)
+      return fail(ErrorKind::kBadTrace, "trace {} ends at event {}, before event {}", path_, events_read_, event);
+  }
+  return {};
+}
+
+std::optional<TraceReader::ChainPoint> TraceReader::chain_point(uint64_t event) const {
+  if (chunks_.empty()) {
+    if (event != events_read_) return std::nullopt;
+    return ChainPoint{first_chunk_, events_read_, chunks_chain_};
+  }
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    if (event >= chunks_[i].first_event() && event < chunks_[i].first_event() + chunks_[i].events()) {
+      return ChainPoint{first_chunk_ + i, chunks_[i].first_event(), chain_before_[i]};
+    }
+  }
+  const uint64_t after = chunks_.back().first_event() + chunks_.back().events();
+  if (event != after) return std::nullopt;
+  return ChainPoint{first_chunk_ + chunks_.size(), after, chunks_chain_};
+}
+
 Result<> TraceReader::check_footer_against_stream() {
   const trace::Footer& f = *footer_;
   if (f.total_events() != events_read_)
     return corrupt(fmt::format("footer says {} events but {} were read", f.total_events(), events_read_));
-  if (static_cast<size_t>(f.chunks_size()) != chunks_.size())
-    return corrupt(fmt::format("footer index lists {} chunks but {} were read", f.chunks_size(), chunks_.size()));
+  if (static_cast<uint64_t>(f.chunks_size()) != first_chunk_ + chunks_.size())
+    return corrupt(fmt::format("footer index lists {} chunks but {} were read", f.chunks_size(),
+                               first_chunk_ + chunks_.size()));
   for (size_t i = 0; i < chunks_.size(); ++i) {
     const trace::ChunkIndex& want = chunks_[i];
-    const trace::ChunkIndex& got = f.chunks(static_cast<int>(i));
+    const trace::ChunkIndex& got = f.chunks(static_cast<int>(first_chunk_ + i));
     if (got.offset() != want.offset() || got.first_event() != want.first_event() || got.events() != want.events())
       return corrupt(fmt::format("footer index entry {} (offset {}, first event {}, {} events) disagrees with the chunk "
                                  "read (offset {}, first event {}, {} events)",
@@ -418,15 +491,24 @@ Result<> TraceReader::check_footer_against_stream() {
       return corrupt(fmt::format("footer index entry {} has another chain value than chunk {}", i, i),
                      TraceCheck::kChain);
   }
-  if (static_cast<size_t>(f.seals_size()) != seals_.size())
-    return corrupt(fmt::format("footer lists {} seal frames but {} were read", f.seals_size(), seals_.size()));
+  // A reader that started part-way read the seals after its first chunk: the footer's last ones.
+  size_t seals_before = 0;
+  if (first_chunk_ > 0) {
+    while (seals_before < size_t(f.seals_size()) && f.seals(int(seals_before)).chunks() <= first_chunk_) ++seals_before;
+  }
+  if (static_cast<size_t>(f.seals_size()) != seals_before + seals_.size())
+    return corrupt(fmt::format("footer lists {} seal frames but {} were read", f.seals_size() - seals_before,
+                               seals_.size()));
   for (size_t i = 0; i < seals_.size(); ++i) {
-    const trace::SealIndex& got = f.seals(static_cast<int>(i));
+    const trace::SealIndex& got = f.seals(static_cast<int>(seals_before + i));
     if (got.offset() != seals_[i].offset || got.chunks() != seals_[i].chunks)
       return corrupt(fmt::format("footer entry for seal {} (byte {}, after {} chunks) disagrees with the seal frame "
                                  "read (byte {}, after {} chunks)",
                                  i, got.offset(), got.chunks(), seals_[i].offset, seals_[i].chunks));
   }
+  // A reader that started part-way counted only its own events: the counts and the serial output are the whole
+  // trace's (a full read checks them).
+  if (first_chunk_ > 0) return {};
   std::map<std::string, uint64_t> listed(f.events_by_kind().begin(), f.events_by_kind().end());
   std::map<std::string, uint64_t> counted;
   for (size_t kind = 0; kind < count_by_case_.size(); ++kind)

@@ -56,6 +56,26 @@ class TraceReader {
   // Checks the trailer and the footer frame against each other only; the full chain is checked by next()/verify.
   Result<trace::Footer> read_index();
 
+  // Starting part-way (a segment of the trace, segments/): moves a reader just opened to raw event `event` (serial
+  // output and disk_io events counted), through the footer index to the chunk that holds it, taking the hash chain's
+  // value before that chunk from the previous chunk frame's header (the header's digest for the first chunk); a
+  // format-6 footer index lists that value too, and the two must agree. The chain is checked from there on, each
+  // chunk against the footer index, and `deja merge` checks that every segment starts from the value the segment
+  // before it computed, so that the segments together check the whole chain (docs/segments.md). Needs a complete
+  // trace (its index); events_read() counts from the trace's start.
+  Result<> start_at_event(uint64_t event);
+  // A point of the hash chain: the value before chunk `chunk`, whose first event is `first_event`.
+  struct ChainPoint {
+    uint64_t chunk = 0;
+    uint64_t first_event = 0;
+    Sha256 chain_before{};
+  };
+  // The point before the chunk that holds raw event `event`, for a chunk this reader has read, or before the chunk
+  // after the last one read when `event` is the first event after it (the values it computed itself, except the
+  // value it started from, see start_at_event); nullopt for any other.
+  std::optional<ChainPoint> chain_point(uint64_t event) const;
+  // The chunk this reader started at (0 unless start_at_event moved it) and the chunks it has read from there.
+  uint64_t first_chunk() const { return first_chunk_; }
   // SHA-256 of the header bytes (the chain's c0) and the chain value of the last frame read (after a complete read,
   // the footer's, which the trailer repeats).
   const Sha256& header_sha256() const { return header_sha256_; }
@@ -103,6 +123,9 @@ class TraceReader {
 
   uint64_t events_read_ = 0;
   std::vector<trace::ChunkIndex> chunks_;  // what was actually read, to check the footer's index against
+  std::vector<Sha256> chain_before_;       // per chunk read: the chain value before it
+  uint64_t first_chunk_ = 0;               // the chunk of chunks_[0] (start_at_event)
+  Sha256 chunks_chain_{};                  // the chain value after the last chunk read (chain_ goes on to the footer)
   std::vector<uint64_t> count_by_case_;  // indexed by Event::kind_case(); named only when compared/written
   std::unique_ptr<trace_detail::Sha256Stream> serial_sha_;
   uint64_t serial_bytes_ = 0;

@@ -54,6 +54,8 @@ class TraceWriter {
   Result<> finish(trace::Footer footer);
 
   uint64_t events_written() const { return events_written_; }
+  // Bytes of serial output written so far (SerialOutput events).
+  uint64_t serial_bytes() const { return serial_bytes_; }
   // The file being written (the .partial one until finish() renamed it).
   const std::string& path() const { return file_->path(); }
   uint64_t chunks_written() const { return index_.size() - (chunk_events_ > 0 ? 1 : 0); }

@@ -337,6 +337,14 @@ uint64_t Engine::instructions_until(uint64_t ns) {
                   derived_->rates.ps_per_instruction);
 }
 
+std::array<uint64_t, 5> Engine::derived_time_state() const {
+  if (!derived_) return {};
+  const DerivedTime& d = *derived_;
+  // Not last_ns: a recording also reads the time for itself (when its timers are due), a replay does not, so the
+  // highest time read differs between them at the same point (a restored replay has the recorder's).
+  return {d.device_reads, d.anchor_ns, d.anchor_instructions, d.anchor_device_reads, d.last_tsc};
+}
+
 void Engine::derive_time(TimeRates rates, std::function<std::optional<uint64_t>()> instructions) {
   DEJA_ASSERT(rates.ps_per_instruction != 0, "derived time needs a rate");
   derived_ = DerivedTime{rates, std::move(instructions)};
@@ -579,17 +587,33 @@ Result<> Engine::finish_record(trace::End end, trace::Footer footer) {
   return writer_->finish(std::move(footer));
 }
 
-Result<Engine::Cursor> Engine::save_cursor() const {
+uint64_t Engine::next_raw_event() const {
+  if (mode_ == Mode::kRecord) return writer_ ? writer_->events_written() : 0;
+  const uint64_t taken = rewind_ ? history_pos_ : reader_ ? reader_->events_read() : 0;
+  return taken - (lookahead_ ? 1 : 0);
+}
+
+Result<Engine::Cursor> Engine::save_cursor() {
   DEJA_ASSERT(!frozen_now_ && !divergence_, "the replay cursor is saved only at a clean point");
-  auto output = output_.literal_state();
-  if (!output) {
-    return fail(ErrorKind::kUnsupported, "no checkpoint while the recorded and replayed serial output are {} bytes apart",
-                output_.pending(StreamMatch::kRecorded) + output_.pending(StreamMatch::kReplayed));
-  }
   Cursor c;
-  c.raw_position = history_pos_;
-  c.has_lookahead = lookahead_.has_value();
-  c.output = std::move(*output);
+  if (mode_ == Mode::kRecord) {
+    // A replay here has taken every event written so far, the serial output too (written now, so that it precedes
+    // the cursor), and peeked at none: it matched all that output.
+    if (!writer_) return fail(ErrorKind::kInvalidArgument, "no cursor: this recording writes no trace");
+    flush_output();
+    c.raw_position = writer_->events_written();
+    c.output = StreamMatch::Literal{StreamMatch::kRecorded, {}, writer_->serial_bytes()};
+  } else {
+    auto output = output_.literal_state();
+    if (!output) {
+      return fail(ErrorKind::kUnsupported,
+                  "no checkpoint while the recorded and replayed serial output are {} bytes apart",
+                  output_.pending(StreamMatch::kRecorded) + output_.pending(StreamMatch::kReplayed));
+    }
+    c.raw_position = rewind_ ? history_pos_ : reader_ ? reader_->events_read() : 0;
+    c.has_lookahead = lookahead_.has_value();
+    c.output = std::move(*output);
+  }
   c.events = events_;
   c.last_now = last_now_;
   c.recent = recent_;
@@ -605,23 +629,44 @@ Result<Engine::Cursor> Engine::save_cursor() const {
 }
 
 Result<> Engine::restore_cursor(const Cursor& c) {
-  if (!rewind_ || !reader_) return fail(ErrorKind::kInvalidArgument, "the replay cursor cannot move: no rewindable trace");
+  if (!reader_) return fail(ErrorKind::kInvalidArgument, "the replay cursor cannot move: no trace");
   if (c.raw_position == 0 && c.has_lookahead) return fail(ErrorKind::kInvalidArgument, "replay cursor: lookahead at 0");
-  // Read ahead when the cursor lies beyond what this replay has read (a checkpoint file).
-  history_pos_ = history_.size();
-  exhausted_ = false;
-  trace_error_.clear();
-  while (history_.size() < c.raw_position) {
-    if (!next_raw()) {
-      return fail(ErrorKind::kBadTrace, "the trace ends after {} events, before the checkpoint's position {}{}",
-                  history_.size(), c.raw_position, trace_error_.empty() ? "" : ": " + trace_error_);
+  if (rewind_) {
+    // Read ahead when the cursor lies beyond what this replay has read (a checkpoint file).
+    history_pos_ = history_.size();
+    exhausted_ = false;
+    trace_error_.clear();
+    while (history_.size() < c.raw_position) {
+      if (!next_raw()) {
+        return fail(ErrorKind::kBadTrace, "the trace ends after {} events, before the checkpoint's position {}{}",
+                    history_.size(), c.raw_position, trace_error_.empty() ? "" : ": " + trace_error_);
+      }
+    }
+    exhausted_ = false;
+    trace_error_.clear();
+    history_pos_ = c.raw_position;
+    lookahead_.reset();
+    if (c.has_lookahead) lookahead_ = history_[c.raw_position - 1];
+  } else {
+    const uint64_t taken = c.raw_position - (c.has_lookahead ? 1 : 0);
+    if (reader_->events_read() != 0 || lookahead_ || events_ != 0) {
+      if (reader_->events_read() == c.raw_position && lookahead_.has_value() == c.has_lookahead) {
+        // Already there (a replay restored to where it stands).
+      } else {
+        return fail(ErrorKind::kInvalidArgument, "the replay cursor cannot move back without a rewindable trace");
+      }
+    } else {
+      if (auto moved = reader_->start_at_event(taken); !moved) return moved;
+      if (c.has_lookahead) {
+        auto next = next_raw();
+        if (!next) {
+          return fail(ErrorKind::kBadTrace, "the trace ends before the checkpoint's position {}{}", c.raw_position,
+                      trace_error_.empty() ? "" : ": " + trace_error_);
+        }
+        lookahead_ = std::move(*next);
+      }
     }
   }
-  exhausted_ = false;
-  trace_error_.clear();
-  history_pos_ = c.raw_position;
-  lookahead_.reset();
-  if (c.has_lookahead) lookahead_ = history_[c.raw_position - 1];
   output_.restore(c.output);
   events_ = c.events;
   last_now_ = c.last_now;

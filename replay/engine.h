@@ -1,6 +1,7 @@
 // The record/replay engine: one choke point per kind of nondeterministic input, in mode run / record / replay.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -134,6 +135,9 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   uint64_t running_now_ns() { return derived_ ? derived_now_ns() : host_now_ns(); }
   // Derived time: the instructions after which it reaches `ns` (at least 1).
   uint64_t instructions_until(uint64_t ns);
+  // Derived time's state that the guest's own reads make (device reads; the anchor's time, instructions and device
+  // reads; the last TSC read), zeros without it: what every replay that reaches this point has too.
+  std::array<uint64_t, 5> derived_time_state() const;
 
   // ---- asynchronous events (time advancing, host input arriving) ------------------------------
   // Record/run: what host time says now (virtual ns), without logging.
@@ -221,10 +225,16 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   };
   // The cursor can only be saved at a clean point: not inside an asynchronous event, not diverged.
   // Fails while the serial-output comparison holds hashed bytes (megabytes apart): no checkpoint there.
-  Result<Cursor> save_cursor() const;
-  // Moves the replay to `cursor` (enable_rewind() first); reads ahead in the trace if the cursor
-  // lies beyond what was read, failing when the trace ends before it.
+  // Record: the cursor a replay of this trace would have here (the serial output written so far first), so that a
+  // checkpoint taken while recording starts a replay (segments/).
+  Result<Cursor> save_cursor();
+  // Moves the replay to `cursor`. With enable_rewind(), anywhere: reads ahead in the trace if the cursor lies beyond
+  // what was read, failing when the trace ends before it. Without, only forward from a reader that has read nothing
+  // (a replay that starts at a checkpoint: the reader goes to the cursor's chunk through the index).
   Result<> restore_cursor(const Cursor& cursor);
+  // The first raw trace event (serial output included) a replay that starts here reads: record, every event written
+  // so far; replay, those taken from the trace less the one peeked at.
+  uint64_t next_raw_event() const;
   // Raw trace events held for rewinding (serial output included).
   uint64_t history_size() const { return history_.size(); }
   // The last events taken ("#N description"), oldest first.

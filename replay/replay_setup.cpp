@@ -121,6 +121,9 @@ Result<ReplaySetup> open_replay_as_recorded(const ReplaySetupOptions& options) {
   const RecordedInput* initrd_entry = find_input(rc, "initrd");
   if (!options.image_path.empty()) image_path = options.image_path;
   if (!options.initrd_path.empty()) load.initrd_path = options.initrd_path;
+  for (size_t i = 0; i < options.module_paths.size() && i < load.modules.size(); ++i) {
+    if (!options.module_paths[i].empty()) load.modules[i].path = options.module_paths[i];
+  }
   // The inputs the trace names, one at a time: each file's size is checked against the recorded one before
   // it is read and its SHA-256 right after, so a header naming thousands of files (or a huge one) costs
   // nothing. A trace can name any file on this host: deja never prints a hash of what it read.

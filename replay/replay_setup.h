@@ -19,6 +19,7 @@ struct ReplaySetupOptions {
   std::string image_path;   // "" = the path recorded in the trace
   std::string initrd_path;  // "" = the path recorded in the trace
   std::vector<std::string> disk_paths;  // replaces the recorded disk images' paths, in order ("" keeps one)
+  std::vector<std::string> module_paths;  // replaces the recorded boot modules' paths, in order ("" keeps one)
   std::string serial_out = "/dev/null";
   std::string progress;               // "" = as recorded; "exact" or "emulated-pmu:SKID[:SEED]" to override the counter
   std::string test_device_semantics;  // test-only: replay with perturbed device semantics

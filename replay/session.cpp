@@ -914,6 +914,9 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
     if (g_stop_requested.load() || (stop.interrupted && stop.interrupted())) {
       return StopReason{StopReason::Kind::kInterrupted};
     }
+    if (record_turn_hook_ && mode == Mode::kRecord && !completes_on_next_run(now().last_exit_kind)) {
+      if (auto r = record_turn_hook_(); !r) return std::unexpected(r.error());
+    }
     // A trace that cannot be written stops the run at once (its prefix is what is left); a failed disk overlay or
     // serial output stops it too, rather than letting the guest run on with its writes or its output lost, and
     // the recording ends there, saying so.
@@ -1129,7 +1132,7 @@ std::string get_string(StateReader& r) {
 
 // The run loop's own state and the engine's trace cursor ("SESS" section of a checkpoint). Version 4 holds each
 // vCPU's loop state and the schedule's; version 3 (one vCPU, before several) is still read.
-Result<std::vector<uint8_t>> Session::encode_loop_state() const {
+Result<std::vector<uint8_t>> Session::encode_loop_state() {
   auto cursor = engine_.save_cursor();
   if (!cursor) return std::unexpected(cursor.error());
   const Engine::Cursor& c = *cursor;
@@ -1253,6 +1256,25 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
 }
 
 Result<MachineCheckpoint> Session::capture_checkpoint(CheckpointMemory& memory) {
+  auto cp = capture_state();
+  if (!cp) return cp;
+  auto image = memory.capture();
+  if (!image) return std::unexpected(image.error());
+  cp->memory = *image;
+  return cp;
+}
+
+std::vector<uint8_t> Session::shared_loop_state() const {
+  StateWriter w("LOOP", 1);
+  for (const Vcpu& v : vcpus_) w.u64(v.guest_exits);
+  if (vcpus_.size() > 1) w.u32(current_);
+  w.u64(next_digest_at_);
+  w.u64(engine_.events_processed());
+  for (uint64_t v : engine_.derived_time_state()) w.u64(v);
+  return w.take();
+}
+
+Result<MachineCheckpoint> Session::capture_state() {
   if (engine_.divergence()) return fail(ErrorKind::kDivergence, "no checkpoint of a replay that diverged");
   if (ended_) return fail(ErrorKind::kInvalidArgument, "no checkpoint at the end of the replay ({})", ended_->reason);
   MachineCheckpoint cp;
@@ -1272,13 +1294,15 @@ Result<MachineCheckpoint> Session::capture_checkpoint(CheckpointMemory& memory) 
   auto loop = encode_loop_state();
   if (!loop) return std::unexpected(loop.error());
   cp.session = std::move(*loop);
-  auto image = memory.capture();
-  if (!image) return std::unexpected(image.error());
-  cp.memory = *image;
   return cp;
 }
 
 Result<> Session::restore_checkpoint(const MachineCheckpoint& cp, CheckpointMemory& memory) {
+  if (auto r = memory.restore(cp.memory); !r) return std::unexpected(r.error());
+  return restore_state(cp);
+}
+
+Result<> Session::restore_state(const MachineCheckpoint& cp) {
   if (cp.more_vcpus.size() + 1 != vcpus_.size()) {
     return fail(ErrorKind::kInvalidArgument, "the checkpoint holds {} vCPUs, this machine has {}",
                 cp.more_vcpus.size() + 1, vcpus_.size());
@@ -1304,7 +1328,6 @@ Result<> Session::restore_checkpoint(const MachineCheckpoint& cp, CheckpointMemo
   }
   if (auto r = decode_loop_state(cp.session); !r) return r;
   if (auto r = machine_->restore_device_states(states); !r) return r;
-  if (auto r = memory.restore(cp.memory); !r) return std::unexpected(r.error());
   for (size_t i = 0; i < vcpus_.size(); ++i) {
     Vcpu& v = vcpus_[i];
     if (auto r = v.cpu->set_state(cpu_states[i]); !r) return r;

@@ -143,6 +143,19 @@ class Session {
   Result<MachineCheckpoint> capture_checkpoint(CheckpointMemory& memory);
   // Puts the machine, the engine's trace cursor and the loop state back to `checkpoint`.
   Result<> restore_checkpoint(const MachineCheckpoint& checkpoint, CheckpointMemory& memory);
+  // The same without memory (checkpoint.memory stays null), for checkpoints that keep RAM their own way (segments/):
+  // the caller captures RAM with it, or has put it back before restore_state().
+  Result<MachineCheckpoint> capture_state();
+  Result<> restore_state(const MachineCheckpoint& checkpoint);
+  // The loop state every replay that reaches this point shares, however it got there (state digests, segments/):
+  // guest exits, the next digest's event count, events taken, derived time. Not the trace cursor's read-ahead, the
+  // serial-output comparison or the last exit, which differ between a recording, a replay and a restored replay.
+  std::vector<uint8_t> shared_loop_state() const;
+  // Record: `hook` runs at the top of every turn where a checkpoint can be taken (the instruction the last exit
+  // interrupted is complete, as where a replay stops), before anything else of the turn; an error stops the run.
+  // A replay that stops at the same step count stands at the same state there (checkpoints taken while recording,
+  // segments/).
+  void set_record_turn_hook(std::function<Result<>()> hook) { record_turn_hook_ = std::move(hook); }
   // The replay has ended (run_until returned kEnd) and not been restored since.
   const std::optional<Outcome>& replay_ended() const { return ended_; }
 
@@ -213,7 +226,7 @@ class Session {
   // Replay: the next event, if it is an End placed at a coordinate (not reached through the guest's exit port).
   const trace::End* positional_end();
   std::optional<Outcome> replay_end_here();
-  Result<std::vector<uint8_t>> encode_loop_state() const;
+  Result<std::vector<uint8_t>> encode_loop_state();
   Result<> decode_loop_state(std::span<const uint8_t> blob);
   Result<> apply_debug(const DebugControl& control);
   // The exit's instruction is completed by the next run() (its response is still to be delivered).
@@ -264,6 +277,7 @@ class Session {
   uint64_t next_net_poll_ns_ = 0;
 
   std::optional<Outcome> ended_;     // the run ended here (replay: until a checkpoint is restored)
+  std::function<Result<>()> record_turn_hook_;
 
   std::thread kicker_;
   std::atomic<bool> kicker_stop_{false};

@@ -11,20 +11,7 @@ namespace deja {
 
 int report_error(const Error& e) {
   say("{}", e.message);
-  switch (e.kind) {
-    case ErrorKind::kInvalidArgument:
-    case ErrorKind::kBadImage:
-    case ErrorKind::kBadTrace:
-    case ErrorKind::kUnsupported:
-      return exit_status::kUsage;
-    case ErrorKind::kDivergence:
-      return exit_status::kDivergence;
-    case ErrorKind::kGuest:
-      return exit_status::kGuestStopped;
-    case ErrorKind::kHost:
-      return exit_status::kHostFailure;
-  }
-  return exit_status::kHostFailure;
+  return exit_status::of(e.kind);
 }
 
 void finish_outcome_message(const Outcome& o) {

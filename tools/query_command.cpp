@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include "tools/command_support.h"
+#include "tools/job_support.h"
+#include "segments/tasks.h"
 #include "replay/replay_setup.h"
 #include "core/exit_status.h"
 #include "core/messages.h"
@@ -25,13 +27,9 @@ struct QueryOptions {
   std::optional<uint32_t> cpu;  // --at: the vCPU to read (default: the one the schedule runs there)
   uint64_t interval = 0;
   std::string checkpoint_memory = "512M";
+  uint64_t sample = 0;
+  JobOptions job;
 };
-
-std::string value_hex(std::span<const uint8_t> bytes) {
-  std::string s = "0x";
-  for (size_t i = bytes.size(); i-- > 0;) s += fmt::format("{:02x}", bytes[i]);
-  return s;
-}
 
 std::string bytes_hex(std::span<const uint8_t> bytes) {
   std::string s;
@@ -62,33 +60,17 @@ Result<When> parse_when(const std::string& text) {
 
 // `vcpu`: the vCPU read, named when the machine has several (nullopt: one, output as before several).
 void print_registers(const CpuState& st, const CheckpointPosition& at, std::optional<uint32_t> vcpu, bool json) {
-  static const char* const kNames[] = {"rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi",
-                                       "r8",  "r9",  "r10", "r11", "r12", "r13", "r14", "r15"};
-  struct Named {
-    const char* name;
-    uint64_t value;
-  };
-  std::vector<Named> regs;
-  for (int i = 0; i < kGprCount; ++i) regs.push_back({kNames[i], st.gpr[i]});
-  for (Named n : {Named{"rip", st.rip}, {"rflags", st.rflags}, {"cs", st.cs.selector}, {"ss", st.ss.selector},
-                  {"ds", st.ds.selector}, {"es", st.es.selector}, {"fs", st.fs.selector}, {"gs", st.gs.selector},
-                  {"fs_base", st.fs.base}, {"gs_base", st.gs.base}, {"cr0", st.cr0}, {"cr2", st.cr2},
-                  {"cr3", st.cr3}, {"cr4", st.cr4}, {"efer", st.efer}})
-    regs.push_back(n);
   if (json) {
-    std::string out = fmt::format("{{\"steps\": {}, \"instructions\": {}, \"events\": {}, {}\"registers\": {{",
-                                  at.steps, at.instructions, at.events,
-                                  vcpu ? fmt::format("\"vcpu\": {}, ", *vcpu) : std::string());
-    for (size_t i = 0; i < regs.size(); ++i)
-      out += fmt::format("{}\"{}\": \"{:#x}\"", i ? ", " : "", regs[i].name, regs[i].value);
-    std::printf("%s}}\n", out.c_str());
-  } else {
-    std::printf("steps %llu instructions %llu events %llu%s\n", (unsigned long long)at.steps,
-                (unsigned long long)at.instructions, (unsigned long long)at.events,
-                vcpu ? fmt::format(" vcpu {}", *vcpu).c_str() : "");
-    // 0x and 16 digits for every value (printf's %#x drops the 0x of a zero).
-    for (const auto& r : regs) fmt::print("{:<8} 0x{:016x}\n", r.name, r.value);
+    std::string out = registers_json(st, at);
+    if (vcpu) out.insert(1, fmt::format("\"vcpu\": {}, ", *vcpu));
+    std::printf("%s\n", out.c_str());
+    return;
   }
+  std::printf("steps %llu instructions %llu events %llu%s\n", (unsigned long long)at.steps,
+              (unsigned long long)at.instructions, (unsigned long long)at.events,
+              vcpu ? fmt::format(" vcpu {}", *vcpu).c_str() : "");
+  // 0x and 16 digits for every value (printf's %#x drops the 0x of a zero).
+  for (const auto& [name, value] : named_registers(st)) fmt::print("{:<8} 0x{:016x}\n", name, value);
 }
 
 int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
@@ -156,70 +138,26 @@ int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
   return 0;
 }
 
-int query_writes(ReplayTimeline& timeline, const QueryOptions& o) {
-  auto range = parse_range(o.writes, 4096);
-  if (!range) return report_error(range.error());
-  Session& session = timeline.session();
-  if (!timeline.counts_steps()) {
-    return report_error({ErrorKind::kUnsupported, "--writes needs data watchpoints (--backend interp)"});
-  }
-  const bool several = session.machine().vcpu_count() > 1;
-  auto read_now = [&](std::vector<uint8_t>& out) {
-    auto st = session.machine().backend(session.current_vcpu()).get_state();
-    out.assign(range->second, 0);
-    if (!st) return false;
-    return read_gva(*st, session.machine().memory(), range->first, out) == out.size();
-  };
-  std::vector<uint8_t> before, after;
-  bool mapped_before = read_now(before);
-  uint64_t count = 0;
-  if (o.json) std::printf("[");
-  for (;;) {
-    StopRequest stop;
-    stop.watchpoints = {Watchpoint{range->first, range->second, WatchKind::kWrite}};
-    auto r = timeline.forward(stop);
-    if (!r) return report_error(r.error());
-    if (r->kind == StopReason::Kind::kEnd) {
-      if (r->outcome.status == exit_status::kDivergence) {
-        std::fputs(("deja: " + session.engine().divergence()->report).c_str(), stderr);
-        return exit_status::kDivergence;
-      }
-      break;
-    }
-    if (r->kind != StopReason::Kind::kWatchpoint) continue;
-    bool mapped_after = read_now(after);
-    CheckpointPosition at = session.checkpoint_position();
-    std::string old_text = mapped_before ? value_hex(before) : "unmapped";
-    std::string new_text = mapped_after ? value_hex(after) : "unmapped";
-    // The write happened in the step that just ended: its point is the one before it.
-    if (o.json) {
-      std::printf("%s\n  {\"step\": %llu, \"instructions\": %llu, \"events\": %llu, %s\"rip\": \"%#llx\", "
-                  "\"address\": \"%#llx\", \"old\": \"%s\", \"new\": \"%s\"}",
-                  count ? "," : "", (unsigned long long)(at.steps - 1), (unsigned long long)at.instructions,
-                  (unsigned long long)at.events,
-                  several ? fmt::format("\"vcpu\": {}, ", session.current_vcpu()).c_str() : "",
-                  (unsigned long long)r->watch_rip,
-                  (unsigned long long)r->watch_address, old_text.c_str(), new_text.c_str());
-    } else {
-      std::printf("step %llu  %srip %#llx  %#llx: %s -> %s\n", (unsigned long long)(at.steps - 1),
-                  several ? fmt::format("vcpu {}  ", session.current_vcpu()).c_str() : "", (unsigned long long)r->watch_rip, (unsigned long long)r->watch_address, old_text.c_str(),
-                  new_text.c_str());
-    }
-    ++count;
-    before = after;
-    mapped_before = mapped_after;
-  }
-  if (o.json) std::printf("%s]\n", count ? "\n" : "");
-  else say("{} writes to {}", count, o.writes);
-  return 0;
-}
-
-int run_query(const QueryOptions& o) {
-  if (o.writes.empty() == o.at.empty()) {
-    return report_error({ErrorKind::kInvalidArgument, "give either --at WHEN (with --regs or --mem) or --writes"});
+int run_query(QueryOptions& o) {
+  if (int(!o.writes.empty()) + int(!o.at.empty()) + int(o.sample != 0) != 1) {
+    return report_error({ErrorKind::kInvalidArgument,
+                         "give one of --at WHEN (with --regs or --mem), --writes ADDR:LEN or --sample N"});
   }
   if (!o.at.empty() && !o.regs && o.mem.empty()) {
     return report_error({ErrorKind::kInvalidArgument, "--at needs --regs or --mem ADDR:LEN"});
+  }
+  if (o.at.empty()) {
+    // Over the whole trace: a job of segments (in parallel where the trace has checkpoints).
+    if (auto bad = parse_range(o.writes.empty() ? (o.mem.empty() ? "0:1" : o.mem) : o.writes, 4096); !bad) {
+      return report_error(bad.error());
+    }
+    o.job.plan.trace = o.replay.trace_path;
+    o.job.plan.backend = o.replay.backend;
+    o.job.plan.interp_mode = o.replay.interp_mode;
+    o.job.plan.image_path = o.replay.image_path;
+    o.job.plan.task = !o.writes.empty() ? "writes:" + o.writes
+                                        : fmt::format("sample:{}{}", o.sample, o.mem.empty() ? "" : ":" + o.mem);
+    return run_trace_job(o.job, o.json);
   }
   auto setup = open_replay(o.replay);
   if (!setup) return report_error(setup.error());
@@ -230,7 +168,7 @@ int run_query(const QueryOptions& o) {
   if (o.interval) topt.interval_steps = topt.interval_events = o.interval;
   auto timeline = ReplayTimeline::create(*setup->session, topt);
   if (!timeline) return report_error(timeline.error());
-  return o.at.empty() ? query_writes(**timeline, o) : query_at(**timeline, o);
+  return query_at(**timeline, o);
 }
 
 }  // namespace
@@ -246,6 +184,8 @@ Subcommand add_query_command(CLI::App& app) {
   cmd->add_option("--mem", o->mem, "print guest-virtual memory ADDR:LEN there");
   cmd->add_flag("--phys", o->physical, "--mem reads guest-physical memory");
   cmd->add_option("--writes", o->writes, "every write to guest-virtual ADDR:LEN over the whole trace");
+  cmd->add_option("--sample", o->sample,
+                  "the registers (and --mem) at every N-th step over the whole trace (interp)");
   cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_option("--checkpoint-interval", o->interval, "steps or events between automatic checkpoints");
   cmd->add_option("--checkpoint-memory", o->checkpoint_memory, "memory for checkpoints (0: none; default 512M)");
@@ -253,6 +193,7 @@ Subcommand add_query_command(CLI::App& app) {
   cmd->add_option("--interp-mode", o->replay.interp_mode, "the software CPU's executor: jit (default), threaded or reference")
       ->check(CLI::IsMember({"reference", "threaded", "jit"}));
   cmd->add_option("--image", o->replay.image_path, "guest image (default: the path in the trace)");
+  add_job_options(cmd, o->job);
   return {cmd, [o] { return run_query(*o); }};
 }
 

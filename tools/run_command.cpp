@@ -13,6 +13,7 @@
 #include "logging/trace_format.h"
 #include "logging/trace_signature.h"
 #include "replay/trace_config.h"
+#include "segments/trace_checkpoints.h"
 #include "tools/command_support.h"
 #include "tools/linux_guest.h"
 #include "core/exit_status.h"
@@ -57,6 +58,8 @@ struct RunArgs {
   uint64_t seal_chunks = 0;      // record --sign: chunks between seals (0: by time only)
   std::string tsa_request;       // record --sign: write an RFC 3161 request for TRACE.sig here
   uint64_t digest_every = Session::kDefaultDigestInterval;  // record: a full state digest every N events
+  std::string checkpoint_every;  // record: checkpoints beside the trace (TRACE.ckpt)
+  uint64_t checkpoint_full_every = CheckpointWriter::kDefaultFullEvery;
 };
 
 // What a run or a recording needs, resolved from the options.
@@ -80,6 +83,8 @@ struct SessionOptions {
   SealPolicy seals;
   std::string tsa_request;
   uint64_t digest_interval = Session::kDefaultDigestInterval;
+  std::string checkpoint_every;
+  uint64_t checkpoint_full_every = CheckpointWriter::kDefaultFullEvery;
 };
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
@@ -234,6 +239,8 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   o.serial_out = a.serial_out;
   o.stats = a.stats;
   o.digest_interval = a.digest_every;
+  o.checkpoint_every = a.checkpoint_every;
+  o.checkpoint_full_every = a.checkpoint_full_every;
   o.print_digest = a.digest;
   // The key is read before anything else happens: a bad key stops the recording before any file is written.
   if (!a.sign.empty()) {
@@ -297,6 +304,43 @@ Result<> check_files(const SessionOptions& o, Mode mode) {
   return plan.check();
 }
 
+// record --checkpoint-every: checkpoints that travel with the trace, taken at the top of a turn once the instruction
+// count reaches each multiple of the interval, into TRACE.ckpt.partial (renamed to TRACE.ckpt with the trace).
+Result<std::unique_ptr<CheckpointWriter>> start_record_checkpoints(Session& session, const trace::Header& header,
+                                                                   const SessionOptions& options) {
+  const Backend& cpu = session.machine().backend();
+  if (!cpu.instruction_count() || !cpu.step_count()) {
+    return fail(ErrorKind::kUnsupported,
+                "--checkpoint-every needs a backend that counts instructions (--backend interp); on KVM, make them "
+                "after the recording with `deja index TRACE --backend interp`");
+  }
+  const auto rates = session.engine().derived_time_rates();
+  auto every = parse_checkpoint_interval(options.checkpoint_every, rates ? rates->ps_per_instruction : 1000);
+  if (!every) return std::unexpected(every.error());
+  const std::string serialized = header.SerializeAsString();
+  const CheckpointIdentity identity{
+      sha256_bytes(std::span(reinterpret_cast<const uint8_t*>(serialized.data()), serialized.size())),
+      session.machine().config().memory_bytes, session.machine().config().backend};
+  auto writer = CheckpointWriter::create(session, identity,
+                                         partial_checkpoint_directory(checkpoint_directory(options.trace_path)),
+                                         options.checkpoint_full_every);
+  if (!writer) return std::unexpected(writer.error());
+  session.set_record_turn_hook([&session, w = writer->get(), every = *every, next = *every]() mutable -> Result<> {
+    const uint64_t instructions = session.machine().backend().instruction_count().value_or(0);
+    if (instructions < next) return {};
+    auto taken = w->take();
+    if (taken) {
+      next = (instructions / every + 1) * every;
+    } else if (taken.error().kind == ErrorKind::kUnsupported) {
+      next = instructions + std::max<uint64_t>(1, every / 16);  // no checkpoint just here: a little later
+    } else {
+      return std::unexpected(taken.error());
+    }
+    return {};
+  });
+  return writer;
+}
+
 // record --sign: TRACE.sig, and the time-stamp request for it when asked.
 int sign_recording(const TraceWriter& writer, const trace::Header& header, const trace::Footer& footer,
                    const SessionOptions& options) {
@@ -350,6 +394,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
   }
   Session session(mode, progress.mode);
+  std::unique_ptr<CheckpointWriter> checkpoints;  // record --checkpoint-every
   // Disks: the images opened read-only (and identified, for a recording), the overlays created or reopened.
   std::vector<std::unique_ptr<DiskImage>> disks;
   std::vector<DiskIdentity> identities;
@@ -453,6 +498,9 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       header.mutable_signer()->set_key_id(options.signing_key->id());
       header.mutable_signer()->set_public_key(options.signing_key->public_key().der());
     }
+    if (!options.checkpoint_every.empty()) {
+      if (auto ok = check_checkpoint_directory(checkpoint_directory(options.trace_path)); !ok) return report_error(ok.error());
+    }
     auto writer = TraceWriter::create_replacing(options.trace_path, header);
     if (!writer) return report_error(writer.error());
     if (options.signing_key) {
@@ -460,6 +508,11 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
     signed_header = header;
     session.engine().attach_writer(std::move(*writer));
+    if (!options.checkpoint_every.empty()) {
+      auto started = start_record_checkpoints(session, header, options);
+      if (!started) return report_error(started.error());
+      checkpoints = std::move(*started);
+    }
   }
   session.attach_input(std::move(serial_input));
 
@@ -473,9 +526,13 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       if (auto stated_footer = session.finish_recording(failed)) {
         say("the recording up to the failure is complete in {}", options.trace_path);
         if (options.signing_key) sign_recording(*session.engine().writer(), signed_header, *stated_footer, options);
+        if (checkpoints) {
+          if (auto r = commit_checkpoint_directory(checkpoint_directory(options.trace_path)); !r) report_error(r.error());
+        }
       } else if (session.engine().trace_intact()) {
         say("the recording up to the failure is in {} (a valid prefix: `deja replay {}` replays it)",
             session.engine().trace_file(), session.engine().trace_file());
+        if (checkpoints) discard_partial_checkpoint_directory(checkpoint_directory(options.trace_path));
       }
     }
     return status;
@@ -493,7 +550,14 @@ int run_or_record(const SessionOptions& options, Mode mode) {
         say("the recording is in {} (a valid prefix: `deja replay {}` replays it)", session.engine().trace_file(),
             session.engine().trace_file());
       }
+      if (checkpoints) discard_partial_checkpoint_directory(checkpoint_directory(options.trace_path));
       return status;
+    }
+    if (checkpoints) {
+      const std::string directory = checkpoint_directory(options.trace_path);
+      if (auto r = commit_checkpoint_directory(directory); !r) return report_error(r.error());
+      say("{} checkpoints in {} ({:.1f} MiB)", checkpoints->checkpoints(), directory,
+          double(checkpoints->bytes_written()) / (1 << 20));
     }
     // The progress option as given (emulated-pmu:N is exact progress through an emulated counter).
     std::string counter = progress.mode == ProgressMode::kExact ? session.counter_description() : std::string();
@@ -532,6 +596,13 @@ std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
                      "N makes a replay that diverges without a wrong event say so closer to where it happened, at "
                      "the cost of hashing RAM each time")
       ->check(CLI::Range(uint64_t{2}, uint64_t{1} << 32));  // a digest is an event: at 1 it would be due again at once
+  record->add_option("--checkpoint-every", record_args->checkpoint_every,
+                     "write checkpoints beside the trace (TRACE.ckpt/) every DURATION of guest time (60s, 500ms) or N "
+                     "instructions (5G): segments of the trace then replay in parallel (deja verify --replay, "
+                     "docs/segments.md); interp");
+  record->add_option("--checkpoint-full-every", record_args->checkpoint_full_every,
+                     "every Nth checkpoint holds all of RAM, the others what changed since the one before (default 16)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
   record->add_option("--sign", record_args->sign,
                      "an Ed25519 private key (PEM, `deja keygen`): seal the trace while recording and write TRACE.sig "
                      "(docs/audit.md)")

@@ -1,10 +1,13 @@
 // `deja verify`: the ordered checks of a trace (structure, hash chain, seals and signature, inputs, and with --replay
-// the re-execution), naming the first failure.
+// the re-execution, in parallel segments when the trace has checkpoints), naming the first failure.
 #include <cstdio>
+#include <filesystem>
 
-#include "logging/trace_verify.h"
-#include "tools/command_support.h"
 #include "core/exit_status.h"
+#include "logging/trace_verify.h"
+#include "segments/trace_checkpoints.h"
+#include "tools/command_support.h"
+#include "tools/job_support.h"
 
 namespace deja {
 
@@ -15,6 +18,7 @@ Subcommand add_verify_command(CLI::App& app) {
     std::string keyring;
     VerifyOptions options;
     bool replay = false;
+    JobOptions job;
   };
   auto a = std::make_shared<Args>();
   auto* verify = app.add_subcommand("verify", "check a trace, in order: structure, hash chain, seals and signature "
@@ -29,7 +33,13 @@ Subcommand add_verify_command(CLI::App& app) {
       ->type_name("FILE");
   verify->add_option("--tsa-ca", a->options.tsa_ca, "CA certificates to check the time-stamp's authority against")
       ->type_name("FILE");
-  verify->add_flag("--replay", a->replay, "also replay the trace, checking every event and state digest");
+  verify->add_flag("--replay", a->replay,
+                   "also replay the trace, checking every event and state digest; a trace with checkpoints (TRACE.ckpt, "
+                   "`deja index`) replays in segments that run in parallel, and the merge proves every segment exact "
+                   "and their state digests chained from the start to the End (docs/segments.md)");
+  add_job_options(verify, a->job);
+  verify->add_option("--backend", a->job.plan.backend, "--replay in segments: the backend (default: the recording's)")
+      ->check(CLI::IsMember({"kvm", "interp"}));
   return {verify, [a] {
             for (const auto& k : a->keys)
               if (auto r = a->options.keys.add_key_file(k); !r) return report_error(r.error());
@@ -49,7 +59,17 @@ Subcommand add_verify_command(CLI::App& app) {
               return 0;
             }
             std::fflush(stdout);
-            int status = replay_for_verify(a->path);
+            std::error_code ec;
+            const bool segmented = !a->job.plan.checkpoints.empty() || a->job.executor.kind != "local" ||
+                                   std::filesystem::is_directory(checkpoint_directory(a->path), ec);
+            int status = 0;
+            if (segmented) {
+              a->job.plan.trace = a->path;
+              a->job.plan.task = "verify";
+              status = run_trace_job(a->job, false);
+            } else {
+              status = replay_for_verify(a->path);
+            }
             std::printf("  5 replay      %-6s %s\n", status == 0 ? "ok" : "FAILED",
                         status == 0 ? "every event and state digest replayed as recorded"
                                     : "the replay did not match the recording (deja's message above)");

@@ -402,6 +402,7 @@ void DiskImage::mark_verified(uint64_t block) {
     if (verified_bits_.empty()) verified_bits_.assign((size_ / hash_block_ + 64) / 64, 0);
     verified_bits_[block / 64] |= 1ull << (block % 64);
   }
+  if (tracking_) changed_verified_.insert(block);
   ++verified_count_;
   verified_hash_ = XXH3_64bits_withSeed(&block, sizeof block, verified_hash_);
   if (keep_history_ && verified_count_ == verified_hash_at_.size()) verified_hash_at_.push_back(verified_hash_);
@@ -472,6 +473,7 @@ Result<> DiskImage::read(uint64_t offset, std::span<uint8_t> out) {
 }
 
 Result<> DiskImage::store_block(uint64_t block, std::span<const uint8_t> data) {
+  if (tracking_) changed_written_.insert(block);
   const uint64_t start = block * kBlockSize;
   const uint64_t block_bytes = std::min<uint64_t>(kBlockSize, size_ - start);
   if (overlay_fd_ >= 0) {
@@ -619,6 +621,83 @@ Result<> DiskImage::restore(std::span<const uint8_t> state) {
                 "replay has passed",
                 path_, writes_, verified_count_, writes, verified);
   }
+  writes_ = writes;
+  write_hash_ = write_hash;
+  verified_count_ = verified;
+  verified_hash_ = verified_hash;
+  return {};
+}
+
+}  // namespace deja
+
+namespace deja {
+
+DiskImage::Contents DiskImage::contents() const {
+  Contents c;
+  if (overlay_fd_ >= 0) {
+    for (uint64_t b = 0; b < bitmap_.size() * 8; ++b)
+      if (bitmap_[b / 8] & (1u << (b % 8))) c.written.push_back(b);
+  } else {
+    for (const auto& [block, versions] : blocks_) {
+      if (std::any_of(versions.begin(), versions.end(), [&](const Version& v) { return v.seq <= writes_; })) {
+        c.written.push_back(block);
+      }
+    }
+    std::sort(c.written.begin(), c.written.end());
+  }
+  if (keep_history_) {
+    c.verified.assign(verified_log_.begin(), verified_log_.begin() + std::min<uint64_t>(verified_count_,
+                                                                                         verified_log_.size()));
+    std::sort(c.verified.begin(), c.verified.end());
+  } else {
+    for (uint64_t b = 0; b < verified_bits_.size() * 64; ++b)
+      if (verified_bits_[b / 64] & (1ull << (b % 64))) c.verified.push_back(b);
+  }
+  return c;
+}
+
+void DiskImage::track_changes() {
+  Contents now = contents();
+  changed_written_.insert(now.written.begin(), now.written.end());
+  changed_verified_.insert(now.verified.begin(), now.verified.end());
+  tracking_ = true;
+}
+
+DiskImage::Contents DiskImage::take_changes() {
+  Contents c{{changed_written_.begin(), changed_written_.end()}, {changed_verified_.begin(), changed_verified_.end()}};
+  std::sort(c.written.begin(), c.written.end());
+  std::sort(c.verified.begin(), c.verified.end());
+  changed_written_.clear();
+  changed_verified_.clear();
+  return c;
+}
+
+Result<> DiskImage::adopt_block(uint64_t block, std::span<const uint8_t> data) {
+  if (overlay_fd_ >= 0 || keep_history_) {
+    return fail(ErrorKind::kInvalidArgument, "disk {}: blocks are taken over only by a replay without history", path_);
+  }
+  if (block_bytes(block) == 0 || (!data.empty() && data.size() != block_bytes(block))) {
+    return fail(ErrorKind::kBadTrace, "disk {}: block {} of {} bytes does not fit the image ({} bytes)", path_, block,
+                data.size(), size_);
+  }
+  blocks_[block].assign(1, Version{0, std::vector<uint8_t>(data.begin(), data.end())});
+  return {};
+}
+
+Result<> DiskImage::adopt_verified(uint64_t block) {
+  if (hash_block_ == 0 || block >= (size_ + hash_block_ - 1) / hash_block_) {
+    return fail(ErrorKind::kBadTrace, "disk {}: block {} is not a block this image verifies", path_, block);
+  }
+  if (keep_history_) return fail(ErrorKind::kInvalidArgument, "disk {}: a replay with history", path_);
+  if (verified_bits_.empty()) verified_bits_.assign((size_ / hash_block_ + 64) / 64, 0);
+  verified_bits_[block / 64] |= 1ull << (block % 64);
+  return {};
+}
+
+Result<> DiskImage::adopt_state(std::span<const uint8_t> saved) {
+  StateReader r(saved, "DISK", 1);
+  const uint64_t writes = r.u64(), write_hash = r.u64(), verified = r.u64(), verified_hash = r.u64();
+  if (auto done = r.finish(); !done) return done;
   writes_ = writes;
   write_hash_ = write_hash;
   verified_count_ = verified;

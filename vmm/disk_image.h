@@ -10,6 +10,7 @@
 #include <string>
 #include <sys/stat.h>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "devices/block_store.h"
@@ -111,6 +112,29 @@ class DiskImage : public BlockStore {
   std::vector<uint8_t> save() const override;
   Result<> restore(std::span<const uint8_t> state) override;
 
+  // ---- checkpoints that travel with a trace (segments/) -------------------------------------------------------
+  // A replay elsewhere starts from a checkpoint only with the guest's writes so far and the blocks verified so far
+  // (save() holds only their counts and hashes): which of them changed since the last take_changes(), and taking
+  // them over in a replay that has not run yet, before the device state that counts them is restored.
+  struct Contents {
+    std::vector<uint64_t> written;   // blocks the guest has written (their data: block_now), ascending
+    std::vector<uint64_t> verified;  // lazy mode: blocks checked at their first read, ascending
+  };
+  Contents contents() const;
+  // From now on, take_changes() lists what changed since its last call (the first: everything so far).
+  void track_changes();
+  Contents take_changes();
+  // The guest-visible bytes of a block now (the last block of an image of odd size is short: block_bytes()).
+  Result<> block_now(uint64_t block, std::span<uint8_t> out) { return read_block(block, out); }
+  uint64_t block_bytes(uint64_t block) const {
+    return block * kBlockSize >= size_ ? 0 : std::min<uint64_t>(kBlockSize, size_ - block * kBlockSize);
+  }
+  // Replay with the overlay in memory: the block as the checkpoint holds it (empty: zeros), a verified block, and
+  // the counts and hashes of save().
+  Result<> adopt_block(uint64_t block, std::span<const uint8_t> data);
+  Result<> adopt_verified(uint64_t block);
+  Result<> adopt_state(std::span<const uint8_t> saved);
+
   uint64_t bytes_read() const { return bytes_read_; }
   uint64_t bytes_written() const { return bytes_written_; }
   uint64_t overlay_blocks() const;
@@ -166,6 +190,8 @@ class DiskImage : public BlockStore {
   uint64_t verified_count_ = 0;
   uint64_t verified_hash_ = 0;
   std::function<void(const std::string&)> host_error_;
+  bool tracking_ = false;
+  std::unordered_set<uint64_t> changed_written_, changed_verified_;
 
   uint64_t bytes_read_ = 0, bytes_written_ = 0;
 };

@@ -1,0 +1,48 @@
+// The executors that run a job's items: processes on this machine, or a Slurm array job with a dependent merge job.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "segments/manifest.h"
+
+namespace deja {
+
+struct ExecutorOptions {
+  std::string kind = "local";   // local | slurm
+  unsigned jobs = 0;            // local: workers at a time (0: one per core this process may run on)
+  std::string partition;        // slurm: "" = the cluster's default
+  unsigned retries = 1;         // slurm: times a task that ended without a result (a node failure) is submitted again
+  std::string deja;             // the binary workers run ("" = this one)
+  std::vector<std::string> merge_args;  // slurm: added to the merge job's `deja merge MANIFEST` (e.g. --json)
+  double poll_seconds = 0.5;    // slurm: how often job states are read
+};
+
+// The cores this process may run on.
+unsigned available_cores();
+// This binary's path (/proc/self/exe), for workers.
+std::string this_binary();
+
+// Local: runs `deja segment MANIFEST --index I` for every item, `jobs` at a time, each item's output in its log
+// (WORKDIR/logs/item-I.log), and returns when all have ended; the caller merges.
+Result<> run_local(const LoadedManifest& manifest, const ExecutorOptions& options);
+
+// Slurm: submits the items as one array job (sbatch --array, each task `deja segment MANIFEST --index
+// $SLURM_ARRAY_TASK_ID`) and `deja merge MANIFEST` as a job that depends on it (afterok), follows the tasks' states
+// (sacct where accounting is enabled, else scontrol), submits again the tasks that ended without a result (up to
+// `retries` times) and points the merge job at them, and when the merge job has ended prints its output and returns
+// its exit status. Refuses up front, clearly, when sbatch is missing or the work directory cannot be shared, and says
+// so when tasks ran but left nothing in the work directory (it is not shared with their nodes).
+Result<int> run_slurm(const LoadedManifest& manifest, const ExecutorOptions& options);
+
+// A command's exit status and standard output (stderr passes through), for the cluster's client commands.
+struct CommandOutput {
+  int status = 0;
+  std::string out;
+};
+Result<CommandOutput> run_command(const std::vector<std::string>& argv);
+// The first `name` on PATH that can be executed, or "".
+std::string find_on_path(const std::string& name);
+
+}  // namespace deja

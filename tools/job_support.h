@@ -1,0 +1,26 @@
+// What the commands that run a job over a trace's segments share (verify --replay, query --writes and --sample).
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "segments/executor.h"
+#include "segments/manifest.h"
+
+namespace deja {
+
+struct JobOptions {
+  PlanOptions plan;
+  ExecutorOptions executor;
+  std::string every;  // --every SPEC, into plan.every_instructions
+};
+
+// --executor, -j, --segments, --every, --partition, --workdir, --store, --retries, --checkpoints.
+void add_job_options(CLI::App* cmd, JobOptions& options);
+// Plans the job (the trace cut at its checkpoints, TRACE.ckpt/), runs it on the executor and merges: prints the task's
+// records and the merge's report; returns the exit status. A job of one segment on the local executor runs in this
+// process; a local job of several in a temporary work directory unless --workdir is given.
+int run_trace_job(JobOptions& options, bool json);
+
+}  // namespace deja
