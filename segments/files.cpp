@@ -1,4 +1,4 @@
-// Products through logging/output_file's ReplacingFile, small reads, directories.
+// Products through logging/output_file's ProductFile, small reads, directories.
 #include "segments/files.h"
 
 #include <sys/stat.h>
@@ -17,7 +17,7 @@
 namespace deja {
 
 Result<> write_product(const std::string& path, std::span<const uint8_t> bytes, std::string_view what) {
-  auto file = ReplacingFile::create(path, std::string(what));
+  auto file = ProductFile::create_replacing(path, std::string(what), ProductFile::Unfinished::kRemove);
   if (!file) return std::unexpected(file.error());
   if (auto r = (*file)->write(bytes); !r) return r;
   return (*file)->commit();

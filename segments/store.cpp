@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -48,12 +49,15 @@ Result<> store_put(const std::string& store, const std::string& path, const Stat
   if (auto r = make_directories(store + "/sha256"); !r) return r;
   int in = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (in < 0) return fail(ErrorKind::kInvalidArgument, "cannot open {} {}: {}", what, path, std::strerror(errno));
-  auto out = create_partial_file(target, "store entry");
-  if (!out) {
-    ::close(in);
-    return std::unexpected(out.error());
-  }
+  // The store is deja's own content-addressed directory: a .partial left by an interrupted put is only ever that.
   const std::string partial = target + ".partial";
+  ::unlink(partial.c_str());
+  std::optional<int> out = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (*out < 0) {
+    int e = errno;
+    ::close(in);
+    return fail(ErrorKind::kHost, "cannot create store entry {}: {}", partial, std::strerror(e));
+  }
   auto give_up = [&](Error e) {
     ::close(in);
     ::close(*out);
