@@ -87,9 +87,20 @@ Result<> ReplacingFile::write(std::span<const uint8_t> bytes) {
   return {};
 }
 
+Result<> ReplacingFile::skip(uint64_t bytes) {
+  if (fd_ < 0) return fail(ErrorKind::kInvalidArgument, "{} file {} is already closed", what_, path_);
+  if (::lseek(fd_, off_t(bytes), SEEK_CUR) < 0)
+    return fail(ErrorKind::kHost, "cannot seek in {} file {}.partial: {}", what_, path_, std::strerror(errno));
+  offset_ += bytes;
+  skipped_ = true;
+  return {};
+}
+
 Result<> ReplacingFile::commit() {
   const std::string partial = path_ + ".partial";
   if (fd_ < 0) return fail(ErrorKind::kInvalidArgument, "{} file {} is already closed", what_, path_);
+  if (skipped_ && ::ftruncate(fd_, off_t(offset_)) != 0)
+    return fail(ErrorKind::kHost, "cannot size {}: {}", partial, std::strerror(errno));
   int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) return fail(ErrorKind::kHost, "cannot close {}: {}", partial, std::strerror(errno));

@@ -34,6 +34,8 @@ class ReplacingFile {
   ReplacingFile& operator=(const ReplacingFile&) = delete;
 
   Result<> write(std::span<const uint8_t> bytes);
+  // Leaves `bytes` zero bytes as a hole (a sparse file), for memory images.
+  Result<> skip(uint64_t bytes);
   // Closes the .partial file and renames it over PATH (checked again right before).
   Result<> commit();
   const std::string& path() const { return path_; }
@@ -45,6 +47,7 @@ class ReplacingFile {
   std::string path_;
   std::string what_;
   uint64_t offset_ = 0;
+  bool skipped_ = false;  // a hole may end the file: commit() sets its size
   bool committed_ = false;
 };
 

@@ -5,7 +5,7 @@
 
 namespace deja {
 
-VerifyReport verify_trace(const std::string& path) {
+VerifyReport verify_trace(const std::string& path, const VerifyProgress& progress) {
   VerifyReport report;
   auto opened = TraceReader::open(path);
   if (!opened) {
@@ -18,6 +18,7 @@ VerifyReport verify_trace(const std::string& path) {
   uint64_t end_events = 0;
   uint64_t first_end_index = 0;
   bool last_is_end = false;
+  uint64_t chunks_seen = 0;
   std::string problem;
   while (true) {
     auto event = reader.next();
@@ -27,6 +28,10 @@ VerifyReport verify_trace(const std::string& path) {
     }
     if (!*event) break;
     const trace::Event& e = **event;
+    if (progress && reader.chunks_read() != chunks_seen) {
+      chunks_seen = reader.chunks_read();
+      progress(reader.valid_bytes(), reader.file_size(), reader.events_read());
+    }
     if (e.kind_case() == trace::Event::KIND_NOT_SET && problem.empty())
       problem = fmt::format("event {} has no kind (unknown to this deja, or empty)", reader.events_read() - 1);
     if (e.has_end()) {

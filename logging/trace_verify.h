@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace deja {
@@ -17,7 +18,9 @@ struct VerifyReport {
 };
 
 // Checksums, hash chain, index consistency (offsets, counts, first coordinates), completeness (footer present,
-// End event last). Never throws or crashes on bad input.
-VerifyReport verify_trace(const std::string& path);
+// End event last). Never throws or crashes on bad input. `progress` (optional) hears after each chunk how far the
+// check has read: bytes of the file and events.
+using VerifyProgress = std::function<void(uint64_t bytes, uint64_t file_bytes, uint64_t events)>;
+VerifyReport verify_trace(const std::string& path, const VerifyProgress& progress = {});
 
 }  // namespace deja

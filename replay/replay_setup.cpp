@@ -273,9 +273,19 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
     disk_names.push_back(path);
     disks.push_back(std::move(*disk));
   }
+  setup.inputs = {options.trace_path, image_path};
+  if (!load.initrd_path.empty()) setup.inputs.push_back(load.initrd_path);
+  for (const auto& f : header.inputs())
+    if (f.role() == "module") setup.inputs.push_back(f.path());
+  setup.inputs.insert(setup.inputs.end(), disk_names.begin(), disk_names.end());
   session.adopt_disks(std::move(disks));
   session.engine().set_disk_names(std::move(disk_names));
   config.nics = unsigned(rc.nets_size());
+  for (const auto& net : rc.nets()) {
+    std::array<uint8_t, 6> mac = nic_mac(unsigned(config.nic_macs.size()));  // traces before --net mac= hold this
+    if (net.mac().size() == mac.size()) std::copy(net.mac().begin(), net.mac().end(), mac.begin());
+    config.nic_macs.push_back(mac);
+  }
   config.rng = rc.rng();
   if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules,
                                  inputs->initrd);

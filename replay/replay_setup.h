@@ -29,6 +29,7 @@ struct ReplaySetup {
   std::unique_ptr<Session> session;
   trace::Header header;
   CheckpointIdentity identity;  // what checkpoint files of this trace and machine must match
+  std::vector<std::string> inputs;  // every file the replay reads (trace, image, initrd, modules, disks): never an output
 };
 
 // Everything a replay checks before running (CPU and device model versions, progress mode, backend, the inputs'

@@ -549,6 +549,7 @@ Result<Outcome> Session::run() {
   } guard{this};
 
   for (;;) {
+    tick_progress();
     if (mode == Mode::kReplay) {
       replay_async();
       if (auto end = replay_end_here()) return *end;
@@ -798,6 +799,7 @@ Result<StopReason> Session::run_until(const StopRequest& stop) {
   DebugControl user;
   user.watchpoints = stop.watchpoints;
   for (;;) {
+    tick_progress();
     // Every stop is decided here, at the same point of every iteration (so that stepping, seeking and a
     // checkpoint restore reach the same state), and only between instructions: right after an I/O, MMIO, MSR, RDTSC or RDRAND exit the instruction is
     // still to be completed by the next run(), so a stop due then takes one more step first.

@@ -33,6 +33,7 @@ Subcommand add_verify_command(CLI::App& app);
 Subcommand add_selftest_command(CLI::App& app);
 Subcommand add_debug_command(CLI::App& app);
 Subcommand add_query_command(CLI::App& app);
+Subcommand add_export_libvirt_command(CLI::App& app);
 
 // Prints the error ("deja: ...") and returns the exit status for its kind.
 int report_error(const Error& e);

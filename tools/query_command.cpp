@@ -1,4 +1,4 @@
-// `deja query`: registers or memory at a point of a trace, or every write to a range, for scripts (--json).
+// `deja query`: registers or memory at a point of a trace (or all of memory as a core file), or every write to a range.
 #include <charconv>
 #include <cstdio>
 
@@ -10,6 +10,9 @@
 #include "core/messages.h"
 #include "core/page_walker.h"
 #include "replay/replay_timeline.h"
+#include "snapshot/memory_dump.h"
+#include "tools/output_target.h"
+#include "tools/progress_line.h"
 
 namespace deja {
 namespace {
@@ -19,11 +22,14 @@ struct QueryOptions {
   std::string at;
   bool regs = false;
   std::string mem;
+  std::string dump;                // --dump FILE: all of guest memory and the registers there
+  std::string dump_format = "elf";
   std::string writes;
   bool physical = false;
   bool json = false;
   uint64_t interval = 0;
   std::string checkpoint_memory = "512M";
+  ProgressDisplay display;
 };
 
 std::string value_hex(std::span<const uint8_t> bytes) {
@@ -87,7 +93,23 @@ void print_registers(const CpuState& st, const CheckpointPosition& at, bool json
   }
 }
 
-int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
+// --dump: RAM and every vCPU's registers into `file`, then the file is renamed into place.
+int write_dump(Session& session, const CpuState& cpu, const QueryOptions& o, ReplacingFile& file) {
+  auto format = parse_dump_format(o.dump_format);
+  if (!format) return report_error(format.error());
+  const uint64_t started = HostClock::monotonic_ns();
+  auto stats = write_memory_dump(session.machine().memory(), std::span(&cpu, 1), *format, file);
+  if (!stats) return report_error(stats.error());
+  if (auto r = file.commit(); !r) return report_error(r.error());
+  const double seconds = double(HostClock::monotonic_ns() - started) / 1e9;
+  say("wrote {} ({}, {} MiB of RAM{}) in {:.3f} s", o.dump, o.dump_format == "raw" ? "raw physical memory"
+      : "ELF core: PT_LOAD at guest-physical 0, NT_PRSTATUS and QEMU CPU notes",
+      stats->ram_bytes >> 20, stats->hole_bytes ? fmt::format(", {} MiB never written, left as a hole",
+                                                               stats->hole_bytes >> 20) : "", seconds);
+  return 0;
+}
+
+int query_at(ReplayTimeline& timeline, const QueryOptions& o, ReplacingFile* dump, ProgressLine& progress) {
   auto when = parse_when(o.at);
   if (!when) return report_error(when.error());
   Session& session = timeline.session();
@@ -103,6 +125,7 @@ int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
     case When::Kind::kEvent: r = timeline.seek_event(when->value); break;
     case When::Kind::kEnd: r = timeline.forward(StopRequest{}); break;
   }
+  progress.finish();
   if (!r) return report_error(r.error());
   if (r->kind == StopReason::Kind::kEnd && when->kind != When::Kind::kEnd) {
     return report_error({ErrorKind::kInvalidArgument,
@@ -112,6 +135,9 @@ int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
   auto st = session.machine().backend().get_state();
   if (!st) return report_error(st.error());
   if (o.regs) print_registers(*st, at, o.json);
+  if (dump) {
+    if (int status = write_dump(session, *st, o, *dump); status != 0) return status;
+  }
   if (!o.mem.empty()) {
     auto range = parse_range(o.mem, 1 << 20);
     if (!range) return report_error(range.error());
@@ -145,7 +171,7 @@ int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
   return 0;
 }
 
-int query_writes(ReplayTimeline& timeline, const QueryOptions& o) {
+int query_writes(ReplayTimeline& timeline, const QueryOptions& o, ProgressLine& progress) {
   auto range = parse_range(o.writes, 4096);
   if (!range) return report_error(range.error());
   Session& session = timeline.session();
@@ -168,6 +194,7 @@ int query_writes(ReplayTimeline& timeline, const QueryOptions& o) {
     auto r = timeline.forward(stop);
     if (!r) return report_error(r.error());
     if (r->kind == StopReason::Kind::kEnd) {
+      progress.finish();
       if (r->outcome.status == exit_status::kDivergence) {
         std::fputs(("deja: " + session.engine().divergence()->report).c_str(), stderr);
         return exit_status::kDivergence;
@@ -204,11 +231,19 @@ int run_query(const QueryOptions& o) {
   if (o.writes.empty() == o.at.empty()) {
     return report_error({ErrorKind::kInvalidArgument, "give either --at WHEN (with --regs or --mem) or --writes"});
   }
-  if (!o.at.empty() && !o.regs && o.mem.empty()) {
-    return report_error({ErrorKind::kInvalidArgument, "--at needs --regs or --mem ADDR:LEN"});
+  if (!o.at.empty() && !o.regs && o.mem.empty() && o.dump.empty()) {
+    return report_error({ErrorKind::kInvalidArgument, "--at needs --regs, --mem ADDR:LEN or --dump FILE"});
   }
+  if (auto format = parse_dump_format(o.dump_format); !format) return report_error(format.error());
   auto setup = open_replay(o.replay);
   if (!setup) return report_error(setup.error());
+  // Created before the replay runs, so that a path that cannot be written is said at once, not after it.
+  std::unique_ptr<ReplacingFile> dump;
+  if (!o.dump.empty()) {
+    auto file = create_output_file(o.dump, "memory dump", setup->inputs);
+    if (!file) return report_error(file.error());
+    dump = std::move(*file);
+  }
   TimelineOptions topt;
   auto limit = parse_size(o.checkpoint_memory);
   if (!limit) return report_error(limit.error());
@@ -216,7 +251,20 @@ int run_query(const QueryOptions& o) {
   if (o.interval) topt.interval_steps = topt.interval_events = o.interval;
   auto timeline = ReplayTimeline::create(*setup->session, topt);
   if (!timeline) return report_error(timeline.error());
-  return o.at.empty() ? query_writes(**timeline, o) : query_at(**timeline, o);
+  // The progress of the replay towards the point asked for (the whole trace for --writes and --at end).
+  ProgressLine progress("query", o.display);
+  ReplayTotals totals = replay_totals(o.replay.trace_path);
+  auto when = o.at.empty() ? Result<When>(When{When::Kind::kEnd}) : parse_when(o.at);
+  if (when && when->kind == When::Kind::kEvent) totals = {when->value, std::nullopt};
+  follow_replay(*setup->session, progress, totals);
+  if (when && when->kind == When::Kind::kStep) {
+    Session& session = *setup->session;
+    progress.set_source([&session, target = when->value] {
+      return std::vector<ProgressCounter>{{"steps", session.machine().backend().step_count().value_or(0), target},
+                                          {"events", session.engine().events_processed(), std::nullopt}};
+    });
+  }
+  return o.at.empty() ? query_writes(**timeline, o, progress) : query_at(**timeline, o, dump.get(), progress);
 }
 
 }  // namespace
@@ -229,6 +277,14 @@ Subcommand add_query_command(CLI::App& app) {
   cmd->add_flag("--regs", o->regs, "print the registers there");
   cmd->add_option("--mem", o->mem, "print guest-virtual memory ADDR:LEN there");
   cmd->add_flag("--phys", o->physical, "--mem reads guest-physical memory");
+  cmd->add_option("--dump", o->dump,
+                  "write all of guest-physical memory and the registers there to FILE (written as FILE.partial, then "
+                  "renamed; never one of the replay's inputs)")
+      ->type_name("FILE");
+  cmd->add_option("--format", o->dump_format,
+                  "--dump's format: elf (default: an ELF64 core as QEMU's dump-guest-memory writes it, for crash, gdb "
+                  "and Volatility) or raw (physical memory only, from address 0)")
+      ->check(CLI::IsMember({"elf", "raw"}));
   cmd->add_option("--writes", o->writes, "every write to guest-virtual ADDR:LEN over the whole trace");
   cmd->add_flag("--json", o->json, "machine-readable output");
   cmd->add_option("--checkpoint-interval", o->interval, "steps or events between automatic checkpoints");
@@ -237,6 +293,7 @@ Subcommand add_query_command(CLI::App& app) {
   cmd->add_option("--interp-mode", o->replay.interp_mode, "the software CPU's executor: jit (default), threaded or reference")
       ->check(CLI::IsMember({"reference", "threaded", "jit"}));
   cmd->add_option("--image", o->replay.image_path, "guest image (default: the path in the trace)");
+  add_progress_display_options(cmd, o->display);
   return {cmd, [o] { return run_query(*o); }};
 }
 

@@ -6,9 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "boot/multiboot.h"
 #include "kvm/pmu.h"
 #include "logging/trace_format.h"
 #include "tools/command_support.h"
+#include "tools/libvirt_options.h"
 #include "tools/linux_guest.h"
 #include "core/build_info.h"
 #include "vmm/disk_image.h"
@@ -24,8 +26,8 @@ namespace {
 struct RunArgs {
   std::string backend;
   std::string interp_mode;
-  std::string machine = std::string(kMachinePc);
-  std::string mem = "256M";
+  std::string machine;  // "" = pc
+  std::string mem;      // "" = 256M
   std::string cmdline;
   std::string serial_in;
   std::string serial_out = "-";
@@ -43,6 +45,7 @@ struct RunArgs {
   std::vector<std::string> disks;  // --disk FILE[,overlay=FILE][,readonly][,hash=full|lazy]
   std::vector<std::string> nets;   // --net user[,hostfwd=...]
   bool rng = false;
+  std::string libvirt_xml, libvirt_domain, libvirt_uri;  // the machine from a libvirt domain
   std::string output;            // record: the trace
   uint64_t digest_every = Session::kDefaultDigestInterval;  // record: a full state digest every N events
 };
@@ -62,6 +65,7 @@ struct SessionOptions {
   bool rng = false;
   std::string trace_path;            // record: output file
   uint64_t digest_interval = Session::kDefaultDigestInterval;
+  std::optional<trace::LibvirtDomain> libvirt_domain;  // the domain the machine came from
 };
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
@@ -118,16 +122,69 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
                   "a virtio-net NIC on libslirp's user-mode network: user[,hostfwd=tcp:[HOSTADDR]:HOSTPORT-"
                   "[GUESTADDR]:GUESTPORT]...; the guest is 10.0.2.15, the host's loopback is 10.0.2.2; repeatable");
   cmd->add_flag("--rng", a.rng, "a virtio-rng entropy device (its bytes are recorded)");
+  cmd->add_option("--libvirt-xml", a.libvirt_xml,
+                  "the machine of a libvirt domain's XML (virsh dumpxml): memory, vCPUs, direct kernel boot, raw "
+                  "virtio disks, user-mode NICs, serial, rng; whatever deja cannot honour is refused by name")
+      ->type_name("FILE");
+  cmd->add_option("--libvirt-domain", a.libvirt_domain,
+                  libvirt_api_available() ? "the machine of a libvirt domain, fetched by name (read-only) through the "
+                                            "libvirt API: as --libvirt-xml"
+                                          : "the machine of a libvirt domain by name (this deja was built without the "
+                                            "libvirt API: install libvirt-dev and build again)")
+      ->type_name("NAME");
+  cmd->add_option("--connect", a.libvirt_uri, "the libvirt connection of --libvirt-domain (e.g. qemu:///system, "
+                  "test:///default; default: libvirt's)")->type_name("URI");
   cmd->add_option("IMAGE", a.image, "guest image: Multiboot ELF32/ELF64, or ELF64 for direct 64-bit boot");
+}
+
+// libvirt's <kernel> is QEMU's -kernel, which boots Multiboot images and Linux alike: deja takes an image with a
+// Multiboot header (in its first 8 KiB) as IMAGE, anything else as a Linux kernel.
+bool multiboot_image(const std::string& path) {
+  std::vector<uint8_t> head(8192);
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  head.resize(std::fread(head.data(), 1, head.size(), f));
+  std::fclose(f);
+  auto header = find_multiboot_header(head, path);
+  return header && header->has_value();
+}
+
+// The options a libvirt domain sets, in place of the command line's: a value given both ways is refused.
+Result<> take_domain(const DomainPlan& d, RunArgs& a) {
+  std::string both;
+  auto take = [&](std::string& option, const std::string& value, const char* name) {
+    if (!option.empty() && option != value) both += fmt::format(" {}", name);
+    option = value;
+  };
+  if (!a.image.empty() || a.linux_guest) both += a.linux_guest ? " --linux" : " IMAGE";
+  take(a.mem, fmt::format("{}", d.memory_bytes), "--mem");
+  take(a.machine, d.machine, "--machine");
+  if (!d.cpu_model.empty()) take(a.cpu, d.cpu_model, "--cpu");
+  take(multiboot_image(d.kernel) ? a.image : a.kernel, d.kernel, "--kernel");
+  take(a.initrd, d.initrd, "--initrd");
+  take(a.cmdline, d.cmdline, "--cmdline");
+  if (!d.serial_out.empty()) {
+    if (a.serial_out != "-" && a.serial_out != d.serial_out) both += " --serial-out";
+    a.serial_out = d.serial_out;
+  }
+  if (!a.disks.empty()) both += " --disk";
+  if (!a.nets.empty()) both += " --net";
+  if (a.rng && !d.rng) both += " --rng";
+  a.rng = d.rng;
+  if (!both.empty()) {
+    return fail(ErrorKind::kInvalidArgument, "{} sets the machine; it cannot be given{} as well (edit the domain "
+                "instead)", d.source, both);
+  }
+  return {};
 }
 
 Result<SessionOptions> to_session(const RunArgs& a) {
   SessionOptions o;
-  auto mem = parse_size(a.mem);
+  auto mem = parse_size(a.mem.empty() ? "256M" : a.mem);
   if (!mem) return std::unexpected(Error{ErrorKind::kInvalidArgument, "--mem: " + mem.error().message});
   o.machine.memory_bytes = *mem;
   o.machine.cmdline = a.cmdline;
-  o.machine.machine = a.machine;
+  o.machine.machine = a.machine.empty() ? std::string(kMachinePc) : a.machine;
   o.machine.interp_mode = a.interp_mode;
   if (!a.progress.empty()) {
     auto progress = parse_progress(a.progress);
@@ -312,6 +369,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   }
   session.adopt_disks(std::move(disks));
   config.nics = unsigned(options.nets.size());
+  for (size_t i = 0; i < options.nets.size(); ++i) config.nic_macs.push_back(options.nets[i].mac.value_or(nic_mac(unsigned(i))));
   config.rng = options.rng;
   // libslirp writes to host sockets whose peer may have gone (it does not ask for MSG_NOSIGNAL): a broken
   // connection is the guest's EPIPE to see, not a SIGPIPE that kills deja mid-recording (QEMU ignores it too).
@@ -361,6 +419,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     header.set_deja_version(deja_version());
     header.set_host(host_description());
     header.set_start_unix_ns(start_unix_ns);
+    if (options.libvirt_domain) *header.mutable_libvirt_domain() = *options.libvirt_domain;
     *header.add_inputs() = input_file(options.load.linux_kernel ? "kernel" : "image", options.image_path, inputs->image);
     if (!options.load.initrd_path.empty()) {
       *header.add_inputs() = input_file("initrd", options.load.initrd_path, inputs->initrd);
@@ -423,8 +482,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       auto* n = c->add_nets();
       n->set_mode("user");
       for (const auto& f : options.nets[i].forward_texts) n->add_host_forwards(f);
-      auto mac = nic_mac(unsigned(i));
-      n->set_mac(mac.data(), mac.size());
+      n->set_mac(config.nic_macs[i].data(), config.nic_macs[i].size());
     }
     c->set_rng(options.rng);
     auto writer = TraceWriter::create_replacing(options.trace_path, header);
@@ -502,9 +560,20 @@ std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
                      "the cost of hashing RAM each time")
       ->check(CLI::Range(uint64_t{2}, uint64_t{1} << 32));  // a digest is an event: at 1 it would be due again at once
 
-  auto start = [](const RunArgs& a, Mode mode) {
+  auto start = [](const RunArgs& given, Mode mode) {
+    auto domain = domain_for_run(given.libvirt_xml, given.libvirt_domain, given.libvirt_uri);
+    if (!domain) return report_error(domain.error());
+    RunArgs a = given;
+    if (*domain) {
+      if (auto r = take_domain(**domain, a); !r) return report_error(r.error());
+    }
     auto options = to_session(a);
     if (!options) return report_error(options.error());
+    if (*domain) {
+      options->disks.insert(options->disks.end(), (*domain)->disks.begin(), (*domain)->disks.end());
+      options->nets.insert(options->nets.end(), (*domain)->nets.begin(), (*domain)->nets.end());
+      options->libvirt_domain = domain_provenance(**domain);
+    }
     if (a.print_cmdline) {
       std::printf("%s\n", options->load.cmdline.c_str());
       return 0;
