@@ -338,18 +338,14 @@ class Mapper {
       return refuse("{} (device='{}'): deja's disks are virtio-blk disks (device='disk')", what, device);
     DiskOptions o;
     bool transient = false;
+    std::string format;
     for (xmlNode* c : elements(d)) {
       const std::string n = name_of(c);
       if (n == "source") {
         o.path = attr(c, "file");
         for (xmlNode* s : elements(c)) refuse("{}: <source><{}>: not something deja's disks have", what, name_of(s));
       } else if (n == "driver") {
-        const std::string format = attr(c, "type");
-        if (!format.empty() && format != "raw") {
-          refuse("{} is {} (<driver type='{}'>): deja reads raw images; convert it with `qemu-img convert -O raw {} "
-                 "{}.raw` and point <source file> at the copy", what, format, format,
-                 o.path.empty() ? "IMAGE" : o.path, o.path.empty() ? "IMAGE" : o.path);
-        }
+        format = attr(c, "type");
         for (const char* a : {"cache", "io", "discard", "detect_zeroes", "iothread", "queues", "error_policy",
                               "rerror_policy", "copy_on_read"})
           if (has_attr(c, a)) host_side(fmt::format("{} <driver {}='{}'>", what, a, attr(c, a)));
@@ -373,6 +369,12 @@ class Mapper {
       }
     }
     if (o.path.empty()) return refuse("{} has no <source file>", what);
+    if (!format.empty() && format != "raw") {
+      const std::string ext = "." + format;
+      const std::string raw = (o.path.ends_with(ext) ? o.path.substr(0, o.path.size() - ext.size()) : o.path) + ".raw";
+      return refuse("{} is {} (<driver type='{}'>): deja reads raw images; convert it with `qemu-img convert -f {} -O "
+                    "raw {} {}` and point <source file> at the copy", what, format, format, format, o.path, raw);
+    }
     if (!o.read_only && !transient) {
       return refuse("{} is writable: deja never writes a disk image (the guest's writes go to an overlay); mark it "
                     "<transient/> (the writes are dropped at the end) or <readonly/>", what);
@@ -405,6 +407,8 @@ class Mapper {
           refuse("{} <ip address='{}'>: deja's user-mode network gives the guest 10.0.2.15", what, attr(c, "address"));
       } else if (n == "alias" || n == "address") {
         continue;
+      } else if (n == "target") {
+        host_side(what + " <target dev='" + attr(c, "dev") + "'>");
       } else if (n == "boot" || n == "rom") {
         boot_order_ = boot_order_ || n == "boot";
         if (n == "rom") refuse("{} <rom>: deja's machine has no option ROMs", what);

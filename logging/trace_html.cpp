@@ -113,7 +113,12 @@ constexpr std::string_view kScript = R"JS(
     if (parent) parent.appendChild(e);
     return e;
   }
-  function seconds(ns) { return (ns / 1e9).toFixed(ns < 1e9 ? 4 : 3) + " s"; }
+  // Guest time in the unit the whole trace is best read in.
+  var unit = data.end_ns < 2e6 ? [1e3, " us"] : data.end_ns < 2e9 ? [1e6, " ms"] : [1e9, " s"];
+  function seconds(ns) {
+    var v = ns / unit[0];
+    return (v < 10 ? v.toFixed(3) : v < 100 ? v.toFixed(2) : v.toFixed(1)) + unit[1];
+  }
   function bytes(n) {
     if (n < 1024) return n + " B";
     if (n < 1048576) return (n / 1024).toFixed(1) + " KiB";

@@ -50,7 +50,7 @@ class HtmlTimeline {
 
   const trace::Header& header_;
   std::optional<uint64_t> divergence_event_;
-  uint64_t bin_ns_ = 1'000'000;  // doubles until the trace fits in kBins bins
+  uint64_t bin_ns_ = 1000;  // doubles while the trace goes on: it ends between kBins / 2 and kBins bins
   uint64_t last_ns_ = 0;
   uint64_t replay_events_ = 0;  // events a replay counts, before the current one
   std::map<std::string, Series> series_;
@@ -59,6 +59,7 @@ class HtmlTimeline {
     std::string kind, text;
   };
   std::vector<Row> rows_;  // digests and the divergence; the Linux view's entries are added at write()
+  std::optional<Row> divergence_;
   uint64_t digests_ = 0;
   size_t entries_seen_ = 0;  // view.timeline_entry_count() at the last add()
   std::map<uint64_t, uint64_t> replay_event_at_;  // the view's entries: event -> the replay's event number

@@ -39,6 +39,7 @@ VerifyReport verify_trace(const std::string& path, const VerifyProgress& progres
     }
     last_is_end = e.has_end();
   }
+  if (progress) progress(reader.valid_bytes(), reader.file_size(), reader.events_read());
   report.chunks = reader.chunks_read();
   report.events = reader.events_read();
   report.complete = reader.complete();

@@ -248,7 +248,7 @@ int verify_checkpoints(ReplayTimeline& timeline, const DebugOptions& options) {
   uint64_t mismatches = 0;
   ProgressLine checking("verify-checkpoints: check", options.display);
   size_t checked = 0;
-  checking.set_source([&] { return std::vector<ProgressCounter>{{"checkpoints", checked, times.size()}}; });
+  checking.set_source([&] { return std::vector<ProgressMeasure>{{"checkpoints", checked, times.size()}}; });
   session.set_progress_hook([&checking] { checking.poll(); });
   for (size_t i = 0; i + 1 < times.size(); ++i, checked = i) {
     if (auto r = timeline.restore_at(times[i]); !r) return report_error(r.error());

@@ -29,7 +29,8 @@ std::string short_number(double v) {
     ++unit;
   }
   if (unit == 0) return fmt::format("{:.0f}", v);
-  return fmt::format(v < 9.995 ? "{:.2f}{}" : v < 99.95 ? "{:.1f}{}" : "{:.0f}{}", v, kUnits[unit]);
+  const int decimals = v < 9.995 ? 2 : v < 99.95 ? 1 : 0;
+  return fmt::format("{:.{}f}{}", v, decimals, kUnits[unit]);
 }
 
 std::string duration(double seconds) {
@@ -40,7 +41,7 @@ std::string duration(double seconds) {
   return fmt::format("{}:{:02}:{:02} h", s / 3600, s / 60 % 60, s % 60);
 }
 
-const ProgressCounter* leading(std::span<const ProgressCounter> counters) {
+const ProgressMeasure* leading(std::span<const ProgressMeasure> counters) {
   for (const auto& c : counters)
     if (c.total && *c.total > 0) return &c;
   return counters.empty() ? nullptr : &counters[0];
@@ -63,11 +64,11 @@ ProgressLine::ProgressLine(std::string task, const ProgressDisplay& display)
 
 ProgressLine::~ProgressLine() { finish(); }
 
-void ProgressLine::update(std::span<const ProgressCounter> counters) {
+void ProgressLine::update(std::span<const ProgressMeasure> counters) {
   if (!active() || finished_) return;
   const uint64_t now = HostClock::monotonic_ns();
   if (now - last_ns_ < (json_ ? kJsonIntervalNs : kTerminalIntervalNs)) return;
-  const ProgressCounter* lead = leading(counters);
+  const ProgressMeasure* lead = leading(counters);
   if (!lead) return;
   const double dt = double(now - last_ns_) / 1e9;
   const double instant = lead->value >= last_value_ ? double(lead->value - last_value_) / dt : 0;
@@ -100,9 +101,9 @@ void ProgressLine::finish() {
   std::fflush(stderr);
 }
 
-std::string ProgressLine::text(std::span<const ProgressCounter> counters, double rate,
+std::string ProgressLine::text(std::span<const ProgressMeasure> counters, double rate,
                                std::optional<double> left) const {
-  const ProgressCounter* lead = leading(counters);
+  const ProgressMeasure* lead = leading(counters);
   std::string line = "deja: " + task_;
   if (lead && lead->total && *lead->total > 0)
     line += fmt::format(" {:3.0f}%", std::min(100.0, 100.0 * double(lead->value) / double(*lead->total)));
@@ -118,7 +119,7 @@ std::string ProgressLine::text(std::span<const ProgressCounter> counters, double
   return line;
 }
 
-std::string ProgressLine::json(std::span<const ProgressCounter> counters, double rate, std::optional<double> left,
+std::string ProgressLine::json(std::span<const ProgressMeasure> counters, double rate, std::optional<double> left,
                                bool done) const {
   std::string out = fmt::format("{{\"progress\": \"{}\", \"elapsed_s\": {:.3f}", task_,
                                 double(HostClock::monotonic_ns() - started_ns_) / 1e9);
@@ -126,7 +127,7 @@ std::string ProgressLine::json(std::span<const ProgressCounter> counters, double
     out += fmt::format(", \"{}\": {}", c.name, c.value);
     if (c.total) out += fmt::format(", \"{}_total\": {}", c.name, *c.total);
   }
-  if (const ProgressCounter* lead = leading(counters)) {
+  if (const ProgressMeasure* lead = leading(counters)) {
     if (lead->total && *lead->total > 0)
       out += fmt::format(", \"fraction\": {:.4f}", std::min(1.0, double(lead->value) / double(*lead->total)));
     out += fmt::format(", \"rate_per_s\": {:.1f}, \"rate_of\": \"{}\"", rate, lead->name);
@@ -142,8 +143,10 @@ ReplayTotals replay_totals(const std::string& trace_path) {
   if (!reader) return totals;
   auto footer = (*reader)->read_index();
   if (!footer) return totals;
-  uint64_t skipped = 0;  // records a replay reads past without counting them (engine.cpp, Engine::peek)
-  for (const char* kind : {"serial_output", "disk_io"}) {
+  // Records a replay reads past without counting them (Engine::peek), and the End, which a replay reaches (and then
+  // checks) rather than passes.
+  uint64_t skipped = 0;
+  for (const char* kind : {"serial_output", "disk_io", "end"}) {
     auto it = footer->events_by_kind().find(kind);
     if (it != footer->events_by_kind().end()) skipped += it->second;
   }
@@ -155,7 +158,7 @@ ReplayTotals replay_totals(const std::string& trace_path) {
 void follow_replay(Session& session, ProgressLine& line, const ReplayTotals& totals) {
   if (!line.active()) return;
   line.set_source([&session, totals] {
-    std::vector<ProgressCounter> counters;
+    std::vector<ProgressMeasure> counters;
     if (auto n = session.machine().backend().instruction_count())
       counters.push_back({"instructions", *n, totals.instructions});
     counters.push_back({"events", session.engine().events_processed(), totals.events});

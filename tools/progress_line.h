@@ -25,7 +25,7 @@ struct ProgressDisplay {
 void add_progress_display_options(CLI::App* cmd, ProgressDisplay& display, bool with_quiet = true);
 
 // One measure of progress: "instructions" 1.2e9 of 2.9e9.
-struct ProgressCounter {
+struct ProgressMeasure {
   std::string name;
   uint64_t value = 0;
   std::optional<uint64_t> total;
@@ -41,17 +41,17 @@ class ProgressLine {
   ProgressLine& operator=(const ProgressLine&) = delete;
 
   bool active() const { return tty_ || json_; }
-  void update(std::span<const ProgressCounter> counters);
+  void update(std::span<const ProgressMeasure> counters);
   // Where the counters come from, for poll() and for the last JSON line.
-  using Source = std::function<std::vector<ProgressCounter>()>;
+  using Source = std::function<std::vector<ProgressMeasure>()>;
   void set_source(Source source) { source_ = std::move(source); }
   void poll() { if (source_) update(source_()); }
   // Clears the line (a terminal) or writes the last JSON line with "done": true. Said before the command's result.
   void finish();
 
  private:
-  std::string text(std::span<const ProgressCounter> counters, double rate, std::optional<double> left) const;
-  std::string json(std::span<const ProgressCounter> counters, double rate, std::optional<double> left, bool done) const;
+  std::string text(std::span<const ProgressMeasure> counters, double rate, std::optional<double> left) const;
+  std::string json(std::span<const ProgressMeasure> counters, double rate, std::optional<double> left, bool done) const;
 
   std::string task_;
   bool tty_ = false;
@@ -62,12 +62,12 @@ class ProgressLine {
   uint64_t last_ns_ = 0;     // last update that drew
   uint64_t last_value_ = 0;  // the leading counter then
   double rate_ = 0;          // the leading counter's smoothed rate, a second
-  std::vector<ProgressCounter> last_;
+  std::vector<ProgressMeasure> last_;
   Source source_;
 };
 
 // What a replay of a trace goes through, from its index (the footer; none for a trace cut short): instructions, and
-// the events the replay consumes (serial output and disk I/O records are not among them).
+// the events the replay consumes on the way to the End (serial output and disk I/O records are not among them).
 struct ReplayTotals {
   std::optional<uint64_t> events, instructions;
 };

@@ -260,7 +260,7 @@ int run_query(const QueryOptions& o) {
   if (when && when->kind == When::Kind::kStep) {
     Session& session = *setup->session;
     progress.set_source([&session, target = when->value] {
-      return std::vector<ProgressCounter>{{"steps", session.machine().backend().step_count().value_or(0), target},
+      return std::vector<ProgressMeasure>{{"steps", session.machine().backend().step_count().value_or(0), target},
                                           {"events", session.engine().events_processed(), std::nullopt}};
     });
   }

@@ -16,7 +16,7 @@ Subcommand add_verify_command(CLI::App& app) {
   add_progress_display_options(verify, *display);
   return {verify, [path, display] {
             ProgressLine progress("verify", *display);
-            std::vector<ProgressCounter> counters{{"bytes", 0, std::nullopt}, {"events", 0, std::nullopt}};
+            std::vector<ProgressMeasure> counters{{"bytes", 0, std::nullopt}, {"events", 0, std::nullopt}};
             progress.set_source([&counters] { return counters; });
             VerifyReport report = verify_trace(*path, [&](uint64_t bytes, uint64_t file_bytes, uint64_t events) {
               counters = {{"bytes", bytes, file_bytes}, {"events", events, std::nullopt}};

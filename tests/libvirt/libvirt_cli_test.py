@@ -65,7 +65,7 @@ def main():
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="deja-libvirt-")
     try:
-        image = os.path.join(args.guests, "hello.elf")
+        image = os.path.abspath(os.path.join(args.guests, "hello.elf"))
         disk = os.path.join(work, "data.raw")
         with open(disk, "wb") as f:
             f.write(b"\0" * (1 << 20))
@@ -125,7 +125,7 @@ def main():
         with open(xml_path, "w") as f:
             f.write(bad)
         r = run([args.deja, "run", "--libvirt-xml", xml_path])
-        check(r.returncode == 2 and "qemu-img convert -O raw" in r.stderr, f"qcow2 is refused with the command to "
+        check(r.returncode == 2 and "qemu-img convert -f qcow2 -O raw" in r.stderr, f"qcow2 is refused with the command to "
                                                                               f"convert it ({r.stderr[-300:]})")
 
         r = run([args.deja, "run", "--libvirt-domain", "test", "--connect", "test:///default"])

@@ -129,7 +129,7 @@ TEST(LibvirtImport, RefusesByName) {
       {"<graphics type='vnc' port='-1' autoport='yes'/>", "", "no display"},
       {"<video><model type='cirrus'/></video>", "", "display adapter"},
       {"<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='/img/a.qcow2'/>"
-       "<target dev='vdc' bus='virtio'/><transient/></disk>", "", "qemu-img convert -O raw /img/a.qcow2 /img/a.qcow2.raw"},
+       "<target dev='vdc' bus='virtio'/><transient/></disk>", "", "qemu-img convert -f qcow2 -O raw /img/a.qcow2 /img/a.raw"},
       {"<disk type='file' device='disk'><driver name='qemu' type='raw'/><source file='/img/w.raw'/>"
        "<target dev='vdc' bus='virtio'/></disk>", "", "is writable"},
       {"<disk type='file' device='disk'><source file='/img/s.raw'/><target dev='sda' bus='sata'/><readonly/></disk>",
