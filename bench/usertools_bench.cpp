@@ -86,19 +86,27 @@ int main(int argc, char** argv) {
     auto file = ReplacingFile::create(out, "memory dump");
     if (!file || !write_memory_dump(*ram, std::span(&cpu, 1), format, **file) || !(*file)->commit()) std::abort();
   };
-  const double elf_s = best_of(3, [&] { dump(DumpFormat::kElf); });
-  const long rss_after = max_rss_kib();
   // The peer: the same bytes with one plain write() each 8 MiB, no format at all.
-  const double write_s = best_of(3, [&] {
+  auto plain_write = [&] {
     std::filesystem::remove(out);
     std::FILE* f = std::fopen(out.c_str(), "wb");
     for (uint64_t at = 0; at < kRam; at += 8 << 20)
       if (::write(fileno(f), ram->host_base() + at, 8 << 20) != (8 << 20)) std::abort();
     std::fclose(f);
-  });
+  };
+  // The first 512 MiB of page cache a process writes can cost several times more than later ones (on this cloud VM
+  // the host backs guest pages at their first touch): one untimed write first, then the best of 3 of each, in turn.
+  const double cold_s = best_of(1, plain_write);
+  double elf_s = 1e9, write_s = 1e9;
+  for (int i = 0; i < 3; ++i) {
+    elf_s = std::min(elf_s, best_of(1, [&] { dump(DumpFormat::kElf); }));
+    write_s = std::min(write_s, best_of(1, plain_write));
+  }
+  const long rss_after = max_rss_kib();
   std::printf("dump: 512 MiB ELF core in %.3f s = %.0f MB/s; plain write() of the same bytes %.3f s = %.0f MB/s "
-              "(dump/write %.2fx); peak RSS +%ld KiB over the guest's RAM during the dumps\n",
-              elf_s, double(kRam) / elf_s / 1e6, write_s, double(kRam) / write_s / 1e6, elf_s / write_s,
+              "(dump/write %.2fx; the first write of the process %.3f s); peak RSS +%ld KiB over the guest's RAM "
+              "during the dumps\n",
+              elf_s, double(kRam) / elf_s / 1e6, write_s, double(kRam) / write_s / 1e6, elf_s / write_s, cold_s,
               rss_after - rss_before);
   // A guest that touched 16 MiB of its 512: the rest is never written, and goes out as a hole.
   auto idle = GuestMemory::create(kRam);

@@ -85,7 +85,7 @@ void put_segment(Bytes& b, uint32_t selector, uint32_t limit, uint32_t flags, ui
   b.put(base);
 }
 
-// QEMU's QEMUCPUState, version 1 (target/i386/arch_dump.c).
+// QEMU's QEMUCPUState, version 1, as x86-64 QEMU writes it (target/i386/arch_dump.c), kernel_gs_base included.
 std::vector<uint8_t> qemu_cpu_state(const CpuState& s) {
   Bytes b;
   b.put(elf_dump::kQemuCpuStateVersion);
@@ -99,11 +99,13 @@ std::vector<uint8_t> qemu_cpu_state(const CpuState& s) {
   put_segment(b, 0, s.gdt.limit, 0, s.gdt.base);
   put_segment(b, 0, s.idt.limit, 0, s.idt.base);
   for (uint64_t cr : {s.cr0, uint64_t{0}, s.cr2, s.cr3, s.cr4}) b.put(cr);
+  b.put(s.msrs.kernel_gs_base);  // x86-64 QEMU (7.2 and later) ends the state with it; crash reads it
   DEJA_ASSERT(b.size() == elf_dump::kQemuCpuStateBytes, "QEMUCPUState is {} bytes", b.size());
   return {b.span().begin(), b.span().end()};
 }
 
-// Everything before RAM: ELF header, program headers, notes, padding to the page RAM starts at.
+// Everything before RAM: ELF header, program headers, notes. RAM follows the notes at once, with p_align 0, as QEMU
+// writes it: crash takes a core whose first PT_LOAD is page-aligned for an old netdump vmcore, and reads it wrongly.
 Bytes elf_prefix(uint64_t ram_bytes, std::span<const CpuState> cpus) {
   Bytes notes;
   for (size_t i = 0; i < cpus.size(); ++i) put_note(notes, "CORE", NT_PRSTATUS, prstatus(cpus[i], uint32_t(i + 1)));
@@ -111,7 +113,7 @@ Bytes elf_prefix(uint64_t ram_bytes, std::span<const CpuState> cpus) {
 
   constexpr uint16_t kPhdrs = 2;  // the notes, and RAM (one block from guest-physical 0)
   const uint64_t notes_offset = sizeof(Elf64_Ehdr) + kPhdrs * sizeof(Elf64_Phdr);
-  const uint64_t ram_offset = round_up(notes_offset + notes.size(), kPage);
+  const uint64_t ram_offset = notes_offset + notes.size();
 
   Elf64_Ehdr eh{};
   std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
@@ -138,36 +140,51 @@ Bytes elf_prefix(uint64_t ram_bytes, std::span<const CpuState> cpus) {
   load.p_paddr = 0;
   load.p_vaddr = 0;  // QEMU without paging: the physical address (gdb then reads guest-physical memory)
   load.p_filesz = load.p_memsz = ram_bytes;
-  load.p_align = kPage;
+  load.p_align = 0;
 
   Bytes b;
   b.put(eh);
   b.put(note);
   b.put(load);
   b.put_bytes(notes.span().data(), notes.size());
-  b.put_zeros(ram_offset - b.size());
   return b;
 }
 
-// RAM from the guest's mapping into `out`: the memfd's data extents written, its holes skipped.
+// A page of data usually shows it in its first cache line: look a line at a time.
+bool zero_page(const uint8_t* p) {
+  const auto* w = reinterpret_cast<const uint64_t*>(p);
+  for (size_t i = 0; i < kPage / 8; i += 8) {
+    if (w[i] | w[i + 1] | w[i + 2] | w[i + 3] | w[i + 4] | w[i + 5] | w[i + 6] | w[i + 7]) return false;
+  }
+  return true;
+}
+
+// RAM from the guest's mapping into `out`, in runs: pages that read as zero (never written: a hole of the memfd,
+// found with SEEK_DATA without touching it; or written with zeros) are skipped as holes of the file, the rest is
+// written straight from the mapping. Returns the bytes skipped.
 Result<uint64_t> write_ram(const GuestMemory& ram, ReplacingFile& out) {
   const uint64_t size = ram.size();
   uint64_t holes = 0;
+  auto skip = [&](uint64_t n) -> Result<> {
+    holes += n;
+    return n ? out.skip(n) : Result<>{};
+  };
   for (uint64_t at = 0; at < size;) {
     off_t data = ::lseek(ram.fd(), off_t(at), SEEK_DATA);
     if (data < 0 && errno == ENXIO) data = off_t(size);  // only a hole is left
-    if (data < 0) data = off_t(at);                      // no extent information: write it all
-    off_t hole = uint64_t(data) < size ? ::lseek(ram.fd(), data, SEEK_HOLE) : off_t(size);
-    if (hole < 0 || uint64_t(hole) > size) hole = off_t(size);
-    if (uint64_t(data) > at) {
-      const uint64_t gap = std::min<uint64_t>(uint64_t(data), size) - at;
-      if (auto r = out.skip(gap); !r) return std::unexpected(r.error());
-      holes += gap;
-      at += gap;
-    }
-    for (; at < uint64_t(hole); at += std::min<uint64_t>(kWritePiece, uint64_t(hole) - at)) {
-      const uint64_t n = std::min<uint64_t>(kWritePiece, uint64_t(hole) - at);
-      if (auto r = out.write(std::span<const uint8_t>(ram.host_base() + at, n)); !r) return std::unexpected(r.error());
+    if (data < 0) data = off_t(at);                      // no extent information: look at every page
+    off_t extent_end = uint64_t(data) < size ? ::lseek(ram.fd(), data, SEEK_HOLE) : off_t(size);
+    if (extent_end < 0 || uint64_t(extent_end) > size) extent_end = off_t(size);
+    if (auto r = skip(std::min<uint64_t>(uint64_t(data), size) - at); !r) return std::unexpected(r.error());
+    at = std::min<uint64_t>(uint64_t(data), size);
+    while (at < uint64_t(extent_end)) {
+      const uint8_t* base = ram.host_base();
+      uint64_t run = at;
+      const bool zero = zero_page(base + at);
+      while (run < uint64_t(extent_end) && run - at < kWritePiece && zero_page(base + run) == zero) run += kPage;
+      Result<> r = zero ? skip(run - at) : out.write(std::span<const uint8_t>(base + at, run - at));
+      if (!r) return std::unexpected(r.error());
+      at = run;
     }
   }
   return holes;

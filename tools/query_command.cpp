@@ -104,7 +104,7 @@ int write_dump(Session& session, const CpuState& cpu, const QueryOptions& o, Rep
   const double seconds = double(HostClock::monotonic_ns() - started) / 1e9;
   say("wrote {} ({}, {} MiB of RAM{}) in {:.3f} s", o.dump, o.dump_format == "raw" ? "raw physical memory"
       : "ELF core: PT_LOAD at guest-physical 0, NT_PRSTATUS and QEMU CPU notes",
-      stats->ram_bytes >> 20, stats->hole_bytes ? fmt::format(", {} MiB never written, left as a hole",
+      stats->ram_bytes >> 20, stats->hole_bytes ? fmt::format(", {} MiB of zeros left as holes",
                                                                stats->hole_bytes >> 20) : "", seconds);
   return 0;
 }

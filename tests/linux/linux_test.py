@@ -404,15 +404,18 @@ def look_at_linux_trace(args, trace, workdir, results):
     wrote = [line for line in r.stderr.splitlines() if line.startswith(f"deja: wrote {core}")]
     results.append(f"dump: {wrote[0][6:] if wrote else core} (query with replay {time.monotonic() - t0:.1f} s)")
     release = open(os.path.join(args.guest_dir, "kernel.path")).read().strip().split("vmlinuz-")[-1]
-    vmlinux = f"/usr/lib/debug/boot/vmlinux-{release}"
+    # Debian's debug symbols of the kernel (/usr/lib/debug/boot), or the vmlinux alone (scripts/crash-symbols.sh).
+    candidates = [f"/usr/lib/debug/boot/vmlinux-{release}",
+                  os.path.join(args.guest_dir, "..", "crash-symbols", f"vmlinux-{release}")]
+    vmlinux = next((c for c in candidates if os.path.exists(c)), candidates[0])
     if shutil.which("crash") and os.path.exists(vmlinux):
         c = subprocess.run(["crash", "-s", vmlinux, core], input="sys\nlog | tail -5\nps\nquit\n",
                            capture_output=True, text=True, timeout=args.timeout)
-        if c.returncode != 0 or release not in c.stdout or "busybox" not in c.stdout and "sh" not in c.stdout:
+        if c.returncode != 0 or f"RELEASE: {release}" not in c.stdout or "swapper/0" not in c.stdout:
             raise linux_guest.GuestError(f"crash on {core}:\n{c.stdout[-2000:]}{c.stderr[-2000:]}")
         results.append(f"crash {vmlinux} {core}: sys names {release}; log and ps read")
     else:
-        results.append(f"crash: skipped (needs {vmlinux}: Debian's linux-image-{release}-dbg, 860 MB; docs/debugging.md)")
+        results.append(f"crash: skipped (no {vmlinux}: scripts/crash-symbols.sh fetches it, 860 MB; docs/debugging.md)")
 
 
 def inspect_linux_trace(args, trace, port, download_bytes, workdir, results):
