@@ -524,9 +524,9 @@ Result<unsigned> deja_vcpus_for_domain(unsigned asked) {
   return asked;
 }
 
-Result<> validate_against_schema(std::string_view xml, const std::string& schema_path) {
-  auto doc = parse(xml, "the domain");
-  if (!doc) return std::unexpected(doc.error());
+namespace {
+
+Result<> validate_doc(xmlDoc* doc, const std::string& schema_path) {
   Messages messages;
   xmlRelaxNGParserCtxtPtr pctxt = xmlRelaxNGNewParserCtxt(schema_path.c_str());
   if (!pctxt) return fail(ErrorKind::kHost, "cannot read libvirt's schema {}", schema_path);
@@ -536,7 +536,7 @@ Result<> validate_against_schema(std::string_view xml, const std::string& schema
   if (!schema) return fail(ErrorKind::kHost, "cannot read libvirt's schema {}:{}", schema_path, messages.joined());
   xmlRelaxNGValidCtxtPtr vctxt = xmlRelaxNGNewValidCtxt(schema);
   xmlRelaxNGSetValidStructuredErrors(vctxt, [](void* self, xmlErrorPtr e) { Messages::structured(self, e); }, &messages);
-  const int r = xmlRelaxNGValidateDoc(vctxt, doc->get());
+  const int r = xmlRelaxNGValidateDoc(vctxt, doc);
   xmlRelaxNGFreeValidCtxt(vctxt);
   xmlRelaxNGFree(schema);
   if (r != 0) {
@@ -544,6 +544,14 @@ Result<> validate_against_schema(std::string_view xml, const std::string& schema
                 messages.joined());
   }
   return {};
+}
+
+}  // namespace
+
+Result<> validate_against_schema(std::string_view xml, const std::string& schema_path) {
+  auto doc = parse(xml, "the domain");
+  if (!doc) return std::unexpected(doc.error());
+  return validate_doc(doc->get(), schema_path);
 }
 
 Result<DomainPlan> import_domain_xml(std::string_view xml, const std::string& source,
@@ -558,7 +566,7 @@ Result<DomainPlan> import_domain_xml(std::string_view xml, const std::string& so
   if (!doc) return std::unexpected(doc.error());
   if (!options.schema.empty()) {
     if (::access(options.schema.c_str(), R_OK) == 0) {
-      if (auto ok = validate_against_schema(xml, options.schema); !ok)
+      if (auto ok = validate_doc(doc->get(), options.schema); !ok)
         return fail(ok.error().kind, "{}: {}", source, ok.error().message);
       plan.schema_validated = true;
     }

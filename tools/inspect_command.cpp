@@ -42,7 +42,9 @@ Subcommand add_inspect_command(CLI::App& app) {
             if (!a->html.empty()) {
               auto reader = TraceReader::open(a->path);
               if (!reader) return report_error(reader.error());
-              std::vector<std::string> inputs{a->path, a->options.pcap};
+              if (!a->options.pcap.empty() && a->options.pcap == a->html)
+                return report_error({ErrorKind::kInvalidArgument, "--html and --pcap name the same file"});
+              std::vector<std::string> inputs{a->path};
               for (const auto& f : (*reader)->header().inputs()) inputs.push_back(f.path());
               auto file = create_output_file(a->html, "HTML timeline", inputs);
               if (!file) return report_error(file.error());
