@@ -66,6 +66,10 @@ std::string attr(xmlNode* n, const char* name) {
   return s;
 }
 bool has_attr(xmlNode* n, const char* name) { return xmlHasProp(n, reinterpret_cast<const xmlChar*>(name)); }
+// " name='value'" for messages, or "" when the attribute is not there.
+std::string attr_text(xmlNode* n, const char* name) {
+  return has_attr(n, name) ? fmt::format(" {}='{}'", name, attr(n, name)) : std::string();
+}
 
 std::string text(xmlNode* n) {
   xmlChar* v = xmlNodeGetContent(n);
@@ -273,7 +277,7 @@ class Mapper {
       if (name_of(t) == "timer" && absent && name != "pit" && name != "rtc") continue;  // deja has none of them
       refuse("<clock><timer name='{}'{}>: deja's PIT and RTC follow their own model in guest time (docs/devices.md); "
              "only present='no' for timers it does not have (hpet, kvmclock, hypervclock, tsc) is honoured",
-             name, absent ? " present='no'" : attr(t, "tickpolicy").empty() ? "" : " tickpolicy='" + attr(t, "tickpolicy") + "'");
+             name, absent ? std::string(" present='no'") : attr_text(t, "tickpolicy"));
     }
   }
 
@@ -306,8 +310,9 @@ class Mapper {
         const std::string bus = attr(d, "bus"), type = attr(d, "type");
         if (bus == "ps2" && (type == "mouse" || type == "keyboard")) ps2_ = true;
         else refuse("<input type='{}' bus='{}'>: deja's console is the serial port; it has no input devices", type, bus);
-      } else if (n == "graphics") refuse("<graphics type='{}'>: deja has no display; the console is the serial port", attr(d, "type"));
-      else if (n == "video") {
+      } else if (n == "graphics") {
+        refuse("<graphics type='{}'>: deja has no display; the console is the serial port", attr(d, "type"));
+      } else if (n == "video") {
         xmlNode* model = child(d, "model");
         if (!model || attr(model, "type") != "none")
           refuse("<video>: deja has no display adapter; remove it or set <model type='none'/>");
@@ -317,11 +322,7 @@ class Mapper {
                                         "a recording could not replay");
       else if (n == "filesystem") refuse("<filesystem>: host directories shared into the guest; use a disk image");
       else if (n == "channel") refuse("<channel>: deja has no virtio-serial (guest agents talk over it)");
-      else if (n == "sound" || n == "watchdog" || n == "tpm" || n == "smartcard" || n == "redirdev" || n == "hub" ||
-               n == "panic" || n == "shmem" || n == "iommu" || n == "vsock" || n == "memory" || n == "crypto" ||
-               n == "lease" || n == "nvram" || n == "redirfilter" || n == "parallel")
-        refuse("<{}>: not a device deja's machine has", n);
-      else refuse("<devices><{}>: not a device deja's machine has", n);
+      else refuse("<{}>: not a device deja's machine has", n);  // sound, watchdog, tpm, redirdev, panic, ...
     }
     if (ps2_) plan_.notes.push_back("libvirt's implicit PS/2 mouse and keyboard: deja's machine has no i8042");
     if (addressed)
@@ -397,11 +398,13 @@ class Mapper {
         spec += ",mac=" + attr(c, "address");
       } else if (n == "model") {
         virtio = attr(c, "type") == "virtio";
-        if (!virtio) refuse("{} <model type='{}'>: deja's NICs are virtio-net (<model type='virtio'/>)", what, attr(c, "type"));
+        if (!virtio) refuse("{} <model type='{}'>: deja's NICs are virtio-net (<model type='virtio'/>)", what,
+                            attr(c, "type"));
       } else if (n == "portForward") {
         port_forward(c, spec);
       } else if (n == "backend") {
-        if (has_attr(c, "type")) refuse("{} <backend type='{}'>: deja's user-mode network is libslirp", what, attr(c, "type"));
+        if (has_attr(c, "type"))
+          refuse("{} <backend type='{}'>: deja's user-mode network is libslirp", what, attr(c, "type"));
       } else if (n == "ip") {
         if (attr(c, "family") != "ipv4" || attr(c, "address") != "10.0.2.15")
           refuse("{} <ip address='{}'>: deja's user-mode network gives the guest 10.0.2.15", what, attr(c, "address"));
@@ -470,17 +473,20 @@ class Mapper {
     }
     for (xmlNode* c : elements(d)) {
       const std::string n = name_of(c);
-      if (n != "source" && n != "target" && n != "alias" && n != "address" && !(n == "model" && attr(c, "name") == "isa-serial"))
+      const bool isa_model = n == "model" && attr(c, "name") == "isa-serial";
+      if (n != "source" && n != "target" && n != "alias" && n != "address" && !isa_model)
         refuse("{} <{}>: not something deja's serial port has", what, n);
     }
     if (serial_seen_ && out != plan_.serial_out)
-      return refuse("{}: the serial port already goes to {}", what, plan_.serial_out.empty() ? "standard output" : plan_.serial_out);
+      return refuse("{}: the serial port already goes to {}", what,
+                    plan_.serial_out.empty() ? "standard output" : plan_.serial_out);
     serial_seen_ = true;
     plan_.serial_out = out;
   }
 
   void rng(xmlNode* d) {
-    if (attr(d, "model") != "virtio") return refuse("<rng model='{}'>: deja's entropy device is virtio-rng", attr(d, "model"));
+    if (attr(d, "model") != "virtio")
+      return refuse("<rng model='{}'>: deja's entropy device is virtio-rng", attr(d, "model"));
     for (xmlNode* c : elements(d)) {
       const std::string n = name_of(c);
       if (n == "backend" && attr(c, "model") == "random") continue;  // deja draws host entropy itself (getrandom)
@@ -501,7 +507,7 @@ class Mapper {
     if (type == "usb")
       return refuse("<controller type='usb' model='{}'>: deja has no USB; set <controller type='usb' model='none'/>",
                     model);
-    refuse("<controller type='{}'{}>: deja's machine has a PCI root bus only", type, model.empty() ? "" : " model='" + model + "'");
+    refuse("<controller type='{}'{}>: deja's machine has a PCI root bus only", type, attr_text(d, "model"));
   }
 
   DomainPlan& plan_;

@@ -26,8 +26,9 @@ struct DumpStats {
 // target/i386/arch_dump.c): the ELF header, one PT_NOTE, one PT_LOAD per RAM block (p_paddr its guest-physical
 // address, p_vaddr the same, so gdb reads physical addresses), then the notes: an NT_PRSTATUS "CORE" note per vCPU
 // (x86-64 elf_prstatus, pr_pid the vCPU number + 1), then a "QEMU" note per vCPU (QEMUCPUState version 1: GPRs,
-// segments with their hidden parts, descriptor tables, CR0-CR4, KERNEL_GS_BASE), which crash uses to find the kernel's page tables;
-// then RAM, right after them (p_align 0: what crash recognizes as a QEMU/kdump core). kRaw is RAM alone, byte for byte from guest-physical 0.
+// segments with their hidden parts, descriptor tables, CR0-CR4, KERNEL_GS_BASE), which crash uses to find the
+// kernel's page tables; then RAM, right after them (p_align 0: what crash recognizes as a QEMU/kdump core). kRaw is
+// RAM alone, byte for byte from guest-physical 0.
 //
 // RAM goes from the guest's mapping straight to `out` (no copy of RAM in deja's memory); pages that read as zero are
 // left as holes of the file (the memfd's own holes found with lseek SEEK_DATA, without touching them), so the memory

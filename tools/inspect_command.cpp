@@ -38,7 +38,8 @@ Subcommand add_inspect_command(CLI::App& app) {
   return {inspect, [a] {
             InspectOptions options = a->options;
             std::unique_ptr<ReplacingFile> html;
-            if (a->divergence && a->html.empty()) return report_error({ErrorKind::kInvalidArgument, "--divergence marks the --html page"});
+            if (a->divergence && a->html.empty())
+              return report_error({ErrorKind::kInvalidArgument, "--divergence marks the --html page"});
             if (!a->html.empty()) {
               auto reader = TraceReader::open(a->path);
               if (!reader) return report_error(reader.error());

@@ -120,7 +120,8 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
                   "the image (default: full SHA-256 up to 256 MiB, else per block at first read); repeatable");
   cmd->add_option("--net", a.nets,
                   "a virtio-net NIC on libslirp's user-mode network: user[,hostfwd=tcp:[HOSTADDR]:HOSTPORT-"
-                  "[GUESTADDR]:GUESTPORT]...; the guest is 10.0.2.15, the host's loopback is 10.0.2.2; repeatable");
+                  "[GUESTADDR]:GUESTPORT]...[,mac=52:54:00:12:34:56]; the guest is 10.0.2.15, the host's loopback is "
+                  "10.0.2.2; the MACs count up from 52:54:00:12:34:56; repeatable");
   cmd->add_flag("--rng", a.rng, "a virtio-rng entropy device (its bytes are recorded)");
   cmd->add_option("--libvirt-xml", a.libvirt_xml,
                   "the machine of a libvirt domain's XML (virsh dumpxml): memory, vCPUs, direct kernel boot, raw "
@@ -153,6 +154,7 @@ bool multiboot_image(const std::string& path) {
 Result<> take_domain(const DomainPlan& d, RunArgs& a) {
   std::string both;
   auto take = [&](std::string& option, const std::string& value, const char* name) {
+    if (value.empty()) return;  // the domain leaves it to the command line (no <initrd>, no <cmdline>)
     if (!option.empty() && option != value) both += fmt::format(" {}", name);
     option = value;
   };
@@ -369,7 +371,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   }
   session.adopt_disks(std::move(disks));
   config.nics = unsigned(options.nets.size());
-  for (size_t i = 0; i < options.nets.size(); ++i) config.nic_macs.push_back(options.nets[i].mac.value_or(nic_mac(unsigned(i))));
+  for (size_t i = 0; i < options.nets.size(); ++i)
+    config.nic_macs.push_back(options.nets[i].mac.value_or(nic_mac(unsigned(i))));
   config.rng = options.rng;
   // libslirp writes to host sockets whose peer may have gone (it does not ask for MSG_NOSIGNAL): a broken
   // connection is the guest's EPIPE to see, not a SIGPIPE that kills deja mid-recording (QEMU ignores it too).

@@ -79,7 +79,10 @@ Result<HostForward> parse_forward(const std::string& rule) {
 
 Result<std::array<uint8_t, 6>> parse_mac(std::string_view text) {
   std::array<uint8_t, 6> mac{};
-  auto hex = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; };
+  auto hex = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                                                                          : -1;
+  };
   bool ok = text.size() == 17;
   for (size_t i = 0; ok && i < 6; ++i) {
     const int hi = hex(text[i * 3]), lo = hex(text[i * 3 + 1]);
