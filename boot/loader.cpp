@@ -35,8 +35,9 @@ struct Plan {
   std::vector<Piece> image_pieces;
 };
 
+// The loader's fixed structures for a format (the boot information moves: place_boot_info).
 std::vector<Region> reserved_regions(bool long_mode) {
-  std::vector<Region> regions{kGdtRegion, kInfoRegion};
+  std::vector<Region> regions{kGdtRegion};
   if (long_mode) {
     regions.push_back(kPageTableRegion);
     regions.push_back(kStackRegion);
@@ -45,10 +46,45 @@ std::vector<Region> reserved_regions(bool long_mode) {
 }
 
 // Checks that every image piece lies in RAM (and below 4 GiB for a 32-bit entry), clear of the
-// loader's structures and of every other piece.
+// loader's fixed structures and of every other piece.
 Result<> check_image_pieces(const std::string& name, const std::vector<Piece>& pieces, uint64_t ram_size,
                             bool long_mode) {
   return check_pieces(fmt::format("guest image '{}'", name), pieces, ram_size, !long_mode, reserved_regions(long_mode));
+}
+
+// Where the boot information goes: at kInfoBase when no image segment or module is there (every image that
+// loaded before keeps its layout, so its traces replay), else in the lowest page-aligned gap of RAM below 4 GiB
+// that no segment, module, fixed structure or the legacy hole occupies. QEMU too puts it where the image is not,
+// so images linked at 0x8000 boot.
+Result<uint64_t> place_boot_info(const std::string& name, uint64_t size, const std::vector<Piece>& image,
+                                 const std::vector<Piece>& modules, uint64_t ram_size, bool long_mode) {
+  std::vector<std::pair<uint64_t, uint64_t>> taken;  // [start, end)
+  for (const auto* group : {&image, &modules}) {
+    for (const Piece& piece : *group) {
+      if (piece.mem_size != 0) taken.emplace_back(piece.gpa, piece.end());
+    }
+  }
+  const bool default_free = std::none_of(taken.begin(), taken.end(), [](const auto& range) {
+    return ranges_overlap(range.first, range.second, kInfoBase, kInfoEnd);
+  });
+  if (default_free) return kInfoBase;
+  for (const Region& region : reserved_regions(long_mode)) taken.emplace_back(region.start, region.end);
+  taken.emplace_back(kLegacyHole.start, kLegacyHole.end);
+  std::sort(taken.begin(), taken.end());
+  const uint64_t limit = std::min(ram_size, k4GiB);
+  uint64_t cursor = kPageSize;  // page 0 holds the real-mode IVT and BIOS data area on a PC
+  for (const auto& [start, end] : taken) {
+    if (cursor + size <= start) break;
+    cursor = std::max(cursor, align_up(end, kPageSize));
+  }
+  if (cursor > limit || size > limit - cursor) {
+    return fail(ErrorKind::kBadImage,
+                "guest image '{}': no room for the Multiboot boot information ({} bytes): every page-aligned range "
+                "of RAM below {:#x} holds an image segment, a boot module or a loader structure; give the guest "
+                "more memory",
+                name, size, limit);
+  }
+  return cursor;
 }
 
 std::string segment_name(const ElfSegment& segment) { return fmt::format("segment {}", segment.index); }
@@ -195,10 +231,12 @@ Result<Plan> plan_image(const std::string& name, std::span<const uint8_t> image)
   return plan_elf(name, image, /*multiboot=*/false);
 }
 
-// Places modules page-aligned above the image, stepping over the loader's areas and the legacy hole.
+// Places modules page-aligned above the image, stepping over the loader's areas (the default boot-information
+// area too) and the legacy hole.
 Result<std::vector<Piece>> place_modules(const LoadOptions& options, std::span<const std::vector<uint8_t>> module_bytes,
                                          uint64_t image_end, uint64_t ram_size, bool long_mode) {
   auto avoid = reserved_regions(long_mode);
+  avoid.push_back(kInfoRegion);  // where the boot information goes unless the image is there
   avoid.push_back(kLegacyHole);
   std::vector<Piece> pieces;
   uint64_t cursor = align_up(image_end, kPageSize);
@@ -241,7 +279,7 @@ std::vector<uint8_t> build_gdt() {
   return bytes;
 }
 
-CpuState entry_state(const Plan& plan, const LoadOptions& options) {
+CpuState entry_state(const Plan& plan, const LoadOptions& options, uint64_t info_base) {
   CpuState st;
   const bool long_mode = plan.long_mode;
   st.cs = flat_segment(long_mode ? kCode64Selector : kCode32Selector, 0xb, long_mode);
@@ -262,12 +300,12 @@ CpuState entry_state(const Plan& plan, const LoadOptions& options) {
     // NXE only where the CPU model has NX, or setting it would be a reserved-bit violation.
     if (options.cpu_has_nx) st.efer |= efer::kNxe;
     st.gpr[kRsp] = kStackTop;
-    st.gpr[kRdi] = kInfoBase;
+    st.gpr[kRdi] = info_base;
     st.gpr[kRsi] = multiboot::kBootloaderMagic;
   } else {
     st.cr0 = cr0::kPe | cr0::kEt;
     st.gpr[kRax] = multiboot::kBootloaderMagic;
-    st.gpr[kRbx] = kInfoBase;
+    st.gpr[kRbx] = info_base;
   }
   return st;
 }
@@ -314,13 +352,19 @@ Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const 
   for (size_t i = 0; i < modules->size(); ++i) {
     module_list.push_back({(*modules)[i].gpa, (*modules)[i].end(), options.modules[i].args});
   }
-  auto info = build_multiboot_info(kInfoBase, kInfoEnd - kInfoBase, ram_size, options.cmdline, module_list);
+  // The block's size does not depend on where it goes: build it once to size it, then where it fits.
+  auto info = build_multiboot_info(0, kInfoEnd - kInfoBase, ram_size, options.cmdline, module_list);
+  if (!info) return std::unexpected(info.error());
+  auto info_base = place_boot_info(name, align_up(info->size(), kPageSize), plan->image_pieces, *modules, ram_size,
+                                   plan->long_mode);
+  if (!info_base) return std::unexpected(info_base.error());
+  info = build_multiboot_info(*info_base, kInfoEnd - kInfoBase, ram_size, options.cmdline, module_list);
   if (!info) return std::unexpected(info.error());
 
   std::vector<Piece> structures;
   const auto gdt = build_gdt();
   structures.push_back(Piece{"GDT", kGdtBase, gdt, gdt.size()});
-  structures.push_back(Piece{"boot information", kInfoBase, *info, info->size()});
+  structures.push_back(Piece{"boot information", *info_base, *info, info->size()});
   std::vector<uint8_t> page_tables;
   if (plan->long_mode) {
     page_tables = build_identity_page_tables(kPageTableBase, ram_size);
@@ -333,7 +377,7 @@ Result<LoadedImage> load_guest_image_bytes(GuestMemory& memory, std::span<const 
   if (auto r = write_pieces(memory, groups, loaded); !r) return std::unexpected(r.error());
   loaded.format = plan->format;
   loaded.entry = plan->entry;
-  loaded.initial_state = entry_state(*plan, options);
+  loaded.initial_state = entry_state(*plan, options, *info_base);
   return loaded;
 }
 

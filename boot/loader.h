@@ -5,7 +5,9 @@
 // any structure its format uses is refused (never silently overwritten):
 //
 //   [0x00500, 0x00600)  GDT: 0x08 64-bit code, 0x10 flat data, 0x18 flat 32-bit code   (all formats)
-//   [0x07000, 0x09000)  Multiboot information block, memory map, module list, strings (all formats)
+//   [0x07000, 0x09000)  Multiboot information block, memory map, module list, strings (all formats), unless an
+//                       image segment is there: then the lowest page-aligned gap of RAM below 4 GiB that no
+//                       segment, module or structure occupies (EBX/RDI at entry say where)
 //   [0x10000, 0x60000)  long-mode page tables: PML4, PDPT, up to 64 page directories   (elf64-direct)
 //   [0x70000, 0x80000)  boot stack, RSP = 0x80000 at entry                              (elf64-direct)
 //

@@ -161,6 +161,22 @@ class Backend {
   // Single-step and instruction breakpoint, reported as kDebug exits.
   virtual Result<> set_debug(const DebugControl& control) = 0;
 
+  // Deterministic timeslices: run() returns kKicked once `n` more instructions have retired (0: no budget), so the
+  // run loop stops where derived time reaches a device deadline, or where a replay's End lies between guest exits.
+  // A backend that cannot stop at an instruction count (KVM) says so, whatever `n`.
+  virtual Result<> set_instruction_budget(uint64_t /*n*/) {
+    return fail(ErrorKind::kUnsupported, "the {} backend cannot stop at an instruction count", name());
+  }
+  // Makes the progress counter behave like a hardware PMU whose overflow lands up to `skid` branches late (drawn
+  // from a generator seeded with `seed`): CoordinateSeeker's skid handling, tested without a PMU. Software CPU only.
+  virtual Result<> emulate_pmu_skid(uint64_t /*skid*/, uint64_t /*seed*/) {
+    return fail(ErrorKind::kUnsupported, "the {} backend has a real progress counter or none to emulate a PMU with",
+                name());
+  }
+  // What the backend adds to a run's statistics (`--stats`): one line each, indented lines belonging to the line
+  // above.
+  virtual std::vector<std::string> statistics() const { return {}; }
+
   // ---- checkpoints and time travel (snapshot/, replay/replay_timeline.h) ----------------------------
   // Steps executed since reset: instructions retired or faulted and single REP iterations, each one
   // kDebug stop under single_step. The debugger's time axis; nullopt where the backend cannot count.

@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # Builds the bundled guest's initramfs (an uncompressed newc cpio: the kernel unpacks it without a decompressor)
 # from busybox-static, /init, and the virtio modules of kernel KVER, reproducibly (fixed owners and times).
-# Usage: make-initramfs.sh KVER SOURCE_DIR OUTPUT.cpio [PROGRAM...]
-# Each PROGRAM (a static executable the build made, e.g. tsc-spin) goes to /bin under its own name.
+# Usage: make-initramfs.sh KVER SOURCE_DIR OUTPUT.cpio [--modules FILE] [--scripts DIR]... [PROGRAM...]
+# Each PROGRAM (a static executable the build made, e.g. tsc-spin) goes to /bin under its own name. --modules replaces
+# SOURCE_DIR/modules (the list of modules /init loads); each --scripts DIR adds its files to /scripts (the distro
+# guest's initramfs, guest-distro/, is this one with its own modules and scripts).
 set -euo pipefail
 kver="$1" src="$2" out="$3"
 shift 3
+modules_list="$src/modules"
+script_dirs=("$src/scripts")
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --modules) modules_list="$2"; shift 2 ;;
+    --scripts) script_dirs+=("$2"); shift 2 ;;
+    *) break ;;
+  esac
+done
 busybox=/bin/busybox
 modules_dir="/usr/lib/modules/$kver"
 if [ ! -x "$busybox" ] || readelf -l "$busybox" 2>/dev/null | grep -q INTERP; then
@@ -33,8 +44,10 @@ for program in "$@"; do
   fi
   install -m 0755 "$program" "$stage/bin/$(basename "$program")"
 done
-cp "$src/modules" "$stage/etc/deja/modules"
-for script in "$src"/scripts/*; do install -m 0755 "$script" "$stage/scripts/"; done
+cp "$modules_list" "$stage/etc/deja/modules"
+for dir in "${script_dirs[@]}"; do
+  for script in "$dir"/*; do install -m 0755 "$script" "$stage/scripts/"; done
+done
 while read -r module; do
   path="$(modinfo -k "$kver" -n "$module")"
   case "$path" in
@@ -43,7 +56,7 @@ while read -r module; do
     *.ko.zst) zstd -qdc "$path" > "$stage/lib/modules/$module.ko" ;;
     *) echo "make-initramfs: module $module of $kver not found ($path)" >&2; exit 1 ;;
   esac
-done < "$src/modules"
+done < "$modules_list"
 echo "root:x:0:0:root:/root:/bin/sh" > "$stage/etc/passwd"
 echo "root:x:0:" > "$stage/etc/group"
 echo "$kver" > "$stage/etc/deja/kernel"

@@ -380,9 +380,29 @@ Result<> InterpBackend::restore_internal(std::span<const uint8_t> state) {
   return {};
 }
 
-void InterpBackend::emulate_pmu_skid(uint64_t skid, uint64_t seed) {
+Result<> InterpBackend::emulate_pmu_skid(uint64_t skid, uint64_t seed) {
   counter_.skid_ = skid;
   counter_.random_.seed(seed);
+  return {};
+}
+
+std::vector<std::string> InterpBackend::statistics() const {
+  std::vector<std::string> lines{fmt::format("interp executor: {}", interp_mode_name(mode_))};
+  if (mode_ != InterpMode::kReference) {
+    const FastStats fast = fast_stats();
+    lines.push_back(fmt::format("  blocks translated {}, entered {} (chained by lookup {}), instructions left to the "
+                                "reference executor {}",
+                                fast.blocks_translated, fast.blocks_entered, fast.chained, fast.fallback_steps));
+    lines.push_back(fmt::format("  blocks dropped by code writes {}, cache flushes {}, cache bytes {}",
+                                fast.block_invalidations, fast.block_cache_flushes, fast.block_cache_bytes));
+  }
+  if (unimplemented_.empty()) {
+    lines.push_back("unimplemented instructions: none executed");
+  } else {
+    lines.push_back("unimplemented instructions (raised #UD in the guest):");
+    for (const auto& [mnemonic, count] : unimplemented_) lines.push_back(fmt::format("  {:<16} {}", mnemonic, count));
+  }
+  return lines;
 }
 
 std::string InterpBackend::Counter::describe() const {

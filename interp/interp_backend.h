@@ -57,15 +57,17 @@ class InterpBackend : public Backend {
   Result<> adopt_cpu_quirks(std::span<const std::string> quirks) override;
   Result<> adopt_software_tlb_entries(uint32_t entries) override;
 
-  // Makes the progress counter behave like a hardware PMU (for testing CoordinateSeeker without one):
-  // an armed overflow stops the vCPU a random 0..skid branches late, drawn from a generator seeded with `seed`.
-  void emulate_pmu_skid(uint64_t skid, uint64_t seed);
-
-  // run() returns kKicked after `n` more retired instructions (deterministic timeslices); 0 = off.
-  void set_instruction_budget(uint64_t n) {
+  // An armed overflow stops the vCPU a random 0..skid branches late, drawn from a generator seeded with `seed`.
+  Result<> emulate_pmu_skid(uint64_t skid, uint64_t seed) override;
+  // Counted in retired steps (instructions plus REP iterations that did not finish one), so never past `n`
+  // instructions.
+  Result<> set_instruction_budget(uint64_t n) override {
     budget_ = n;
     budget_start_ = steps_;
+    return {};
   }
+  // The executor, its blocks, and the instructions that raised #UD because deja does not implement them.
+  std::vector<std::string> statistics() const override;
   // Reference, threaded or JIT execution; may be changed between run() calls.
   void set_mode(InterpMode mode);
   InterpMode mode() const { return mode_; }

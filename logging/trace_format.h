@@ -20,6 +20,9 @@ namespace deja {
 // Rdtsc events that are not there.
 // Versions 1 to 3 are the same layout without them: this deja reads all four.
 constexpr uint32_t kTraceFormatVersion = 5;
+// How the End's reason of a recording that a host failure stopped begins ("stopped by a host failure: ..."): a disk
+// overlay or the serial output could not be written. Its exit status is kInterrupted's: it replays to where it stopped.
+inline constexpr std::string_view kHostFailureReason = "stopped by a host failure";
 constexpr uint32_t kOldestTraceFormatVersion = 1;
 
 // Layout constants (docs/trace-format.md is the normative description).

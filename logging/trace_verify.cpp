@@ -1,6 +1,7 @@
 // verify_trace: reads the whole trace through TraceReader and adds the semantic checks a reader does not need.
 #include "logging/trace_verify.h"
 
+#include "logging/trace_format.h"
 #include "logging/trace_reader.h"
 
 namespace deja {
@@ -19,6 +20,7 @@ VerifyReport verify_trace(const std::string& path, const VerifyProgress& progres
   uint64_t first_end_index = 0;
   bool last_is_end = false;
   uint64_t chunks_seen = 0;
+  std::string end_reason;
   std::string problem;
   while (true) {
     auto event = reader.next();
@@ -36,6 +38,7 @@ VerifyReport verify_trace(const std::string& path, const VerifyProgress& progres
       problem = fmt::format("event {} has no kind (unknown to this deja, or empty)", reader.events_read() - 1);
     if (e.has_end()) {
       if (end_events++ == 0) first_end_index = reader.events_read() - 1;
+      end_reason = e.end().reason();
     }
     last_is_end = e.has_end();
   }
@@ -71,6 +74,9 @@ VerifyReport verify_trace(const std::string& path, const VerifyProgress& progres
         "(build {}), cpu model {} v{}, device model v{}, {} input file(s)",
         path, h.format_version(), report.chunks, report.events, reader.file_size(), h.deja_version(), h.build_id(),
         h.cpu_model().empty() ? "deja-v1" : h.cpu_model(), h.cpu_model_version(), h.device_model_version(), h.inputs_size());
+    // Complete, but of a run that a host failure cut short (a disk overlay or the serial output could not be
+    // written): it replays to where it stopped, and says so.
+    if (end_reason.starts_with(kHostFailureReason)) report.summary += fmt::format("; the recording was {}", end_reason);
   } else {
     report.summary = fmt::format("FAILED: {}; {} chunks and {} events verified before that (valid through byte {} of {})",
                                  problem, report.chunks, report.events, reader.valid_bytes(), reader.file_size());

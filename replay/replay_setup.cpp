@@ -12,6 +12,7 @@
 #include "logging/trace_format.h"
 #include "logging/trace_reader.h"
 #include "replay/backend_choice.h"
+#include "replay/trace_config.h"
 #include "core/cpu_model.h"
 #include "vmm/disk_image.h"
 #include "boot/linux_boot.h"
@@ -20,15 +21,11 @@
 namespace deja {
 namespace {
 
-std::string find_input(const trace::Header& h, const std::string& role, const trace::InputFile** out) {
-  for (const auto& f : h.inputs()) {
-    if (f.role() == role) {
-      *out = &f;
-      return f.path();
-    }
+const RecordedInput* find_input(const TraceConfig& t, const std::string& role) {
+  for (const RecordedInput& in : t.inputs) {
+    if (in.role == role) return &in;
   }
-  *out = nullptr;
-  return "";
+  return nullptr;
 }
 
 // A recording whose RDTSC/RDRAND values are in the trace needs a backend that traps them, or the guest would
@@ -63,33 +60,18 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
     return std::unexpected(e);
   }
   const trace::Header header = (*reader)->header();
-  const auto& rc = header.config();
-
-  const CpuModel* model = CpuModel::for_trace(header.cpu_model(), header.cpu_model_version());
-  if (!model) {
-    return std::unexpected(Error{ErrorKind::kUnsupported,
-                         fmt::format("{} was recorded with CPU model {} v{}; this deja implements {}",
-                                     options.trace_path, header.cpu_model().empty() ? "(unnamed)" : header.cpu_model(),
-                                     header.cpu_model_version(), CpuModel::names())});
+  auto recorded = from_header(header);
+  if (!recorded) {
+    return std::unexpected(Error{recorded.error().kind, fmt::format("{}: {}", options.trace_path,
+                                                                    recorded.error().message)});
   }
-  if (header.device_model_version() < kOldestDeviceModelVersion || header.device_model_version() > kDeviceModelVersion) {
-    return std::unexpected(Error{ErrorKind::kUnsupported,
-                         fmt::format("{} was recorded with device model v{}; this deja implements v{} to v{}",
-                                     options.trace_path, header.device_model_version(), kOldestDeviceModelVersion,
-                                     kDeviceModelVersion)});
-  }
+  const TraceConfig& rc = *recorded;
+  const CpuModel* model = rc.cpu_model;
   ProgressChoice progress;
-  if (rc.progress_mode() == "exact") {
-    progress.mode = ProgressMode::kExact;
-  } else if (rc.progress_mode() == "exit-sync") {
-    progress.mode = ProgressMode::kExitSync;
-  } else {
-    return std::unexpected(Error{ErrorKind::kUnsupported, fmt::format("{} uses progress mode '{}', which this deja cannot replay",
-                                                              options.trace_path, rc.progress_mode())});
-  }
+  progress.mode = rc.progress;
 
   // The recorded model on the recorded backend where it can run, else on the software CPU.
-  auto choice = choose_backend(options.backend, rc.backend(), model);
+  auto choice = choose_backend(options.backend, rc.backend, model);
   if (!choice) {
     return std::unexpected(Error{choice.error().kind, fmt::format("{} (CPU model {} of {})", choice.error().message,
                                                           model->name(), options.trace_path)});
@@ -102,12 +84,12 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
       return std::unexpected(Error{ErrorKind::kInvalidArgument,
                            fmt::format("--progress {}: {} was recorded in {} mode; replay can only choose the counter "
                                        "of an exact-mode trace (exact or emulated-pmu:SKID)",
-                                       options.progress, options.trace_path, rc.progress_mode())});
+                                       options.progress, options.trace_path, progress_mode_name(rc.progress))});
     }
     progress = *choice;
-  } else if (backend == "interp" && rc.progress_counter().starts_with("emulated-pmu:")) {
+  } else if (backend == "interp" && rc.progress_counter.starts_with("emulated-pmu:")) {
     // Replay a trace recorded with an emulated PMU the same way, so that its skid handling is exercised.
-    auto choice = parse_progress(rc.progress_counter());
+    auto choice = parse_progress(rc.progress_counter);
     if (choice) progress = *choice;
   }
   if (backend == "kvm" && progress.mode == ProgressMode::kExact) {
@@ -116,35 +98,29 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
       return std::unexpected(Error{ErrorKind::kUnsupported,
                            fmt::format("{} places interrupts at exact instruction coordinates (recorded with the {} "
                                        "counter); KVM on this host cannot reach them: {}; replay with --backend interp",
-                                       options.trace_path, rc.progress_counter().empty() ? rc.backend()
-                                                                                         : rc.progress_counter(),
+                                       options.trace_path, rc.progress_counter.empty() ? rc.backend
+                                                                                       : rc.progress_counter,
                                        pmu.first_failure())});
     }
   }
 
-  const trace::InputFile* image_entry = nullptr;
-  std::string image_path = find_input(header, "image", &image_entry);
-  LoadOptions load;
+  LoadOptions load = replay_load(rc);
+  const RecordedInput* image_entry = find_input(rc, "image");
   if (!image_entry) {
     // A Linux kernel, loaded with the same boot protocol choice and initrd as recorded.
-    image_path = find_input(header, "kernel", &image_entry);
+    image_entry = find_input(rc, "kernel");
     if (!image_entry) return std::unexpected(Error{ErrorKind::kBadTrace, fmt::format("{} names no guest image", options.trace_path)});
-    auto entry = parse_linux_entry(rc.boot_protocol());
-    if (!entry) return std::unexpected(Error{ErrorKind::kBadTrace, fmt::format("{}: {}", options.trace_path, entry.error().message)});
-    load.linux_kernel = true;
-    load.linux_entry = *entry;
+    if (!rc.boot_protocol) {
+      return std::unexpected(Error{ErrorKind::kBadTrace, fmt::format("{}: its Linux kernel has no boot protocol",
+                                                                     options.trace_path)});
+    }
+  } else {
+    load.linux_kernel = false;
   }
-  const trace::InputFile* initrd_entry = nullptr;
-  load.initrd_path = find_input(header, "initrd", &initrd_entry);
+  std::string image_path = image_entry->path;
+  const RecordedInput* initrd_entry = find_input(rc, "initrd");
   if (!options.image_path.empty()) image_path = options.image_path;
   if (!options.initrd_path.empty()) load.initrd_path = options.initrd_path;
-  load.cmdline = rc.cmdline();
-  int module_index = 0;
-  for (const auto& f : header.inputs()) {
-    if (f.role() != "module") continue;
-    load.modules.push_back({f.path(), module_index < rc.module_args_size() ? rc.module_args(module_index) : ""});
-    ++module_index;
-  }
   // The inputs the trace names, one at a time: each file's size is checked against the recorded one before
   // it is read and its SHA-256 right after, so a header naming thousands of files (or a huge one) costs
   // nothing. A trace can name any file on this host: deja never prints a hash of what it read.
@@ -153,27 +129,27 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
                                                            options.trace_path, load.modules.size(), kMaxBootModules)});
   }
   uint64_t recorded_bytes = 0;
-  for (const auto& f : header.inputs()) {
-    if (f.role() != "serial-in") recorded_bytes += f.size();
+  for (const RecordedInput& f : rc.inputs) {
+    if (f.role != "serial-in") recorded_bytes += f.size;
   }
-  if (recorded_bytes > rc.memory_bytes()) {
+  if (recorded_bytes > rc.memory_bytes) {
     return std::unexpected(Error{ErrorKind::kBadTrace,
                          fmt::format("{} names inputs of {} bytes in all, more than its guest's {} bytes of RAM",
-                                     options.trace_path, recorded_bytes, rc.memory_bytes())});
+                                     options.trace_path, recorded_bytes, rc.memory_bytes)});
   }
-  auto read_input = [&](const trace::InputFile& f, const std::string& path) -> Result<std::vector<uint8_t>> {
-    const bool image = f.role() == "image" || f.role() == "kernel";
-    const uint64_t limit = f.size() ? f.size() : rc.memory_bytes();
+  auto read_input = [&](const RecordedInput& f, const std::string& path) -> Result<std::vector<uint8_t>> {
+    const bool image = f.role == "image" || f.role == "kernel";
+    const uint64_t limit = f.size ? f.size : rc.memory_bytes;
     struct stat st {};
-    if (f.size() && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && uint64_t(st.st_size) != f.size()) {
+    if (f.size && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && uint64_t(st.st_size) != f.size) {
       return fail(ErrorKind::kInvalidArgument,
                   "{} differs from the {} recorded in {}: {} bytes here, {} recorded (the recording's SHA-256 is {})",
-                  path, f.role(), options.trace_path, st.st_size, f.size(), hex(f.sha256()));
+                  path, f.role, options.trace_path, st.st_size, f.size, hex(f.sha256));
     }
-    auto bytes = f.role() == "image"    ? read_guest_image(path, limit)
-                 : f.role() == "kernel" ? read_boot_file(path, "Linux kernel", limit)
-                 : f.role() == "initrd" ? read_boot_file(path, "initrd", limit)
-                                        : read_boot_file(path, "boot module", limit);
+    auto bytes = f.role == "image"    ? read_guest_image(path, limit)
+                 : f.role == "kernel" ? read_boot_file(path, "Linux kernel", limit)
+                 : f.role == "initrd" ? read_boot_file(path, "initrd", limit)
+                                      : read_boot_file(path, "boot module", limit);
     if (!bytes) {
       Error e = bytes.error();
       if (image && options.image_path.empty() && !path.starts_with("/")) {
@@ -183,81 +159,55 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
       return std::unexpected(e);
     }
     auto sha = sha256_bytes(*bytes);
-    if ((f.size() && bytes->size() != f.size()) ||
-        std::string(reinterpret_cast<const char*>(sha.data()), sha.size()) != f.sha256()) {
+    if ((f.size && bytes->size() != f.size) ||
+        std::string(reinterpret_cast<const char*>(sha.data()), sha.size()) != f.sha256) {
       return fail(ErrorKind::kInvalidArgument,
                   "{} differs from the {} recorded in {}: its SHA-256 differs from the recording's {} ({} bytes here, "
                   "{} recorded)",
-                  path, f.role(), options.trace_path, hex(f.sha256()), bytes->size(), f.size());
+                  path, f.role, options.trace_path, hex(f.sha256), bytes->size(), f.size);
     }
     return bytes;
   };
-  GuestInputs loaded;
-  GuestInputs* inputs = &loaded;
+  GuestInputs inputs;
   if (auto bytes = read_input(*image_entry, image_path); bytes) {
-    loaded.image = std::move(*bytes);
+    inputs.image = std::move(*bytes);
   } else {
     return std::unexpected(bytes.error());
   }
   if (initrd_entry) {
     auto bytes = read_input(*initrd_entry, load.initrd_path);
     if (!bytes) return std::unexpected(bytes.error());
-    loaded.initrd = std::move(*bytes);
+    inputs.initrd = std::move(*bytes);
   }
-  module_index = 0;
-  for (const auto& f : header.inputs()) {
-    if (f.role() != "module") continue;
+  size_t module_index = 0;
+  for (const RecordedInput& f : rc.inputs) {
+    if (f.role != "module") continue;
     auto bytes = read_input(f, load.modules[module_index].path);
     if (!bytes) return std::unexpected(bytes.error());
-    loaded.modules.push_back(std::move(*bytes));
+    inputs.modules.push_back(std::move(*bytes));
     ++module_index;
   }
 
-  MachineConfig config;
-  config.memory_bytes = rc.memory_bytes();
-  config.cmdline = rc.cmdline();
-  config.backend = backend;
+  MachineConfig config = replay_machine(rc, backend);
   config.interp_mode = options.interp_mode;
-  config.machine = rc.machine().empty() ? std::string(kMachinePc) : rc.machine();  // traces before the field: pc
-  config.cpu_model = model;
-  config.device_model_version = header.device_model_version();
-  config.rtc_epoch_unix_seconds = header.start_unix_ns() / 1'000'000'000;
-  config.device_semantics = rc.device_semantics();
   if (!options.test_device_semantics.empty()) config.device_semantics = options.test_device_semantics;
-  config.trap_rdtsc = rc.rdtsc_trapped();
 
   ReplaySetup setup;
   setup.session = std::make_unique<Session>(Mode::kReplay, progress.mode);
   Session& session = *setup.session;
   // Disks: each image checked against the recording (size, and SHA-256 up front in full mode; block by block in
   // lazy mode); the guest's writes stay in memory. No network runs: received frames are in the trace.
-  if (options.disk_paths.size() > size_t(rc.disks_size())) {
+  if (options.disk_paths.size() > rc.disks.size()) {
     return std::unexpected(Error{ErrorKind::kInvalidArgument,
                                  fmt::format("--disk: {} images given, {} recorded {}", options.disk_paths.size(),
-                                             options.trace_path, rc.disks_size())});
+                                             options.trace_path, rc.disks.size())});
   }
   std::vector<std::unique_ptr<DiskImage>> disks;
   std::vector<std::string> disk_names;
-  for (int i = 0; i < rc.disks_size(); ++i) {
-    const auto& d = rc.disks(i);
-    std::string path = size_t(i) < options.disk_paths.size() && !options.disk_paths[size_t(i)].empty()
-                           ? options.disk_paths[size_t(i)]
-                           : d.path();
-    DiskIdentity identity;
-    identity.size = d.size();
-    identity.hash_block = d.hash_block();
-    if (identity.hash_block == 0) {
-      if (d.sha256().size() != identity.sha256.size()) {
-        return std::unexpected(Error{ErrorKind::kBadTrace, fmt::format("{}: disk {} has neither a SHA-256 nor a "
-                                                                       "block size", options.trace_path, i)});
-      }
-      std::copy(d.sha256().begin(), d.sha256().end(), identity.sha256.begin());
-    } else if (identity.hash_block != DiskImage::kHashBlock) {
-      return std::unexpected(Error{ErrorKind::kBadTrace, fmt::format("{}: disk {} was hashed in blocks of {} bytes; "
-                                                                     "this deja hashes {}", options.trace_path, i,
-                                                                     identity.hash_block, DiskImage::kHashBlock)});
-    }
-    auto disk = DiskImage::open_for_replay(path, identity, d.read_only());
+  for (size_t i = 0; i < rc.disks.size(); ++i) {
+    const RecordedDisk& d = rc.disks[i];
+    std::string path = i < options.disk_paths.size() && !options.disk_paths[i].empty() ? options.disk_paths[i] : d.path;
+    auto disk = DiskImage::open_for_replay(path, d.identity, d.read_only);
     if (!disk) {
       Error e = disk.error();
       if (options.disk_paths.empty() && !path.starts_with("/")) {
@@ -267,60 +217,29 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
     }
     Engine& engine = session.engine();
     (*disk)->set_host_error_handler([&engine](const std::string& m) { engine.host_failure(m); });
-    if (identity.hash_block) (*disk)->set_block_checker(&engine, unsigned(i), identity.hash_block);
+    if (d.identity.hash_block) (*disk)->set_block_checker(&engine, unsigned(i), d.identity.hash_block);
     (*disk)->keep_history(options.rewind);
-    config.disks.push_back(VirtioDiskSetup{disk->get(), d.serial()});
+    config.disks.push_back(VirtioDiskSetup{disk->get(), d.serial});
     disk_names.push_back(path);
     disks.push_back(std::move(*disk));
   }
   setup.inputs = {options.trace_path, image_path};
   if (!load.initrd_path.empty()) setup.inputs.push_back(load.initrd_path);
-  for (const auto& f : header.inputs())
-    if (f.role() == "module") setup.inputs.push_back(f.path());
+  for (const RecordedInput& f : rc.inputs)
+    if (f.role == "module") setup.inputs.push_back(f.path);
   setup.inputs.insert(setup.inputs.end(), disk_names.begin(), disk_names.end());
   session.adopt_disks(std::move(disks));
   session.engine().set_disk_names(std::move(disk_names));
-  config.nics = unsigned(rc.nets_size());
-  for (const auto& net : rc.nets()) {
-    std::array<uint8_t, 6> mac = nic_mac(unsigned(config.nic_macs.size()));  // traces before --net mac= hold this
-    if (net.mac().size() == mac.size()) std::copy(net.mac().begin(), net.mac().end(), mac.begin());
-    config.nic_macs.push_back(mac);
-  }
-  config.rng = rc.rng();
-  if (auto built = session.build(config, options.serial_out, inputs->image, image_path, load, inputs->modules,
-                                 inputs->initrd);
+  if (auto built = session.build(config, options.serial_out, inputs.image, image_path, load, inputs.modules,
+                                 inputs.initrd);
       !built) {
     return std::unexpected(built.error());
   }
-  if (rc.has_derived_time()) {
-    if (rc.derived_time().picoseconds_per_instruction() == 0) {
-      return std::unexpected(Error{ErrorKind::kBadTrace, fmt::format("{}: its derived time has no rate",
-                                                                     options.trace_path)});
-    }
-    const Engine::TimeRates rates{rc.derived_time().picoseconds_per_instruction(),
-                                  rc.derived_time().nanoseconds_per_device_read()};
-    if (auto ok = session.derive_time(rates); !ok) {
-      return std::unexpected(Error{ErrorKind::kUnsupported,
-                                   fmt::format("{} was recorded on {} with time derived from the instruction count: "
-                                               "{}; replay with --backend interp", options.trace_path, rc.backend(),
-                                               ok.error().message)});
-    }
+  if (auto ok = adopt_recording_ways(session, rc); !ok) {
+    return std::unexpected(Error{ok.error().kind, fmt::format("{}: {}", options.trace_path, ok.error().message)});
   }
   if (auto ok = check_rdtsc_replayable(header, session.machine().backend(), options.trace_path); !ok) {
     return std::unexpected(ok.error());
-  }
-  session.count_rdtsc_as_guest_exits(rc.rdtsc_exits_are_guest_exits());
-  if (rc.digest_interval() != 0) session.set_digest_interval(rc.digest_interval());
-  session.complete_mmio_write_exits(rc.mmio_write_exits_complete());
-  const uint32_t tlb_entries = rc.software_tlb_entries() ? rc.software_tlb_entries() : kSoftwareTlbEntriesBeforeRecorded;
-  if (auto ok = session.machine().backend().adopt_software_tlb_entries(tlb_entries); !ok) {
-    return std::unexpected(Error{ok.error().kind, fmt::format("{}: {}", options.trace_path, ok.error().message)});
-  }
-  const std::vector<std::string> quirks(rc.cpu_quirks().begin(), rc.cpu_quirks().end());
-  if (auto ok = session.machine().backend().adopt_cpu_quirks(quirks); !ok) {
-    // Not a refusal: many guests never see the difference, and one that does diverges, which replay reports.
-    say("warning: {}: the replay diverges where the guest sees the difference ({})", ok.error().message,
-        quirks.empty() ? "record it on interp or on this host" : "--backend interp reproduces the recorded CPU");
   }
   if (auto r = session.setup_progress(progress); !r) return std::unexpected(r.error());
   if (options.rewind) session.engine().enable_rewind();

@@ -24,8 +24,7 @@ Result<std::unique_ptr<ReplayTimeline>> ReplayTimeline::create(Session& session,
   t->start_time_ = t->now();
   // The start is always kept: reverse execution can always get back to it.
   if (auto r = t->take_checkpoint(); !r) return std::unexpected(r.error());
-  t->next_auto_at_ = t->start_time_ + std::max<uint64_t>(1, t->counts_steps_ ? options.interval_steps
-                                                                              : options.interval_events);
+  t->next_auto_at_ = t->start_time_ + t->checkpoint_stride(session.checkpoint_position());
   return t;
 }
 
@@ -91,9 +90,7 @@ const MachineCheckpoint* ReplayTimeline::checkpoint_before(uint64_t t, bool stri
 Result<> ReplayTimeline::restore(const MachineCheckpoint& cp) {
   if (auto r = session_.restore_checkpoint(cp, *memory_); !r) return r;
   ++restores_;
-  const uint64_t interval = std::max<uint64_t>(1, counts_steps_ ? options_.interval_steps : options_.interval_events);
-  const uint64_t t = time_of(cp.at);
-  next_auto_at_ = start_time_ + ((t - start_time_) / interval + 1) * interval;
+  next_auto_at_ = time_of(cp.at) + checkpoint_stride(cp.at);
   return {};
 }
 
@@ -125,8 +122,14 @@ Result<std::optional<uint64_t>> ReplayTimeline::restore_before(uint64_t t, bool 
   }
 }
 
-Result<StopReason> ReplayTimeline::forward(StopRequest stop) {
+uint64_t ReplayTimeline::checkpoint_stride(const CheckpointPosition& at) const {
   const uint64_t interval = std::max<uint64_t>(1, counts_steps_ ? options_.interval_steps : options_.interval_events);
+  if (!counts_steps_ || at.instructions == 0) return interval;
+  const uint64_t per_instruction = std::clamp<uint64_t>(at.steps / at.instructions, 1, uint64_t{1} << 16);
+  return interval > (UINT64_MAX / 2) / per_instruction ? UINT64_MAX / 2 : interval * per_instruction;
+}
+
+Result<StopReason> ReplayTimeline::forward(StopRequest stop) {
   bool first = true;
   for (;;) {
     StopRequest slice = stop;
@@ -136,7 +139,7 @@ Result<StopReason> ReplayTimeline::forward(StopRequest stop) {
         if (!automatic_.contains(t)) {
           if (auto r = take_checkpoint(); !r) return std::unexpected(r.error());
         }
-        next_auto_at_ = start_time_ + ((t - start_time_) / interval + 1) * interval;
+        next_auto_at_ = t + checkpoint_stride(session_.checkpoint_position());
       }
       if (counts_steps_) slice.at_step = std::min(stop.at_step.value_or(UINT64_MAX), next_auto_at_);
       else slice.at_event = std::min(stop.at_event.value_or(UINT64_MAX), next_auto_at_);

@@ -93,6 +93,12 @@ class ReplayTimeline {
   ReplayTimeline(Session& session, const TimelineOptions& options, std::unique_ptr<CheckpointMemory> memory);
   uint64_t time_of(const CheckpointPosition& at) const { return counts_steps_ ? at.steps : at.events; }
   Result<> take_checkpoint();
+  // How far the next automatic checkpoint lies from one at `at`: the interval, in steps times the steps an
+  // instruction has taken so far (each REP iteration is a step: a `rep stosb` loop is about 800 steps an
+  // instruction), so that checkpoints stay about an interval of instructions, of replay time, apart however the
+  // guest loops. A function of the position alone: restored to a checkpoint, the replay places the next ones where
+  // the first pass did.
+  uint64_t checkpoint_stride(const CheckpointPosition& at) const;
   Result<> restore(const MachineCheckpoint& cp);
   // The latest checkpoint at or before `t` (strictly before with `strict`).
   const MachineCheckpoint* checkpoint_before(uint64_t t, bool strict) const;

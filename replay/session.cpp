@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 
-#include "interp/interp_backend.h"
 #include "kvm/pmu.h"
+#include "logging/trace_format.h"
 #include "logging/trace_inspect.h"
 #include "core/cpu_model.h"
 #include "core/exit_status.h"
@@ -92,6 +92,7 @@ Result<> Session::build(const MachineConfig& config, const std::string& serial_o
   image_format_ = loaded->format;
   if (auto s = machine_->backend().set_state(loaded->initial_state); !s) return std::unexpected(s.error());
   engine_.set_position_source([this] { return position(); });
+  has_budget_ = machine_->backend().set_instruction_budget(0).has_value();
   return {};
 }
 
@@ -124,14 +125,11 @@ Result<> Session::setup_progress(const ProgressChoice& choice) {
   if (choice.mode != ProgressMode::kExact) return {};
   Backend& cpu = machine_->backend();
   if (choice.emulated_skid) {
-    auto* interp = dynamic_cast<InterpBackend*>(&cpu);
-    if (!interp) {
-      return fail(ErrorKind::kInvalidArgument,
-                  "--progress emulated-pmu needs the software CPU (--backend interp); {} has a real counter or none",
-                  cpu.name());
-    }
     uint64_t seed = choice.emulated_seed ? *choice.emulated_seed : std::random_device{}();
-    interp->emulate_pmu_skid(*choice.emulated_skid, seed);
+    if (auto r = cpu.emulate_pmu_skid(*choice.emulated_skid, seed); !r) {
+      return fail(ErrorKind::kInvalidArgument, "--progress emulated-pmu needs the software CPU (--backend interp): {}",
+                  r.error().message);
+    }
     say("note: emulating a PMU whose overflow lands up to {} branches late (repeat with --progress "
         "emulated-pmu:{}:{})",
         *choice.emulated_skid, *choice.emulated_skid, seed);
@@ -149,7 +147,7 @@ Result<> Session::derive_time(Engine::TimeRates rates) {
                 cpu.name());
   }
   engine_.derive_time(rates, [&cpu] { return cpu.instruction_count(); });
-  derived_time_cpu_ = dynamic_cast<InterpBackend*>(&cpu);
+  derived_budget_ = has_budget_;
   return {};
 }
 
@@ -360,32 +358,29 @@ Result<std::optional<Outcome>> Session::wait_for_wake() {
   }
 }
 
-std::optional<Outcome> Session::replay_end_here() {
+const trace::End* Session::positional_end() {
   const trace::Event* e = engine_.peek();
-  if (!e || e->kind_case() != trace::Event::kEnd) return std::nullopt;
-  const auto& end = e->end();
-  if (end.reason() == "guest exit") return std::nullopt;  // reached through the guest's own exit port write
+  // An End reached through the guest's own exit port write is matched there, not at a coordinate.
+  if (!e || e->kind_case() != trace::Event::kEnd || e->end().reason() == "guest exit") return nullptr;
+  return &e->end();
+}
+
+std::optional<Outcome> Session::replay_end_here() {
+  const trace::End* end = positional_end();
+  if (!end) return std::nullopt;
   // The whole coordinate, guest exits included; whether the guest really got there (instructions,
   // state, output) is check_replay_end()'s question.
   const Position here = position();
-  if (!same_coordinate(end.at(), here, engine_.progress())) return std::nullopt;
-  if (engine_.progress() == ProgressMode::kExact && end.instructions() != 0 && here.instructions &&
-      *here.instructions < end.instructions()) {
-    // An earlier visit of the End's coordinate (a loop that neither branches nor changes a register:
-    // `1: incq mem; jmp 1b`): the seeker, whose target is the End, stops at the visit with the recorded
-    // instruction count.
+  if (!same_coordinate(end->at(), here, engine_.progress())) return std::nullopt;
+  // An earlier visit of the End's coordinate: a loop that neither branches nor changes a register (`1: incq mem;
+  // jmp 1b`), or in exit-sync mode any point between the same two guest exits. Where the backend counts
+  // instructions only the recorded count is the End: the seeker (exact) or the instruction budget (exit-sync,
+  // aim()) takes the replay there.
+  const bool reachable = engine_.progress() == ProgressMode::kExact || has_budget_;
+  if (reachable && end->instructions() != 0 && here.instructions && *here.instructions < end->instructions()) {
     return std::nullopt;
   }
-  if (engine_.progress() == ProgressMode::kExitSync && end.instructions() != 0 && here.instructions &&
-      *here.instructions < end.instructions()) {
-    // Exit-sync on the software CPU: the recording stopped between guest exits (interrupted, or a
-    // spin stopped by deja), which the coordinate cannot place; the instruction count can.
-    if (auto* interp = dynamic_cast<InterpBackend*>(&machine_->backend())) {
-      interp->set_instruction_budget(end.instructions() - *here.instructions);
-      return std::nullopt;
-    }
-  }
-  return Outcome{end.exit_status(), end.reason(), false, true};
+  return Outcome{end->exit_status(), end->reason(), false, true};
 }
 
 Digest Session::check_replay_end(const trace::End& end, const Outcome& outcome) {
@@ -534,152 +529,268 @@ void Session::stop_kicker() {
   g_kick_target.store(nullptr);
 }
 
-Result<Outcome> Session::run() {
+void request_stop() { on_stop_signal(0); }
+
+std::string Session::host_failure() const {
+  if (!engine_.host_error().empty()) return engine_.host_error();
+  return out_ ? out_->error() : std::string();
+}
+
+Result<> Session::finish_recording(const Outcome& outcome) {
+  Digest full = final_machine_digest();
   Backend& cpu = machine_->backend();
-  const Mode mode = engine_.mode();
-  const bool exact = engine_.progress() == ProgressMode::kExact;
+  trace::End end;
+  *end.mutable_at() = to_proto(position());
+  end.set_exit_status(outcome.status);
+  end.set_digest(full.bytes.data(), full.bytes.size());
+  end.set_instructions(cpu.instruction_count().value_or(0));
+  end.set_reason(outcome.reason);
+  trace::Footer footer;
+  footer.set_final_digest(full.bytes.data(), full.bytes.size());
+  footer.set_instructions(cpu.instruction_count().value_or(0));
+  footer.set_branches(cpu.branch_count().value_or(0));
+  footer.set_wall_ns(wall_ns_);
+  footer.set_exit_status(outcome.status);
+  return engine_.finish_record(std::move(end), std::move(footer));
+}
+
+// ---- the run loop ----------------------------------------------------------------------------------
+// One loop for run, record and replay, plain or steppable (rr's replay loop over replay_step): run() is
+// run_until() with nothing to stop at, and each turn of the loop is step().
+
+Result<Outcome> Session::run() {
+  const uint64_t started = HostClock::monotonic_ns();
   next_digest_at_ = digest_interval_;
-  uint64_t started = HostClock::monotonic_ns();
   next_heartbeat_ = started + kHeartbeatNs;
-  if (mode != Mode::kReplay) start_kicker();
-  else g_kick_target.store(&cpu);  // SIGINT/SIGTERM stop a replay too, even one the seeker is stepping
+  if (engine_.mode() != Mode::kReplay) start_kicker();
+  else g_kick_target.store(&machine_->backend());  // SIGINT/SIGTERM stop a replay too, even one the seeker is stepping
   struct KickerGuard {
     Session* s;
     ~KickerGuard() { s->stop_kicker(); }
   } guard{this};
+  auto stopped = run_until(StopRequest{});
+  // Every way out keeps the wall time: an interrupted recording's footer has it too.
+  wall_ns_ = HostClock::monotonic_ns() - started;
+  if (!stopped) return std::unexpected(stopped.error());
+  if (stopped->kind == StopReason::Kind::kInterrupted) return Outcome{exit_status::kInterrupted, "interrupted", false};
+  DEJA_ASSERT(stopped->kind == StopReason::Kind::kEnd, "run() asks for no stop but the end");
+  return stopped->outcome;
+}
 
+Result<StopReason> Session::run_until(const StopRequest& stop) {
+  if (ended_) return StopReason{StopReason::Kind::kEnd, 0, WatchKind::kWrite, 0, *ended_};
+  Turn turn;
+  turn.start_step = machine_->backend().step_count().value_or(0);
   for (;;) {
     tick_progress();
-    if (mode == Mode::kReplay) {
-      replay_async();
-      if (auto end = replay_end_here()) return *end;
-      // Recording takes a due digest right after the asynchronous event that made it due, before the
-      // interrupt that event may raise is delivered; replay consumes that event only here, so check here too.
-      maybe_digest();
-    }
-    if (engine_.divergence()) return Outcome{exit_status::kDivergence, "divergence", false};
-    if (mode == Mode::kReplay && engine_.replay_exhausted() && !engine_.peek()) {
-      return Outcome{exit_status::kTraceEnded, "end of trace", false};
-    }
-    if (g_stop_requested.load()) return Outcome{exit_status::kInterrupted, "interrupted", false};
-    // A full disk or a file-size limit stops the run at once, as a host failure, rather than letting
-    // the guest run on with its trace or its output lost.
-    if (!engine_.write_error().empty()) return fail(ErrorKind::kHost, "{}", engine_.write_error());
-    if (!engine_.host_error().empty()) return fail(ErrorKind::kHost, "{}", engine_.host_error());
-    if (out_ && !out_->error().empty()) return fail(ErrorKind::kHost, "{}", out_->error());
-    if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
-    // A digest an interrupt event made due is taken here, before the vCPU runs: where the run after an
-    // injection stops (a kick in recording, the next exit in replay) differs between the two.
-    maybe_digest();
+    auto stopped = step(stop, turn);
+    if (!stopped) return std::unexpected(stopped.error());
+    if (*stopped) return **stopped;
+  }
+}
 
+std::optional<StopReason> Session::due_stop(const StopRequest& stop, Turn& turn) {
+  Backend& cpu = machine_->backend();
+  const uint64_t step = cpu.step_count().value_or(0);
+  turn.step_over = false;
+  if (turn.watch_stop) return turn.watch_stop;
+  if (stop.at_step && step >= *stop.at_step) return StopReason{StopReason::Kind::kStep};
+  if (stop.at_event && engine_.events_processed() >= *stop.at_event) return StopReason{StopReason::Kind::kEvent};
+  if (!stop.breakpoints.empty() && !completes_on_next_run(last_exit_kind_)) {
+    auto st = cpu.get_state();
+    if (st) {
+      const bool code64 = (st->efer & efer::kLma) && st->cs.l;
+      const uint64_t rip = code64 ? st->rip : (st->cs.base + st->rip) & 0xffffffffu;
+      if (std::find(stop.breakpoints.begin(), stop.breakpoints.end(), rip) != stop.breakpoints.end()) {
+        if (step != turn.start_step || !cpu.step_count() || stop.stop_at_start_breakpoint) {
+          return StopReason{StopReason::Kind::kBreakpoint};
+        }
+        turn.step_over = true;  // started on a breakpoint: leave it with one step
+      }
+    }
+  }
+  if ((stop.interrupted && stop.interrupted()) || g_stop_requested.load()) return StopReason{StopReason::Kind::kInterrupted};
+  return std::nullopt;
+}
+
+std::optional<SeekTarget> Session::seek_target() {
+  const trace::Event* next = engine_.peek();
+  if (!next) return std::nullopt;
+  const trace::Coordinate* at = nullptr;
+  uint64_t instructions = 0;  // recorded with heartbeats, the End and derived-time async events (0: not counted)
+  if (engine_.next_positional()) {
+    at = &engine_.positional_at(*next);
+    instructions = Engine::positional_instructions(*next);
+  }
+  if (const trace::End* end = positional_end()) {
+    at = &end->at();
+    instructions = end->instructions();
+  }
+  if (!at) return std::nullopt;
+  // The guest-exit and instruction counts tell apart the visits of a point that a loop without a conditional
+  // branch, or an idle `sti; hlt`, makes at the same registers.
+  return SeekTarget{Coordinate{at->vcpu(), at->branches(), at->rip(), at->rcx()}, at->gpr_digest(),
+                    [this, exits = at->guest_exits(), instructions] {
+                      auto n = machine_->backend().instruction_count();
+                      const bool counted = instructions != 0 && n;
+                      if (guest_exits_ > exits || (counted && *n > instructions)) return Visit::kLater;
+                      if (guest_exits_ < exits || (counted && *n < instructions)) return Visit::kEarlier;
+                      return Visit::kTarget;
+                    },
+                    instructions};
+}
+
+Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
+  Backend& cpu = machine_->backend();
+  const Mode mode = engine_.mode();
+  uint64_t budget = 0;  // instructions until the vCPU stops by itself; 0: no budget
+  auto limit = [&budget](uint64_t n) { budget = budget == 0 ? n : std::min(budget, n); };
+  if (mode == Mode::kReplay) {
+    DebugControl user;
+    user.watchpoints = stop.watchpoints;
+    user.breakpoints = turn.step_over || turn.finish_instruction ? std::vector<uint64_t>{} : stop.breakpoints;
+    user.stop_at_step = stop.at_step;
+    if (turn.step_over) {
+      user.stop_at_step = std::min(stop.at_step.value_or(UINT64_MAX), machine_->backend().step_count().value_or(0) + 1);
+    }
+    user.single_step = turn.finish_instruction;
+    if (auto r = apply_debug(user); !r) return r;
     if (seeker_) {
-      std::optional<SeekTarget> target;
-      if (const trace::Event* next = engine_.peek()) {
-        const trace::Coordinate* at = nullptr;
-        uint64_t instructions = 0;  // recorded with heartbeats, the End and derived-TSC async events (0: not counted)
-        if (engine_.next_positional()) {
-          at = &engine_.positional_at(*next);
-          instructions = Engine::positional_instructions(*next);
-        }
-        if (next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") {
-          at = &next->end().at();
-          instructions = next->end().instructions();
-        }
-        if (at) {
-          target = SeekTarget{Coordinate{at->vcpu(), at->branches(), at->rip(), at->rcx()}, at->gpr_digest(),
-                              [this, exits = at->guest_exits(), instructions] {
-                                auto n = machine_->backend().instruction_count();
-                                const bool counted = instructions != 0 && n;
-                                if (guest_exits_ > exits || (counted && *n > instructions)) return Visit::kLater;
-                                if (guest_exits_ < exits || (counted && *n < instructions)) return Visit::kEarlier;
-                                return Visit::kTarget;
-                              },
-                              instructions};
-        }
-      }
-      seeker_->set_target(target);
-    } else if (mode != Mode::kReplay) {
-      auto deadline = machine_->next_deadline_ns();
-      uint64_t kick = deadline ? engine_.host_origin_ns() + *deadline : UINT64_MAX;
-      if (derived_time_cpu_) {
-        // Derived time: the device is due where virtual time reaches its deadline, an instruction count away.
-        derived_time_cpu_->set_instruction_budget(deadline ? engine_.instructions_until(*deadline) : 0);
-        kick = UINT64_MAX;
-      }
-      if (input_ && !input_->at_end()) kick = std::min(kick, HostClock::monotonic_ns() + 10'000'000);
-      // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
-      if (!engine_.networks().empty()) kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
-      if (mode == Mode::kRecord) kick = std::min(kick, next_heartbeat_);
-      kick_at_.store(kick);
-    }
-
-    if (mode == Mode::kReplay && !exact) {
-      // An interrupted exit-sync recording can end right after an interrupt was delivered, before
-      // the handler's first instruction (the stop kicked the vCPU as it entered): the backend then
-      // delivers what was injected and returns, as it did when recording.
-      const trace::Event* next = engine_.peek();
-      if (next && next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") {
-        const Position here = position();
-        if (same_coordinate(next->end().at(), here, engine_.progress()) &&
-            !instructions_differ(next->end().instructions(), here)) {
+      seeker_->set_target(seek_target());
+    } else if (const trace::End* end = positional_end()) {
+      // Exit-synchronous: the End lies between guest exits, where no coordinate but the instruction count places it.
+      const Position here = position();
+      if (same_coordinate(end->at(), here, engine_.progress())) {
+        if (end->instructions() != 0 && here.instructions && *here.instructions < end->instructions()) {
+          limit(end->instructions() - *here.instructions);
+        } else if (!instructions_differ(end->instructions(), here)) {
+          // The recording ended right after an interrupt was injected, before the handler's first instruction
+          // (the stop kicked the vCPU as it entered): the backend delivers what was injected and returns, as it
+          // did when recording.
           cpu.kick();
         }
       }
     }
-    auto exit = seeker_ ? seeker_->run() : cpu.run();
-    if (!exit) return std::unexpected(exit.error());
-    auto done = handle_exit(**exit);
-    if (!done) return std::unexpected(done.error());
-    if (*done) {
-      wall_ns_ = HostClock::monotonic_ns() - started;
-      if (out_ && !out_->error().empty()) return fail(ErrorKind::kHost, "{}", out_->error());
-      return **done;
+    // A slice of about a million instructions, so that an interrupt request is seen in a long run.
+    if (stop.interrupted) limit(1u << 20);
+  } else {
+    auto deadline = machine_->next_deadline_ns();
+    uint64_t kick = deadline ? engine_.host_origin_ns() + *deadline : UINT64_MAX;
+    if (derived_budget_) {
+      // Derived time: the device is due where virtual time reaches its deadline, an instruction count away.
+      if (deadline) limit(engine_.instructions_until(*deadline));
+      kick = UINT64_MAX;
     }
-    if (engine_.divergence()) continue;
-    // Replay applies the events recorded right after this exit here too, before the digest check
-    // below, as recording did (not at the top of the next iteration, after the next exit).
-    if (mode == Mode::kReplay) replay_async();
+    if (input_ && !input_->at_end()) kick = std::min(kick, HostClock::monotonic_ns() + 10'000'000);
+    // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
+    if (!engine_.networks().empty()) kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
+    if (mode == Mode::kRecord) kick = std::min(kick, next_heartbeat_);
+    kick_at_.store(kick);
+  }
+  if (has_budget_) {
+    if (auto r = cpu.set_instruction_budget(budget); !r) return r;
+  }
+  return {};
+}
 
-    // Where asynchronous events may land: anywhere in a plain run; at instruction boundaries the
-    // backend can find again (exact) or right after guest-caused exits (exit-sync) when recording.
-    bool boundary_or_exit = mode == Mode::kRun ? true
-                            : exact ? ((*exit)->kind == ExitKind::kKicked || (*exit)->kind == ExitKind::kHlt ||
-                                       (*exit)->kind == ExitKind::kInterruptWindow)
-                                    : guest_caused((*exit)->kind);
-    if (mode != Mode::kReplay && boundary_or_exit) {
+Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& turn) {
+  Backend& cpu = machine_->backend();
+  const Mode mode = engine_.mode();
+  const bool exact = engine_.progress() == ProgressMode::kExact;
+  auto end = [this](Outcome o) -> std::optional<StopReason> {
+    ended_ = o;
+    return StopReason{StopReason::Kind::kEnd, 0, WatchKind::kWrite, 0, std::move(o)};
+  };
+
+  turn.finish_instruction = false;
+  if (mode == Mode::kReplay) {
+    // Every stop is decided here, at the same point of every turn (so that stepping, seeking and a checkpoint
+    // restore reach the same state), and only between instructions: right after an I/O, MMIO, MSR, RDTSC or
+    // RDRAND exit the instruction is still to be completed by the next run(), so a stop due then takes one more
+    // step first.
+    if (auto due = due_stop(stop, turn)) {
+      if (!completes_on_next_run(last_exit_kind_)) return due;
+      turn.finish_instruction = true;
+    }
+    replay_async();
+    if (auto o = replay_end_here()) return end(*o);
+    // Recording takes a due digest right after the asynchronous event that made it due, before the interrupt that
+    // event may raise is delivered; replay consumes that event only here, so check here too.
+    maybe_digest();
+    if (engine_.divergence()) return end(Outcome{exit_status::kDivergence, "divergence", false});
+    if (engine_.replay_exhausted() && !engine_.peek()) return end(Outcome{exit_status::kTraceEnded, "end of trace", false});
+  } else {
+    if (g_stop_requested.load() || (stop.interrupted && stop.interrupted())) {
+      return StopReason{StopReason::Kind::kInterrupted};
+    }
+    // A trace that cannot be written stops the run at once (its prefix is what is left); a failed disk overlay or
+    // serial output stops it too, rather than letting the guest run on with its writes or its output lost, and
+    // the recording ends there, saying so.
+    if (!engine_.write_error().empty()) return fail(ErrorKind::kHost, "{}", engine_.write_error());
+    if (std::string host = host_failure(); !host.empty()) {
+      return end(Outcome{exit_status::kInterrupted, fmt::format("{}: {}", kHostFailureReason, host), false, false, true});
+    }
+  }
+  if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
+  // A digest an interrupt event made due is taken here, before the vCPU runs: where the run after an injection
+  // stops (a kick in recording, the next exit in replay) differs between the two.
+  maybe_digest();
+  if (engine_.divergence()) return std::nullopt;  // the next turn ends the replay
+
+  if (auto r = aim(stop, turn); !r) return std::unexpected(r.error());
+  auto exit = seeker_ ? seeker_->run() : cpu.run();
+  if (!exit) return std::unexpected(exit.error());
+  auto done = handle_exit(**exit);
+  if (!done) return std::unexpected(done.error());
+  if (*done) return end(**done);
+  if ((*exit)->kind == ExitKind::kDebug && (*exit)->watch_hit) {
+    turn.watch_stop = StopReason{StopReason::Kind::kWatchpoint, (*exit)->address, WatchKind((*exit)->watch_kind),
+                                 (*exit)->rip};
+  }
+  if (engine_.divergence()) return std::nullopt;
+
+  if (mode == Mode::kReplay) {
+    // The events recorded right after this exit are applied here, before the digest check below, as recording
+    // let them in (not at the top of the next turn, after the next exit).
+    replay_async();
+    if ((*exit)->kind == ExitKind::kHlt) {
+      if (auto o = replay_end_here()) return end(*o);
+      if (!machine_->interrupts().interrupt_pending() && !engine_.divergence() && engine_.peek()) {
+        engine_.report_divergence("the guest halted, but the recording has no event to wake it here",
+                                  describe_event(*engine_.peek()), "HLT");
+      }
+    }
+  } else {
+    // Where asynchronous events may land: anywhere in a plain run; at instruction boundaries the backend can find
+    // again (exact) or right after guest-caused exits (exit-sync) when recording.
+    const ExitKind kind = (*exit)->kind;
+    const bool boundary_or_exit =
+        mode == Mode::kRun ? true
+        : exact ? (kind == ExitKind::kKicked || kind == ExitKind::kHlt || kind == ExitKind::kInterruptWindow)
+                : guest_caused(kind);
+    if (boundary_or_exit) {
       poll_async();
       if (mode == Mode::kRecord && HostClock::monotonic_ns() >= next_heartbeat_) {
         next_heartbeat_ = HostClock::monotonic_ns() + kHeartbeatNs;
         engine_.record_heartbeat(position(), cpu.instruction_count().value_or(0));
       }
     }
-    if ((*exit)->kind == ExitKind::kHlt) {
-      if (mode == Mode::kReplay) {
-        replay_async();
-        if (auto end = replay_end_here()) return *end;
-        if (!machine_->interrupts().interrupt_pending() && !engine_.divergence() && engine_.peek()) {
-          engine_.report_divergence("the guest halted, but the recording has no event to wake it here",
-                                    describe_event(*engine_.peek()), "HLT");
-        }
-      } else {
-        auto woke = wait_for_wake();
-        if (!woke) return std::unexpected(woke.error());
-        if (*woke) {
-          wall_ns_ = HostClock::monotonic_ns() - started;
-          return **woke;
-        }
-      }
+    if (kind == ExitKind::kHlt) {
+      auto woke = wait_for_wake();
+      if (!woke) return std::unexpected(woke.error());
+      if (*woke) return end(**woke);
     }
-    // What the recording let in after this exit (async events, heartbeats) precedes the digest it took
-    // at the end of this iteration. The check at the top of the loop covers an async event that made
-    // the digest due; this one an exit's own events that did (exit-sync: a port read, then the async
-    // polled after it, then the digest), where checking before the async would find it first.
-    if (mode == Mode::kReplay) replay_async();
-    maybe_digest();
-    // A device that became due during this exit (a virtio notification) or frames a NIC can now take: stop
-    // at the next instruction boundary to let them in.
-    if (mode == Mode::kRecord && exact && async_work_due()) cpu.kick();
   }
+  // What the recording let in after this exit (async events, heartbeats) precedes the digest it took at the end of
+  // this turn. The check at the top covers an async event that made the digest due; this one an exit's own events
+  // that did (exit-sync: a port read, then the async polled after it, then the digest), where checking before the
+  // async would find it first.
+  if (mode == Mode::kReplay) replay_async();
+  maybe_digest();
+  // A device that became due during this exit (a virtio notification) or frames a NIC can now take: stop at the
+  // next instruction boundary to let them in.
+  if (mode == Mode::kRecord && exact && async_work_due()) cpu.kick();
+  return std::nullopt;
 }
 
 void Session::print_stats() {
@@ -731,23 +842,7 @@ void Session::print_stats() {
     }
     if (pci->refused_mappings()) say("  {} BAR placements overlapped other devices", pci->refused_mappings());
   }
-  if (auto* interp = dynamic_cast<const InterpBackend*>(&machine_->backend())) {
-    const InterpBackend::FastStats fast = interp->fast_stats();
-    say("interp executor: {}", interp_mode_name(interp->mode()));
-    if (interp->mode() != InterpMode::kReference) {
-      say("  blocks translated {}, entered {} (chained by lookup {}), instructions left to the reference executor {}",
-          fast.blocks_translated, fast.blocks_entered, fast.chained, fast.fallback_steps);
-      say("  blocks dropped by code writes {}, cache flushes {}, cache bytes {}", fast.block_invalidations,
-          fast.block_cache_flushes, fast.block_cache_bytes);
-    }
-    auto counts = interp->unimplemented_counts();
-    if (counts.empty()) {
-      say("unimplemented instructions: none executed");
-    } else {
-      say("unimplemented instructions (raised #UD in the guest):");
-      for (const auto& [mnemonic, count] : counts) say("  {:<16} {}", mnemonic, count);
-    }
-  }
+  for (const std::string& line : machine_->backend().statistics()) say("{}", line);
 }
 
 // ---- the steppable replay ------------------------------------------------------------------------
@@ -776,109 +871,6 @@ bool Session::completes_on_next_run(ExitKind kind) {
       return true;
     default:
       return false;
-  }
-}
-
-Result<StopReason> Session::run_until(const StopRequest& stop) {
-  DEJA_ASSERT(engine_.mode() == Mode::kReplay, "run_until drives replays only");
-  if (ended_) return StopReason{StopReason::Kind::kEnd, 0, WatchKind::kWrite, 0, *ended_};
-  Backend& cpu = machine_->backend();
-  auto* interp = dynamic_cast<InterpBackend*>(&cpu);
-  const uint64_t start_step = cpu.step_count().value_or(0);
-  std::optional<StopReason> watch_stop;
-  auto linear_rip = [&]() -> std::optional<uint64_t> {
-    auto st = cpu.get_state();
-    if (!st) return std::nullopt;
-    const bool code64 = (st->efer & efer::kLma) && st->cs.l;
-    return code64 ? st->rip : (st->cs.base + st->rip) & 0xffffffffu;
-  };
-  auto finish = [&](Outcome o) -> StopReason {
-    ended_ = o;
-    return StopReason{StopReason::Kind::kEnd, 0, WatchKind::kWrite, 0, o};
-  };
-  DebugControl user;
-  user.watchpoints = stop.watchpoints;
-  for (;;) {
-    tick_progress();
-    // Every stop is decided here, at the same point of every iteration (so that stepping, seeking and a
-    // checkpoint restore reach the same state), and only between instructions: right after an I/O, MMIO, MSR, RDTSC or RDRAND exit the instruction is
-    // still to be completed by the next run(), so a stop due then takes one more step first.
-    const uint64_t step = cpu.step_count().value_or(0);
-    const bool between_instructions = !completes_on_next_run(last_exit_kind_);
-    std::optional<StopReason> due;
-    bool step_over = false;
-    if (watch_stop) {
-      due = watch_stop;
-    } else if (stop.at_step && step >= *stop.at_step) {
-      due = StopReason{StopReason::Kind::kStep};
-    } else if (stop.at_event && engine_.events_processed() >= *stop.at_event) {
-      due = StopReason{StopReason::Kind::kEvent};
-    } else if (!stop.breakpoints.empty() && between_instructions) {
-      auto rip = linear_rip();
-      if (rip && std::find(stop.breakpoints.begin(), stop.breakpoints.end(), *rip) != stop.breakpoints.end()) {
-        if (step != start_step || !cpu.step_count() || stop.stop_at_start_breakpoint) {
-          due = StopReason{StopReason::Kind::kBreakpoint};
-        } else {
-          step_over = true;  // started on a breakpoint: leave it with one step
-        }
-      }
-    }
-    if (!due && ((stop.interrupted && stop.interrupted()) || g_stop_requested.load())) {
-      due = StopReason{StopReason::Kind::kInterrupted};
-    }
-    if (due && between_instructions) return *due;
-    const bool finish_instruction = due.has_value();
-
-    replay_async();
-    if (auto end = replay_end_here()) return finish(*end);
-    maybe_digest();  // as run(): a digest due after the asynchronous events that land here
-    if (engine_.divergence()) return finish(Outcome{exit_status::kDivergence, "divergence", false});
-    if (engine_.replay_exhausted() && !engine_.peek()) {
-      return finish(Outcome{exit_status::kTraceEnded, "end of trace", false});
-    }
-    if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
-    maybe_digest();  // as run(): a digest an interrupt event made due, before the vCPU runs
-    if (engine_.divergence()) continue;
-
-    user.breakpoints = step_over || finish_instruction ? std::vector<uint64_t>{} : stop.breakpoints;
-    user.stop_at_step = stop.at_step;
-    if (step_over) user.stop_at_step = std::min(stop.at_step.value_or(UINT64_MAX), step + 1);
-    user.single_step = finish_instruction;
-    if (auto r = apply_debug(user); !r) return std::unexpected(r.error());
-    if (seeker_) {
-      std::optional<SeekTarget> target;
-      if (const trace::Event* next = engine_.peek()) {
-        const trace::Coordinate* at = nullptr;
-        if (engine_.next_positional()) at = &engine_.positional_at(*next);
-        if (next->kind_case() == trace::Event::kEnd && next->end().reason() != "guest exit") at = &next->end().at();
-        if (at) target = SeekTarget{Coordinate{at->vcpu(), at->branches(), at->rip(), at->rcx()}, at->gpr_digest()};
-      }
-      seeker_->set_target(target);
-    }
-    // A slice of about a million instructions, so that an interrupt request is seen in a long run.
-    if (interp && stop.interrupted) interp->set_instruction_budget(1u << 20);
-
-    auto exit = seeker_ ? seeker_->run() : cpu.run();
-    if (!exit) return std::unexpected(exit.error());
-    auto done = handle_exit(**exit);
-    if (!done) return std::unexpected(done.error());
-    if (*done) return finish(**done);
-    if ((*exit)->kind == ExitKind::kDebug && (*exit)->watch_hit) {
-      watch_stop = StopReason{StopReason::Kind::kWatchpoint, (*exit)->address, WatchKind((*exit)->watch_kind),
-                              (*exit)->rip};
-    }
-    if (engine_.divergence()) continue;
-    if ((*exit)->kind == ExitKind::kHlt) {
-      replay_async();
-      if (auto end = replay_end_here()) return finish(*end);
-      if (!machine_->interrupts().interrupt_pending() && !engine_.divergence() && engine_.peek()) {
-        engine_.report_divergence("the guest halted, but the recording has no event to wake it here",
-                                  describe_event(*engine_.peek()), "HLT");
-      }
-    }
-    // As run(): what the recording let in after this exit precedes the digest of this iteration.
-    replay_async();
-    maybe_digest();
   }
 }
 

@@ -23,16 +23,17 @@
 namespace deja {
 
 // How a run ended.
-class InterpBackend;
-
 struct Outcome {
   int status = 0;
   std::string reason;         // "guest exit", "triple fault", ...
   bool guest_exit = false;    // ended through isa-debug-exit
   bool recorded_end = false;  // replay reached the End of a recording that stopped here (e.g. interrupted)
+  // Run / record: a host facility the run needs failed (a disk overlay, the serial output file); `status` is
+  // kInterrupted, what a replay of the recording that ends here ends with, and `reason` says what failed.
+  bool host_failure = false;
 };
 
-// What a steppable replay (Session::run_until) stops at; every condition given applies.
+// What Session::run_until stops at; every condition given applies. Run and record stop only when interrupted.
 struct StopRequest {
   std::optional<uint64_t> at_step;   // Backend::step_count() reaches this (single step: now + 1)
   std::optional<uint64_t> at_event;  // the engine has processed this many trace events
@@ -53,6 +54,8 @@ struct StopReason {
 
 // SIGINT/SIGTERM stop the session that is running (kicking its vCPU); a recording is still finished.
 void install_stop_signal_handlers();
+// What SIGINT does, from any thread (tests).
+void request_stop();
 
 class Session {
  public:
@@ -97,8 +100,16 @@ class Session {
   // Events between two state digests; the trace's header says which a recording used.
   static constexpr uint64_t kDefaultDigestInterval = 16384;
   void set_digest_interval(uint64_t n) { digest_interval_ = n; }
+  uint64_t digest_interval() const { return digest_interval_; }
 
+  // Runs, records or replays to the end: run_until() with no stop but an interruption.
   Result<Outcome> run();
+  // Record: ends the trace with an End where the run stopped (its coordinate, instruction count, exit status and
+  // full state digest) and the footer.
+  Result<> finish_recording(const Outcome& outcome);
+  // Run / record: the host failure that stopped the run or lost some of its output (a disk overlay or the serial
+  // output file that could not be written), or "".
+  std::string host_failure() const;
   // Replay: the guest stopped at the recording's End (or at its own exit). Compares everything the End
   // carries with where the replay got: exit status, guest-exit count, instruction count, the full state
   // digest, and the serial output so far. A mismatch is reported as divergence. Returns the digest.
@@ -110,9 +121,9 @@ class Session {
   Position current_position() { return position(); }
 
   // ---- the steppable replay (deja debug, deja query): rr's ReplaySession ---------------------------
-  // Replays until one of `stop`'s conditions holds or the replay ends. Stops are decided at one point of
-  // the loop, before the recorded events that land there are applied, so that reaching a point by
-  // stepping, by seeking or after a checkpoint restore gives the same state. Replay mode only.
+  // Runs until one of `stop`'s conditions holds or the run ends: the one run loop, which run() drives too. In
+  // replay, stops are decided at one point of the loop, before the recorded events that land there are applied,
+  // so that reaching a point by stepping, by seeking or after a checkpoint restore gives the same state.
   Result<StopReason> run_until(const StopRequest& stop);
   // Where the replay stands (between run_until() calls).
   CheckpointPosition checkpoint_position();
@@ -143,9 +154,11 @@ class Session {
   void poll_async(bool idle = false);
   std::vector<NetFrameIn> take_network_frames();
   bool async_work_due();
-  // Derived time (run / record): the software CPU, stopped by an instruction budget where virtual time reaches the
-  // next device deadline.
-  InterpBackend* derived_time_cpu_ = nullptr;
+  // The backend stops at an instruction count (Backend::set_instruction_budget).
+  bool has_budget_ = false;
+  // Derived time (run / record): the vCPU stops by an instruction budget where virtual time reaches the next device
+  // deadline.
+  bool derived_budget_ = false;
   void apply_async(uint64_t now_ns, std::span<const uint8_t> input, std::span<const FrameIn> frames = {});
   void replay_async();
   Result<> deliver_interrupts();
@@ -154,6 +167,27 @@ class Session {
   void maybe_digest();
   void start_kicker();
   void stop_kicker();
+  // The state of one run_until() call between the turns of its loop (a vCPU's, when there are several).
+  struct Turn {
+    uint64_t start_step = 0;                 // a breakpoint here is left with one step, not reported
+    std::optional<StopReason> watch_stop;    // a watched access happened in the last step
+    bool step_over = false;                  // this turn leaves the starting breakpoint
+    bool finish_instruction = false;         // a stop is due, after the instruction the last exit left unfinished
+  };
+  // One turn of the loop: stops due, the recorded events that land here (replay) or host time and input (run,
+  // record), interrupts, the vCPU's run to its next exit and that exit's handling. A value: the loop stops.
+  Result<std::optional<StopReason>> step(const StopRequest& stop, Turn& turn);
+  // Replay: the first of `stop`'s conditions that holds here (sets turn.step_over).
+  std::optional<StopReason> due_stop(const StopRequest& stop, Turn& turn);
+  // Before the vCPU runs: where it is to stop by itself. Replay: the debugger's controls, the next recorded
+  // event's coordinate (the seeker, exact mode) or the End's instruction count (exit-sync); run and record: the
+  // next device deadline (an instruction budget where time is derived, else a kick at its host time), input and
+  // network polls, heartbeats.
+  Result<> aim(const StopRequest& stop, const Turn& turn);
+  // Exact replay: the coordinate of the next positional event or of the End, and how to tell its visits apart.
+  std::optional<SeekTarget> seek_target();
+  // Replay: the next event, if it is an End placed at a coordinate (not reached through the guest's exit port).
+  const trace::End* positional_end();
   std::optional<Outcome> replay_end_here();
   Result<std::vector<uint8_t>> encode_loop_state() const;
   Result<> decode_loop_state(std::span<const uint8_t> blob);
@@ -199,7 +233,7 @@ class Session {
   static constexpr uint64_t kProgressIntervalNs = 100'000'000;
   uint64_t next_progress_ns_ = 0;
 
-  std::optional<Outcome> ended_;     // run_until: the replay ended here
+  std::optional<Outcome> ended_;     // the run ended here (replay: until a checkpoint is restored)
   std::optional<DebugControl> applied_debug_;  // run_until without a seeker: what the backend has
 
   std::thread kicker_;

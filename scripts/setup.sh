@@ -33,6 +33,9 @@ PACKAGES=(
   # `deja inspect --html` pages are loaded in headless Chromium in the tests (tests/logging); `query --dump` cores are
   # read with gdb (above) and readelf (binutils), and `crash` opens them (docs/debugging.md)
   chromium crash
+  # the distro guests (guest-distro/, tests/distro): a Debian root file system made with mmdebstrap from the mirror
+  # apt uses, packed with mkfs.ext4 -d; the host's initrd unpacked for the diagnostic copy (unmkinitramfs)
+  mmdebstrap e2fsprogs initramfs-tools-core
 )
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

@@ -22,7 +22,7 @@ cmake --build build-release -j"$jobs" --target deja
 # (guest runs are left to the normal build: the software CPU under ASan is too slow for them).
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEJA_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
-(cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -j"$jobs" -LE "qemu|kvm|nested|guests|bench" --timeout 1800)
+(cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -j"$jobs" -LE "qemu|kvm|nested|guests|bench|distro" --timeout 1800)
 
 # Coverage-guided fuzzing: each libFuzzer target for a fixed budget from the seed corpus (tests/fuzz/).
 scripts/fuzz.sh "${DEJA_FUZZ_SECONDS:-45}"

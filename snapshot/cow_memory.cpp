@@ -1,6 +1,9 @@
 // Checkpoint memory: dirty pages collected from the backend and the VMM, shared page maps, minimal restores.
 #include "snapshot/cow_memory.h"
 
+#include <errno.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -48,9 +51,23 @@ CheckpointMemory::CheckpointMemory(GuestMemory& ram, Backend& cpu)
 Result<std::unique_ptr<CheckpointMemory>> CheckpointMemory::create(GuestMemory& ram, Backend& cpu) {
   std::unique_ptr<CheckpointMemory> m(new CheckpointMemory(ram, cpu));
   if (auto r = cpu.start_dirty_log(); !r) return std::unexpected(r.error());
-  // The base is an all-zero image; what RAM holds already is unknown, so every page counts as written.
+  // The base is an all-zero image; what RAM holds already is unknown, so every page counts as written, except
+  // the memfd's holes: never written, they read as zero (and reading one would allocate it: a replay of a guest
+  // that touched 2 MiB of its 256 would fault in all 256 to compare them with zero).
   ram.take_dirty_pages();
-  ram.mark_all_dirty();
+  const off_t size = off_t(ram.size());
+  for (off_t at = 0; at < size;) {
+    const off_t data = ::lseek(ram.fd(), at, SEEK_DATA);
+    if (data < 0) {
+      if (errno == ENXIO) break;  // no data past `at`
+      ram.mark_all_dirty();       // a file system without SEEK_DATA: every page
+      break;
+    }
+    off_t hole = ::lseek(ram.fd(), data, SEEK_HOLE);
+    if (hole < 0 || hole > size) hole = size;
+    ram.mark_dirty(uint64_t(data), uint64_t(hole - data));
+    at = hole;
+  }
   return m;
 }
 

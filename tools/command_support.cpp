@@ -54,15 +54,6 @@ std::optional<size_t> first_invalid_utf8(std::string_view text) {
   return std::nullopt;
 }
 
-trace::InputFile input_file(const std::string& role, const std::string& path, std::span<const uint8_t> bytes) {
-  trace::InputFile f;
-  f.set_role(role);
-  f.set_path(path);
-  auto sha = sha256_bytes(bytes);
-  f.set_sha256(sha.data(), sha.size());
-  f.set_size(bytes.size());
-  return f;
-}
 
 
 }  // namespace deja

@@ -43,7 +43,4 @@ void finish_outcome_message(const Outcome& o);
 // The offset of the first byte that is not part of valid UTF-8, or none.
 std::optional<size_t> first_invalid_utf8(std::string_view text);
 
-// A trace header's description of one input file (role, path, SHA-256, size).
-trace::InputFile input_file(const std::string& role, const std::string& path, std::span<const uint8_t> bytes);
-
 }  // namespace deja

@@ -41,14 +41,9 @@ Result<std::optional<DomainPlan>> domain_for_run(const std::string& xml_file, co
   return plan;
 }
 
-trace::LibvirtDomain domain_provenance(const DomainPlan& plan) {
-  trace::LibvirtDomain d;
-  d.set_name(plan.name);
-  d.set_uuid(plan.uuid);
-  d.set_xml_sha256(plan.xml_sha256.data(), plan.xml_sha256.size());
-  d.set_source(plan.source);
-  d.set_schema_validated(plan.schema_validated);
-  return d;
+RecordedDomain domain_provenance(const DomainPlan& plan) {
+  return RecordedDomain{plan.name, plan.uuid, std::string(plan.xml_sha256.begin(), plan.xml_sha256.end()),
+                        plan.source, plan.schema_validated};
 }
 
 Subcommand add_export_libvirt_command(CLI::App& app) {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "libvirt/domain_import.h"
-#include "logging/trace.pb.h"
+#include "replay/trace_config.h"
 
 namespace deja {
 
@@ -14,6 +14,6 @@ namespace deja {
 Result<std::optional<DomainPlan>> domain_for_run(const std::string& xml_file, const std::string& domain_name,
                                                  const std::string& uri);
 // The trace header's record of where the machine came from.
-trace::LibvirtDomain domain_provenance(const DomainPlan& plan);
+RecordedDomain domain_provenance(const DomainPlan& plan);
 
 }  // namespace deja

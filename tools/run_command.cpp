@@ -9,10 +9,11 @@
 #include "boot/multiboot.h"
 #include "kvm/pmu.h"
 #include "logging/trace_format.h"
+#include "replay/trace_config.h"
 #include "tools/command_support.h"
 #include "tools/libvirt_options.h"
 #include "tools/linux_guest.h"
-#include "core/build_info.h"
+#include "core/exit_status.h"
 #include "vmm/disk_image.h"
 #include "vmm/user_network.h"
 #include "core/cpu_model.h"
@@ -65,7 +66,7 @@ struct SessionOptions {
   bool rng = false;
   std::string trace_path;            // record: output file
   uint64_t digest_interval = Session::kDefaultDigestInterval;
-  std::optional<trace::LibvirtDomain> libvirt_domain;  // the domain the machine came from
+  std::optional<RecordedDomain> libvirt_domain;  // the domain the machine came from
 };
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
@@ -383,11 +384,11 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     if (!network) return report_error(network.error());
     engine.attach_network(std::move(*network));
   }
-  std::unique_ptr<FdInput> input;
+  std::unique_ptr<FdInput> serial_input;
   if (!options.serial_in.empty()) {
     auto in = FdInput::open(options.serial_in);
     if (!in) return report_error(in.error());
-    input = std::move(*in);
+    serial_input = std::move(*in);
   }
   if (auto built = session.build(config, options.serial_out, inputs->image, options.image_path, options.load,
                                  inputs->modules, inputs->initrd);
@@ -413,95 +414,49 @@ int run_or_record(const SessionOptions& options, Mode mode) {
           options.load.linux_kernel ? "Linux reads the TSC constantly, so this recording cannot replay exactly"
                                     : "a guest that reads the TSC will not replay exactly");
     }
-    trace::Header header;
-    header.set_format_version(kTraceFormatVersion);
-    header.set_cpu_model(std::string(config.cpu_model->name()));
-    header.set_cpu_model_version(config.cpu_model->version());
-    header.set_device_model_version(kDeviceModelVersion);
-    header.set_build_id(build_id());
-    header.set_deja_version(deja_version());
-    header.set_host(host_description());
-    header.set_start_unix_ns(start_unix_ns);
-    if (options.libvirt_domain) *header.mutable_libvirt_domain() = *options.libvirt_domain;
-    *header.add_inputs() = input_file(options.load.linux_kernel ? "kernel" : "image", options.image_path, inputs->image);
+    TraceConfig recorded = recording_config(session, config, options.load, progress.mode);
+    recorded.start_unix_ns = start_unix_ns;
+    recorded.libvirt_domain = options.libvirt_domain;
+    recorded.inputs.push_back(
+        recorded_input(options.load.linux_kernel ? "kernel" : "image", options.image_path, inputs->image));
     if (!options.load.initrd_path.empty()) {
-      *header.add_inputs() = input_file("initrd", options.load.initrd_path, inputs->initrd);
+      recorded.inputs.push_back(recorded_input("initrd", options.load.initrd_path, inputs->initrd));
     }
     for (size_t i = 0; i < options.load.modules.size(); ++i) {
-      auto* f = header.add_inputs();
-      *f = input_file("module", options.load.modules[i].path, inputs->modules[i]);
+      recorded.inputs.push_back(recorded_input("module", options.load.modules[i].path, inputs->modules[i]));
     }
     // Only a regular file is hashed: a FIFO, a terminal or /dev/zero is streamed, its bytes recorded as they
     // arrive, like a real terminal's.
-    if (input && input->regular() && options.serial_in != "-") {
-      auto hashed = input->content_hash();
+    if (serial_input && serial_input->regular() && options.serial_in != "-") {
+      auto hashed = serial_input->content_hash();
       if (!hashed) return report_error(hashed.error());
-      auto* f = header.add_inputs();
-      f->set_role("serial-in");
-      f->set_path(options.serial_in);
-      f->set_sha256(hashed->first.data(), hashed->first.size());
-      f->set_size(hashed->second);
+      recorded.inputs.push_back(RecordedInput{"serial-in", options.serial_in, std::string(hashed->first.begin(),
+                                              hashed->first.end()), hashed->second});
     }
-    auto* c = header.mutable_config();
-    c->set_memory_bytes(config.memory_bytes);
-    c->set_cmdline(config.cmdline);
-    c->set_vcpus(1);
-    c->set_backend(config.backend);
-    c->set_machine(config.machine);
-    c->set_progress_mode(std::string(progress_mode_name(progress.mode)));
-    if (progress.mode == ProgressMode::kExact) c->set_progress_counter(session.counter_description());
-    c->set_serial_input(!options.serial_in.empty());
-    for (const auto& m : options.load.modules) c->add_module_args(m.args);
-    c->set_rdtsc_trapped(session.machine().backend().traps_rdtsc());
-    c->set_rdtsc_exits_are_guest_exits(session.rdtsc_exits_are_guest_exits());
-    c->set_digest_interval(options.digest_interval);
-    c->set_mmio_write_exits_complete(session.mmio_write_exits_complete());
-    c->set_software_tlb_entries(kSoftwareTlbEntries);
-    for (const std::string& quirk : session.machine().backend().cpu_quirks()) c->add_cpu_quirks(quirk);
-    c->set_tsc_hz(CpuModel::kTscHz);
-    if (auto rates = session.engine().derived_time_rates()) {
-      c->mutable_derived_time()->set_picoseconds_per_instruction(rates->ps_per_instruction);
-      c->mutable_derived_time()->set_nanoseconds_per_device_read(rates->ns_per_device_read);
-    }
-    c->set_device_semantics(config.device_semantics);
-    if (options.load.linux_kernel) {
-      c->set_boot_protocol(std::string(linux_entry_name(options.load.linux_entry)));
-      c->set_image_format(session.image_format());
-    }
+    recorded.serial_input = !options.serial_in.empty();
     for (size_t i = 0; i < options.disks.size(); ++i) {
-      auto* d = c->add_disks();
-      d->set_path(options.disks[i].path);
-      d->set_size(identities[i].size);
-      if (identities[i].hash_block) {
-        d->set_hash_block(identities[i].hash_block);
-      } else {
-        d->set_sha256(identities[i].sha256.data(), identities[i].sha256.size());
-      }
-      d->set_read_only(options.disks[i].read_only);
-      d->set_overlay(options.disks[i].overlay);
-      d->set_serial(config.disks[i].serial);
+      recorded.disks.push_back(RecordedDisk{options.disks[i].path, identities[i], options.disks[i].read_only,
+                                            options.disks[i].overlay, config.disks[i].serial});
     }
     for (size_t i = 0; i < options.nets.size(); ++i) {
-      auto* n = c->add_nets();
-      n->set_mode("user");
-      for (const auto& f : options.nets[i].forward_texts) n->add_host_forwards(f);
-      n->set_mac(config.nic_macs[i].data(), config.nic_macs[i].size());
+      recorded.nics.push_back(RecordedNic{options.nets[i].forward_texts,
+                                          std::string(config.nic_macs[i].begin(), config.nic_macs[i].end())});
     }
-    c->set_rng(options.rng);
+    const trace::Header header = to_header(recorded);
     auto writer = TraceWriter::create_replacing(options.trace_path, header);
     if (!writer) return report_error(writer.error());
     session.engine().attach_writer(std::move(*writer));
   }
-  session.attach_input(std::move(input));
+  session.attach_input(std::move(serial_input));
 
   auto outcome = session.run();
   if (!outcome) {
+    // The trace itself could not be written (its valid prefix is what is left), or the backend failed.
     int status = report_error(outcome.error());
     if (mode == Mode::kRecord) {
-      trace::End end;
-      end.set_exit_status(status);
-      end.set_reason("host failure: " + outcome.error().message);
-      if (session.engine().finish_record(end, trace::Footer{})) {
+      const Outcome failed{exit_status::kInterrupted,
+                           fmt::format("{}: {}", kHostFailureReason, outcome.error().message), false, false, true};
+      if (session.finish_recording(failed)) {
         say("the recording up to the failure is complete in {}", options.trace_path);
       } else {
         say("the recording up to the failure is in {} (a valid prefix: `deja replay {}` replays it)",
@@ -515,21 +470,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   if (options.print_digest) say("digest {}", session.final_cpu_ram_digest().hex());
 
   if (mode == Mode::kRecord) {
-    Digest full = session.final_machine_digest();
-    auto& backend = session.machine().backend();
-    trace::End end;
-    *end.mutable_at() = to_proto(session.current_position());
-    end.set_exit_status(outcome->status);
-    end.set_digest(full.bytes.data(), full.bytes.size());
-    end.set_instructions(backend.instruction_count().value_or(0));
-    end.set_reason(outcome->reason);
-    trace::Footer footer;
-    footer.set_final_digest(full.bytes.data(), full.bytes.size());
-    footer.set_instructions(backend.instruction_count().value_or(0));
-    footer.set_branches(backend.branch_count().value_or(0));
-    footer.set_wall_ns(session.wall_ns());
-    footer.set_exit_status(outcome->status);
-    if (auto r = session.engine().finish_record(std::move(end), std::move(footer)); !r) {
+    if (auto r = session.finish_recording(*outcome); !r) {
       int status = report_error(r.error());
       say("the recording is in {} (a valid prefix: `deja replay {}` replays it)", session.engine().trace_file(),
           session.engine().trace_file());
@@ -539,8 +480,14 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     std::string counter = progress.mode == ProgressMode::kExact ? session.counter_description() : std::string();
     std::string progress_name = counter.starts_with("emulated-pmu") ? counter
                                                                     : std::string(progress_mode_name(progress.mode));
-    say("recorded {} events to {} (backend {}, CPU model {}, {} progress)", session.engine().events_written(),
-        options.trace_path, config.backend, config.cpu_model->name(), progress_name);
+    say("recorded {} events to {} (backend {}, CPU model {}, {} progress){}", session.engine().events_written(),
+        options.trace_path, config.backend, config.cpu_model->name(), progress_name,
+        outcome->host_failure ? "; it replays to where the host failure stopped it" : "");
+  }
+  // A host failure that stopped the run, or lost output the guest wrote before it exited (the trace has it).
+  if (const std::string host = session.host_failure(); !host.empty()) {
+    if (!outcome->host_failure) say("{}", host);
+    return exit_status::kHostFailure;
   }
   return outcome->status;
 }

@@ -337,6 +337,50 @@ TEST(LoaderMultiboot, ModulesSkipTheLoaderAreas) {
   EXPECT_EQ(read_bytes(memory, start, 0x2000), modules[0]);
 }
 
+// An image linked at 0x8000 covers the default information area [0x7000, 0x9000): the information goes where
+// no segment is (the lowest free page-aligned gap), whole and with every pointer inside it, and the image is intact.
+TEST(LoaderMultiboot, ImageOverTheDefaultInfoAreaGetsTheInfoElsewhere) {
+  GuestMemory memory = make_ram();
+  ElfSpec spec;
+  spec.entry = 0x8010;
+  spec.segments.push_back({.paddr = 0x8000, .data = pattern(0x2800, 1), .mem_size = 0x3000});
+  spec.segments.push_back({.paddr = 0x100000, .data = pattern(0x200, 2)});
+  const std::vector<std::vector<uint8_t>> modules = {pattern(3000, 3)};
+  auto loaded = load(memory, spec, {.cmdline = "low image", .modules = {{"m", "module args"}}}, modules);
+  ASSERT_TRUE(loaded) << loaded.error().message;
+  const uint64_t info = loaded->initial_state.gpr[kRbx];
+  EXPECT_EQ(info, 0x1000u);  // below the image: the lowest page that nothing else holds
+  EXPECT_EQ(read_bytes(memory, 0x8000, 0x2800), spec.segments[0].data);
+  EXPECT_EQ(read_bytes(memory, 0xa800, 0x800), std::vector<uint8_t>(0x800, 0));  // its .bss
+  EXPECT_EQ(read_string(memory, read32(memory, info + 16)), "low image");
+  EXPECT_EQ(read_string(memory, read32(memory, info + 64)), "deja");
+  const uint32_t mmap_addr = read32(memory, info + 48), mods = read32(memory, info + 24);
+  for (uint32_t pointer : {mmap_addr, mods, read32(memory, info + 16), read32(memory, mods + 8)}) {
+    EXPECT_GT(pointer, info);
+    EXPECT_LT(pointer, 0x8000u);  // inside the block, which ends before the image
+  }
+  EXPECT_EQ(read64(memory, mmap_addr + 12), 0x9fc00u);  // the first map entry: conventional memory
+  EXPECT_EQ(read_string(memory, read32(memory, mods + 8)), "module args");
+  EXPECT_EQ(read_bytes(memory, read32(memory, mods), 3000), modules[0]);
+  EXPECT_GE(read32(memory, mods), 0x100200u);  // modules still go above the image
+}
+
+// When low memory is all image, the information goes above 1 MiB, past the image and its modules.
+TEST(LoaderMultiboot, InfoGoesAboveTheImageWhenLowMemoryIsFull) {
+  GuestMemory memory = make_ram();
+  ElfSpec spec;
+  spec.entry = 0x1000;
+  spec.segments.push_back({.paddr = 0x1000, .data = pattern(0x100, 1), .mem_size = 0x9e000});
+  spec.segments.push_back({.paddr = 0x100000, .data = pattern(0x200, 2), .mem_size = 0x4000});
+  const std::vector<std::vector<uint8_t>> modules = {pattern(0x1800, 3)};
+  auto loaded = load(memory, spec, {.cmdline = "x", .modules = {{"m", ""}}}, modules);
+  ASSERT_TRUE(loaded) << loaded.error().message;
+  const uint64_t info = loaded->initial_state.gpr[kRbx];
+  EXPECT_EQ(read32(memory, read32(memory, info + 24)), 0x104000u);  // the module, right above the image
+  EXPECT_EQ(info, 0x106000u);                                        // the information, right above the module
+  EXPECT_EQ(read_string(memory, read32(memory, info + 16)), "x");
+}
+
 // ---- ELF64 direct boot ----
 
 // Walks 4-level paging from CR3 the way the MMU does; nullopt when not present.
@@ -393,6 +437,19 @@ TEST(LoaderDirect, Elf64EntersLongModeWithIdentityMap) {
   }
   EXPECT_FALSE(translate(memory, st.cr3, uint64_t{1} << 32));
   EXPECT_FALSE(translate(memory, st.cr3, uint64_t{1} << 39));
+}
+
+TEST(LoaderDirect, ImageOverTheDefaultInfoAreaGetsTheInfoElsewhere) {
+  GuestMemory memory = make_ram();
+  ElfSpec spec = kernel64(/*multiboot=*/false);
+  spec.entry = 0x8000;
+  spec.segments = {{.paddr = 0x8000, .data = pattern(0x1000, 1)}};
+  auto loaded = load(memory, spec, {.cmdline = "direct"});
+  ASSERT_TRUE(loaded) << loaded.error().message;
+  EXPECT_EQ(loaded->format, "elf64-direct");
+  EXPECT_EQ(loaded->initial_state.gpr[kRdi], 0x1000u);
+  EXPECT_EQ(read_string(memory, read32(memory, 0x1000 + 16)), "direct");
+  EXPECT_EQ(read_bytes(memory, 0x8000, 0x1000), spec.segments[0].data);
 }
 
 TEST(LoaderDirect, IdentityMapCoversRamAbove4GiB) {
@@ -547,13 +604,26 @@ TEST(LoaderRejects, SegmentOutsideRam) {
 
 TEST(LoaderRejects, SegmentOverlappingLoaderStructures) {
   ElfSpec spec = kernel32();
-  spec.segments[1].paddr = 0x7800;
-  expect_rejected(load_bytes(build_elf(spec)), {"segment 1", "Multiboot information area"});
   spec.segments[1].paddr = 0x400;
   expect_rejected(load_bytes(build_elf(spec)), {"segment 1", "GDT"});
   ElfSpec direct = kernel64(false);
   direct.segments[1].paddr = 0x7f000;
   expect_rejected(load_bytes(build_elf(direct)), {"segment 1", "boot stack"});
+}
+
+// Still refused, clearly, when RAM has no page-aligned gap for it below 4 GiB.
+TEST(LoaderRejects, NoRoomForTheBootInformation) {
+  ElfSpec spec;
+  spec.entry = 0x1000;
+  spec.segments.push_back({.paddr = 0x1000, .data = pattern(0x100, 1), .mem_size = 0x9e000});
+  spec.segments.push_back({.paddr = 0x100000, .data = pattern(0x100, 2), .mem_size = 0x100000});
+  expect_rejected(load_bytes(build_elf(spec), 2 << 20),
+                  {"no room for the Multiboot boot information", "give the guest more memory"});
+  spec.segments[1].mem_size = 0xff000;  // one free page at the top of RAM is enough
+  GuestMemory memory = make_ram(2 << 20);
+  auto loaded = load(memory, spec);
+  ASSERT_TRUE(loaded) << loaded.error().message;
+  EXPECT_EQ(loaded->initial_state.gpr[kRbx], 0x1ff000u);
 }
 
 TEST(LoaderRejects, OverlappingSegments) {
