@@ -78,6 +78,31 @@ std::string hex(std::span<const uint8_t> bytes) {
   return out;
 }
 
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f) out += static_cast<char>(c);
+    else out += fmt::format("\\x{:02x}", c);
+  }
+  return out;
+}
+
+bool unhex_sha256(std::string_view text, std::array<uint8_t, 32>& out) {
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  if (text.size() != 64) return false;
+  for (size_t i = 0; i < 32; ++i) {
+    int hi = digit(text[2 * i]), lo = digit(text[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = uint8_t(hi << 4 | lo);
+  }
+  return true;
+}
+
 std::string event_kind_name(const trace::Event& e) { return trace_detail::kind_name_of_case(e.kind_case()); }
 
 std::string trace_detail::kind_name_of_case(size_t kind_case) {

@@ -18,8 +18,11 @@ namespace deja {
 // Version 3: disk_io events (which an older replay would not know to skip) and the frames in net_transmit.
 // Version 4: derived time (MachineConfig.derived_time, Async.instructions): an older replay would wait for Clock and
 // Rdtsc events that are not there.
-// Versions 1 to 3 are the same layout without them: this deja reads all four.
-constexpr uint32_t kTraceFormatVersion = 5;
+// Version 5: the software CPU's TLB size (MachineConfig.software_tlb_entries).
+// Version 6: seal frames (signed chain values written while recording), each chunk's chain value in the footer's
+// index, Header.signer: an older reader would stop at a seal frame's magic.
+// Versions 1 to 5 are the same layout without them: this deja reads them all.
+constexpr uint32_t kTraceFormatVersion = 6;
 // How the End's reason of a recording that a host failure stopped begins ("stopped by a host failure: ..."): a disk
 // overlay or the serial output could not be written. Its exit status is kInterrupted's: it replays to where it stopped.
 inline constexpr std::string_view kHostFailureReason = "stopped by a host failure";
@@ -30,6 +33,8 @@ inline constexpr std::string_view kFileMagic{"DEJATRC\0", 8};
 inline constexpr std::string_view kTrailerMagic{"DEJAEND\0", 8};
 inline constexpr uint32_t kChunkFrameMagic = 0x4b434a44;   // "DJCK" little-endian
 inline constexpr uint32_t kFooterFrameMagic = 0x54464a44;  // "DJFT" little-endian
+inline constexpr uint32_t kSealFrameMagic = 0x4c534a44;    // "DJSL" little-endian (format 6)
+inline constexpr uint64_t kMaxSealBytes = 64u << 10;
 inline constexpr size_t kFilePreambleBytes = 12;           // magic + u32 version
 inline constexpr size_t kFrameHeaderBytes = 48;            // magic, stored, raw, count, chain[32]
 inline constexpr size_t kFrameFieldBytes = 16;             // the part of the frame header the chain covers
@@ -56,6 +61,10 @@ std::string hex(std::span<const uint8_t> bytes);
 inline std::string hex(const std::string& bytes) {
   return hex(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
 }
+// Text from a trace or a signature file for a terminal: printable ASCII as is, every other byte as \xNN.
+std::string printable(std::string_view text);
+// 64 lowercase hex digits back to a SHA-256; false for anything else.
+bool unhex_sha256(std::string_view text, std::array<uint8_t, 32>& out);
 
 namespace trace_detail {
 

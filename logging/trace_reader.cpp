@@ -127,7 +127,7 @@ Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path) 
   if (r->header_.format_version() != version)
     return fail(ErrorKind::kBadTrace, "trace {}: header says format version {} but the file preamble says {}", path,
                 r->header_.format_version(), version);
-  r->chain_ = digest;
+  r->chain_ = r->header_sha256_ = digest;
   r->offset_ = r->valid_end_ = header_end;
 
   // A trailer at the very end means the writer finished: then an incomplete frame is corruption, not truncation.
@@ -142,7 +142,8 @@ Result<std::unique_ptr<TraceReader>> TraceReader::open(const std::string& path) 
   return r;
 }
 
-std::unexpected<Error> TraceReader::corrupt(std::string what) {
+std::unexpected<Error> TraceReader::corrupt(std::string what, TraceCheck check) {
+  failed_check_ = check;
   error_ = Error{ErrorKind::kBadTrace,
                  fmt::format("trace {} is corrupt at {} (byte {}, after event {}): {}", path_,
                              in_footer_ ? std::string("the footer") : fmt::format("chunk {}", chunks_.size()), offset_,
@@ -214,8 +215,10 @@ Result<> TraceReader::load_next_frame() {
   if (remaining >= 4) {
     if (auto r = read_at(offset_, frame, 4); !r) return r;
     uint32_t magic = get_u32(frame);
-    if (magic != kChunkFrameMagic && magic != kFooterFrameMagic)
-      return corrupt(fmt::format("bad frame magic {:#010x} (expected a chunk or footer frame)", magic));
+    const bool sealed_format = header_.format_version() >= 6;
+    if (magic != kChunkFrameMagic && magic != kFooterFrameMagic && !(magic == kSealFrameMagic && sealed_format))
+      return corrupt(fmt::format("bad frame magic {:#010x} (expected a chunk, {}footer frame)", magic,
+                                 sealed_format ? "seal or " : ""));
     if (has_trailer_ && offset_ == trailer_footer_offset_ && magic != kFooterFrameMagic)
       return corrupt(fmt::format("the trailer says the footer is at byte {} but a chunk frame is there", offset_));
     if (has_trailer_ && offset_ != trailer_footer_offset_ && magic == kFooterFrameMagic)
@@ -229,6 +232,7 @@ Result<> TraceReader::load_next_frame() {
   }
   if (auto r = read_at(offset_, frame, sizeof frame); !r) return r;
   if (get_u32(frame) == kFooterFrameMagic) return read_footer_frame(frame, remaining);
+  if (get_u32(frame) == kSealFrameMagic) return read_seal_frame(frame, remaining);
 
   const uint32_t stored = get_u32(frame + 4);
   const uint32_t raw = get_u32(frame + 8);
@@ -248,7 +252,8 @@ Result<> TraceReader::load_next_frame() {
   if (auto r = read_at(offset_ + kFrameHeaderBytes, compressed_.data(), stored); !r) return r;
   Sha256 chain = chain_next(chain_, std::span(frame, kFrameFieldBytes), compressed_);
   if (std::memcmp(chain.data(), frame + kFrameFieldBytes, 32) != 0)
-    return corrupt("hash chain mismatch: the chunk was altered, or chunks were removed or reordered");
+    return corrupt("hash chain mismatch: the chunk was altered, or chunks were removed or reordered",
+                   TraceCheck::kChain);
   raw_.resize(raw);
   size_t n = ZSTD_decompressDCtx(dctx_, raw_.data(), raw_.size(), compressed_.data(), compressed_.size());
   if (ZSTD_isError(n)) return corrupt(fmt::format("zstd decompression failed: {}", ZSTD_getErrorName(n)));
@@ -270,6 +275,7 @@ Result<> TraceReader::load_next_frame() {
   entry.set_offset(offset_);
   entry.set_first_event(events_read_);
   entry.set_events(count);
+  entry.set_chain(chain.data(), chain.size());
   chunks_.push_back(entry);
   chain_ = chain;
   offset_ += kFrameHeaderBytes + stored;
@@ -295,7 +301,8 @@ Result<> TraceReader::read_footer_frame(const uint8_t* frame, uint64_t remaining
   if (auto r = read_at(offset_ + kFrameHeaderBytes, bytes.data(), stored); !r) return r;
   Sha256 chain = chain_next(chain_, std::span(frame, kFrameFieldBytes), bytes);
   if (std::memcmp(chain.data(), frame + kFrameFieldBytes, 32) != 0)
-    return corrupt("footer hash chain mismatch: the footer was altered, or chunks before it were removed or reordered");
+    return corrupt("footer hash chain mismatch: the footer was altered, or chunks before it were removed or reordered",
+                   TraceCheck::kChain);
   trace::Footer footer;
   if (!footer.ParseFromArray(bytes.data(), static_cast<int>(stored))) return corrupt("footer is not a valid Footer protobuf");
   if (chunk_count != chunks_.size())
@@ -323,11 +330,44 @@ Result<> TraceReader::read_footer_frame(const uint8_t* frame, uint64_t remaining
   if (get_u64(trailer + 8) != footer_offset)
     return corrupt(fmt::format("trailer points at byte {} but the footer is at byte {}", get_u64(trailer + 8),
                                footer_offset));
-  if (std::memcmp(trailer + 16, chain_.data(), 32) != 0) return corrupt("trailer's final chain value does not match");
+  if (std::memcmp(trailer + 16, chain_.data(), 32) != 0)
+    return corrupt("trailer's final chain value does not match", TraceCheck::kChain);
   trailer_footer_offset_ = footer_offset;
   offset_ = valid_end_ = file_size_;
   ended_ = true;
   complete_ = true;
+  return {};
+}
+
+Result<> TraceReader::read_seal_frame(const uint8_t* frame, uint64_t remaining) {
+  const uint32_t stored = get_u32(frame + 4);
+  const uint32_t raw = get_u32(frame + 8);
+  const uint32_t chunk_count = get_u32(frame + 12);
+  if (stored > kMaxSealBytes || raw != stored || stored == 0)
+    return corrupt(fmt::format("seal frame lengths {}/{} are invalid", stored, raw));
+  if (stored > remaining - kFrameHeaderBytes) {
+    if (has_trailer_) return corrupt("seal frame runs past the end of a file that has a trailer");
+    end_truncated(fmt::format("truncated seal frame ({} of {} bytes present)", remaining - kFrameHeaderBytes, stored));
+    return {};
+  }
+  // A seal is not chained (its signature covers it); it must sit where it says it does.
+  if (chunk_count != chunks_.size())
+    return corrupt(fmt::format("seal frame says it follows {} chunks but {} were read", chunk_count, chunks_.size()));
+  // A seal follows at least one chunk the seal before it did not cover (so there are never more seals than chunks).
+  if (chunk_count == (seals_.empty() ? 0 : seals_.back().chunks))
+    return corrupt("a seal frame with no chunk frame since the previous seal (or the header)");
+  if (std::memcmp(frame + kFrameFieldBytes, chain_.data(), 32) != 0)
+    return corrupt("seal frame names another chain value than the chunks before it have", TraceCheck::kChain);
+  SealFrame seal;
+  seal.offset = offset_;
+  seal.chunks = chunk_count;
+  seal.events = events_read_;
+  seal.chain = chain_;
+  seal.envelope.resize(stored);
+  if (auto r = read_at(offset_ + kFrameHeaderBytes, seal.envelope.data(), stored); !r) return r;
+  seals_.push_back(std::move(seal));
+  offset_ += kFrameHeaderBytes + stored;
+  valid_end_ = offset_;
   return {};
 }
 
@@ -373,6 +413,19 @@ Result<> TraceReader::check_footer_against_stream() {
                                  want.events()));
     if (!same_coordinate(got, want))
       return corrupt(fmt::format("footer index entry {} has a different first coordinate than chunk {}", i, i));
+    // Format 6 lists every chunk's chain value (older footers have none).
+    if ((header_.format_version() >= 6 || !got.chain().empty()) && got.chain() != want.chain())
+      return corrupt(fmt::format("footer index entry {} has another chain value than chunk {}", i, i),
+                     TraceCheck::kChain);
+  }
+  if (static_cast<size_t>(f.seals_size()) != seals_.size())
+    return corrupt(fmt::format("footer lists {} seal frames but {} were read", f.seals_size(), seals_.size()));
+  for (size_t i = 0; i < seals_.size(); ++i) {
+    const trace::SealIndex& got = f.seals(static_cast<int>(i));
+    if (got.offset() != seals_[i].offset || got.chunks() != seals_[i].chunks)
+      return corrupt(fmt::format("footer entry for seal {} (byte {}, after {} chunks) disagrees with the seal frame "
+                                 "read (byte {}, after {} chunks)",
+                                 i, got.offset(), got.chunks(), seals_[i].offset, seals_[i].chunks));
   }
   std::map<std::string, uint64_t> listed(f.events_by_kind().begin(), f.events_by_kind().end());
   std::map<std::string, uint64_t> counted;

@@ -14,6 +14,19 @@ typedef struct ZSTD_DCtx_s ZSTD_DCtx;
 
 namespace deja {
 
+// Which of `deja verify`'s ordered checks a reader's error belongs to (docs/audit.md).
+enum class TraceCheck { kStructure, kChain };
+
+// A seal frame as read (format 6): where it is, what the stream had reached there, and its DSSE envelope, whose
+// signature and claims the verifier checks (logging/trace_signature.h).
+struct SealFrame {
+  uint64_t offset = 0;  // of the seal frame
+  uint64_t chunks = 0;  // chunk frames before it
+  uint64_t events = 0;  // events in them
+  Sha256 chain{};       // the chain value after those chunks (what the seal signs)
+  std::string envelope;
+};
+
 class TraceReader {
  public:
   // Validates magic, version and header (checksum and protobuf).
@@ -43,6 +56,14 @@ class TraceReader {
   // Checks the trailer and the footer frame against each other only; the full chain is checked by next()/verify.
   Result<trace::Footer> read_index();
 
+  // SHA-256 of the header bytes (the chain's c0) and the chain value of the last frame read (after a complete read,
+  // the footer's, which the trailer repeats).
+  const Sha256& header_sha256() const { return header_sha256_; }
+  const Sha256& chain_value() const { return chain_; }
+  const std::vector<SealFrame>& seals() const { return seals_; }
+  // The check an error belongs to: a hash-chain mismatch, or anything else about the file's structure.
+  TraceCheck failed_check() const { return failed_check_; }
+
  private:
   TraceReader(int fd, std::string path, uint64_t file_size);
   Result<> read_at(uint64_t offset, void* data, size_t size);
@@ -50,7 +71,8 @@ class TraceReader {
   Result<> read_footer_frame(const uint8_t* frame, uint64_t remaining);
   Result<> check_footer_against_stream();
   void end_truncated(std::string why);
-  std::unexpected<Error> corrupt(std::string what);
+  std::unexpected<Error> corrupt(std::string what, TraceCheck check = TraceCheck::kStructure);
+  Result<> read_seal_frame(const uint8_t* frame, uint64_t remaining);
 
   int fd_ = -1;
   std::string path_;
@@ -64,6 +86,9 @@ class TraceReader {
   uint64_t offset_ = 0;     // next frame
   uint64_t valid_end_ = 0;  // end of the last verified frame
   Sha256 chain_{};
+  Sha256 header_sha256_{};
+  TraceCheck failed_check_ = TraceCheck::kStructure;
+  std::vector<SealFrame> seals_;
   std::vector<uint8_t> compressed_;
   std::vector<uint8_t> raw_;
   size_t raw_pos_ = 0;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,15 @@
 typedef struct ZSTD_CCtx_s ZSTD_CCtx;
 
 namespace deja {
+
+class SigningKey;
+
+// When a signing recorder seals (format 6): every `interval` of wall time, or every `chunks` chunk frames (0: not
+// by count), after the chunk that makes it due; and once more before the footer.
+struct SealPolicy {
+  std::chrono::nanoseconds interval = std::chrono::seconds(10);
+  uint64_t chunks = 0;
+};
 
 // Only the current chunk is buffered, so memory stays bounded however long the recording runs; every sealed
 // chunk is on disk (write(2)) before append() returns, so a killed recorder leaves a readable prefix.
@@ -48,6 +58,17 @@ class TraceWriter {
   // fdatasync after each chunk: survives a host crash, not just a killed recorder; costs a disk flush per chunk.
   void set_sync(bool sync) { sync_ = sync; }
   void set_compression_level(int level) { compression_level_ = level; }
+  // Signs the chain value into a seal frame as `policy` says (docs/trace-format.md, "Seal frames"); the header
+  // must name `key` as its signer. Also hashes the file as it is written (file_sha256()).
+  Result<> set_sealing(std::shared_ptr<const SigningKey> key, SealPolicy policy);
+
+  // What a signature of the finished file states, without reading it again.
+  const Sha256& header_sha256() const { return header_sha256_; }
+  const Sha256& chain_value() const { return chain_; }
+  uint64_t bytes_written() const { return offset_; }
+  uint64_t seals_written() const { return seals_.size(); }
+  // SHA-256 of every byte written; with sealing only, after finish().
+  std::optional<Sha256> file_sha256() const { return file_sha256_; }
 
  private:
   TraceWriter(int fd, std::string path);
@@ -55,12 +76,15 @@ class TraceWriter {
   static Result<std::unique_ptr<TraceWriter>> start(int fd, const std::string& path, const std::string& header_bytes);
   Result<> write_all(const void* data, size_t size);
   Result<> seal();
+  Result<> write_seal_frame();
 
   int fd_ = -1;
   std::string path_;
   std::string final_path_;  // create_replacing(): renamed to this when finished
   uint64_t offset_ = 0;
   Sha256 chain_{};
+  Sha256 header_sha256_{};
+  std::string signer_key_id_;  // from the header
   bool failed_ = false;
   bool finished_ = false;
   bool sync_ = false;
@@ -84,6 +108,13 @@ class TraceWriter {
   std::vector<uint64_t> count_by_case_;  // indexed by Event::kind_case(); named only when compared/written
   trace_detail::Sha256Stream serial_sha_;
   uint64_t serial_bytes_ = 0;
+
+  std::shared_ptr<const SigningKey> seal_key_;
+  SealPolicy seal_policy_;
+  std::chrono::steady_clock::time_point last_seal_frame_;
+  std::vector<trace::SealIndex> seals_;
+  std::unique_ptr<trace_detail::Sha256Stream> file_sha_;
+  std::optional<Sha256> file_sha256_;
 };
 
 }  // namespace deja

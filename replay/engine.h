@@ -64,6 +64,7 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   void attach_writer(std::unique_ptr<TraceWriter> writer) { writer_ = std::move(writer); }
   void attach_reader(std::unique_ptr<TraceReader> reader) { reader_ = std::move(reader); }
   TraceReader* reader() { return reader_.get(); }
+  const TraceWriter* writer() const { return writer_.get(); }
 
   // ---- choke points --------------------------------------------------------------------------
   // Device clock reads (Clock), an event each; or, with derive_time(), derived from the instruction count. While

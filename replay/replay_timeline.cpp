@@ -354,11 +354,19 @@ Result<uint64_t> ReplayTimeline::save_files(const std::string& prefix, const Che
 }
 
 uint64_t ReplayTimeline::load_files(const std::string& prefix, const CheckpointIdentity& identity,
-                                    std::vector<std::string>& warnings) {
+                                    std::vector<std::string>& warnings,
+                                    const std::function<Result<>(const std::string&)>& accept) {
   uint64_t loaded = 0;
   for (uint64_t n = 0;; ++n) {
     std::string path = fmt::format("{}.{}.ckpt", prefix, n);
     if (::access(path.c_str(), F_OK) != 0) break;
+    if (accept) {
+      if (auto ok = accept(path); !ok) {
+        warnings.push_back(fmt::format("checkpoint file {}: {}; ignored (the replay uses the trace instead)", path,
+                                       ok.error().message));
+        continue;
+      }
+    }
     auto cp = read_checkpoint_file(path, identity, *memory_);
     if (!cp) {
       warnings.push_back(cp.error().message + "; ignored (the replay uses the trace instead)");

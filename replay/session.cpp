@@ -536,7 +536,7 @@ std::string Session::host_failure() const {
   return out_ ? out_->error() : std::string();
 }
 
-Result<> Session::finish_recording(const Outcome& outcome) {
+Result<trace::Footer> Session::finish_recording(const Outcome& outcome) {
   Digest full = final_machine_digest();
   Backend& cpu = machine_->backend();
   trace::End end;
@@ -551,7 +551,9 @@ Result<> Session::finish_recording(const Outcome& outcome) {
   footer.set_branches(cpu.branch_count().value_or(0));
   footer.set_wall_ns(wall_ns_);
   footer.set_exit_status(outcome.status);
-  return engine_.finish_record(std::move(end), std::move(footer));
+  const trace::Footer stated = footer;
+  if (auto r = engine_.finish_record(std::move(end), std::move(footer)); !r) return std::unexpected(r.error());
+  return stated;
 }
 
 // ---- the run loop ----------------------------------------------------------------------------------

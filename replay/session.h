@@ -105,8 +105,9 @@ class Session {
   // Runs, records or replays to the end: run_until() with no stop but an interruption.
   Result<Outcome> run();
   // Record: ends the trace with an End where the run stopped (its coordinate, instruction count, exit status and
-  // full state digest) and the footer.
-  Result<> finish_recording(const Outcome& outcome);
+  // full state digest) and the footer; returns the footer as stated (before the writer adds its index), which a
+  // signature covers.
+  Result<trace::Footer> finish_recording(const Outcome& outcome);
   // Run / record: the host failure that stopped the run or lost some of its output (a disk overlay or the serial
   // output file that could not be written), or "".
   std::string host_failure() const;

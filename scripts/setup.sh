@@ -8,6 +8,8 @@ PACKAGES=(
   # libraries
   libzydis-dev libprotobuf-dev protobuf-compiler libzstd-dev libssl-dev libxxhash-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev
+  # signed traces: DSSE envelopes and in-toto statements are JSON; docs/audit.md checks them with jq and openssl
+  nlohmann-json3-dev jq openssl
   # --net user: the user-mode network stack QEMU uses
   libslirp-dev
   # Linux kernels: every compression a bzImage payload may use is decompressed in-process (PVH boot)

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "logging/signing.h"
 #include "logging/trace.pb.h"
 #include "core/cpu_model.h"
 #include "core/error.h"
@@ -18,6 +19,8 @@
 #include "replay/session.h"
 
 namespace deja {
+
+struct ProgressDisplay;  // tools/progress_line.h
 
 // One row of the git-style subcommand table: its CLI11 parser and what runs when it was parsed.
 struct Subcommand {
@@ -33,7 +36,18 @@ Subcommand add_verify_command(CLI::App& app);
 Subcommand add_selftest_command(CLI::App& app);
 Subcommand add_debug_command(CLI::App& app);
 Subcommand add_query_command(CLI::App& app);
+Subcommand add_keygen_command(CLI::App& app);
+Subcommand add_sign_command(CLI::App& app);
+Subcommand add_custody_command(CLI::App& app);
 Subcommand add_export_libvirt_command(CLI::App& app);
+
+// `deja verify --replay`: replays TRACE (serial output discarded), showing progress as `display` says; 0 when every
+// event and digest matched, else deja's status for what went wrong (tools/replay_command.cpp).
+int replay_for_verify(const std::string& trace_path, const ProgressDisplay& display);
+
+// `--tsa-request FILE` of record and sign: an RFC 3161 request for the signature's time-stamp (tools/sign_command.cpp).
+Result<> write_timestamp_request(const std::string& path, const DsseEnvelope& signed_trace,
+                                 const std::vector<std::string>& inputs);
 
 // Prints the error ("deja: ...") and returns the exit status for its kind.
 int report_error(const Error& e);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "gdbstub/server.h"
+#include "logging/trace_signature.h"
 #include "logging/trace_inspect.h"
 #include "tools/command_support.h"
 #include "tools/progress_line.h"
@@ -27,6 +28,7 @@ struct DebugOptions {
   uint64_t interval = 0;  // 0: the default for the backend's time axis
   std::string checkpoint_memory = "512M";
   bool save_checkpoints = false;
+  std::string sign;  // --save-checkpoints: sign each file with this key
   bool verify_checkpoints = false;
   bool by_events = false;
   ProgressDisplay display;  // --verify-checkpoints
@@ -291,6 +293,12 @@ int verify_checkpoints(ReplayTimeline& timeline, const DebugOptions& options) {
 }
 
 int debug_trace(const DebugOptions& options) {
+  std::optional<SigningKey> signing_key;
+  if (!options.sign.empty()) {
+    auto key = SigningKey::load(options.sign);
+    if (!key) return report_error(key.error());
+    signing_key = std::move(*key);
+  }
   auto setup = open_replay(options.replay);
   if (!setup) return report_error(setup.error());
   Session& session = *setup->session;
@@ -304,8 +312,17 @@ int debug_trace(const DebugOptions& options) {
   if (!timeline) return report_error(timeline.error());
   if (options.verify_checkpoints) return verify_checkpoints(**timeline, options);
 
+  // A signed trace's checkpoints are used only when its signer signed them too: a checksum anyone can recompute.
+  std::function<Result<>(const std::string&)> accept;
+  std::optional<VerifyKey> signer;
+  if (TraceReader* reader = session.engine().reader()) signer = trace_signer(options.replay.trace_path, reader->header());
+  if (signer) {
+    accept = [signer, header = setup->identity.trace_header_sha256](const std::string& path) {
+      return check_checkpoint_signature(path, header, *signer);
+    };
+  }
   std::vector<std::string> warnings;
-  uint64_t loaded = (*timeline)->load_files(options.replay.trace_path, setup->identity, warnings);
+  uint64_t loaded = (*timeline)->load_files(options.replay.trace_path, setup->identity, warnings, accept);
   for (const auto& w : warnings) say("warning: {}", w);
   if (loaded) say("loaded {} checkpoints from {}.N.ckpt", loaded, options.replay.trace_path);
 
@@ -329,7 +346,15 @@ int debug_trace(const DebugOptions& options) {
   if (options.save_checkpoints) {
     auto n = (*timeline)->save_files(options.replay.trace_path, setup->identity);
     if (!n) return report_error(n.error());
-    say("saved {} checkpoints to {}.N.ckpt", *n, options.replay.trace_path);
+    for (uint64_t i = 0; signing_key && i < *n; ++i) {
+      const std::string path = fmt::format("{}.{}.ckpt", options.replay.trace_path, i);
+      if (auto r = write_checkpoint_signature(path, setup->identity.trace_header_sha256, *signing_key); !r)
+        return report_error(r.error());
+    }
+    say("saved {} checkpoints to {}.N.ckpt{}", *n, options.replay.trace_path, signing_key ? ", each signed (.sig)" : "");
+    if (signer && (!signing_key || signing_key->id() != signer->id()))
+      say("warning: the trace is signed by {}: a later debug session uses these checkpoints only when that key signs "
+          "them (--sign KEY)", signer->short_id());
   }
   auto stats = (*timeline)->stats();
   say("debug: gdb detached; {} checkpoints ({:.1f} MiB), {} restores", stats.checkpoints,
@@ -355,6 +380,9 @@ Subcommand add_debug_command(CLI::App& app) {
   cmd->add_option("--checkpoint-memory", o->checkpoint_memory,
                   "memory for automatic checkpoints, thinned out logarithmically beyond it (default 512M)");
   cmd->add_flag("--save-checkpoints", o->save_checkpoints, "write the checkpoints to TRACE.N.ckpt when gdb detaches");
+  cmd->add_option("--sign", o->sign, "with --save-checkpoints: sign each checkpoint file (FILE.sig) with this key; a "
+                                     "signed trace's checkpoints are used only when its signer signed them")
+      ->type_name("KEY");
   cmd->add_flag("--verify-checkpoints", o->verify_checkpoints,
                 "no gdb: replay to the end taking checkpoints, restore each and check the replay from it reproduces "
                 "the next one's state digest");

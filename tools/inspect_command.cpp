@@ -1,12 +1,29 @@
 // `deja inspect`: describe a trace (provenance, duration, events, serial output, Linux timeline, pcap) without a machine.
 #include <cstdio>
 
+#include "logging/trace_audit.h"
 #include "logging/trace_inspect.h"
 #include "logging/trace_reader.h"
 #include "tools/command_support.h"
 #include "tools/output_target.h"
+#include "core/exit_status.h"
 
 namespace deja {
+
+namespace {
+
+int audit_command(const std::string& path, const std::vector<std::string>& keys, const std::string& keyring, bool json) {
+  VerifyOptions options;
+  for (const auto& k : keys)
+    if (auto r = options.keys.add_key_file(k); !r) return report_error(r.error());
+  if (!keyring.empty())
+    if (auto r = options.keys.add_keyring(keyring); !r) return report_error(r.error());
+  bool failed = false;
+  if (auto r = audit_trace(path, options, json, stdout, failed); !r) return report_error(r.error());
+  return failed ? exit_status::kTraceEnded : 0;
+}
+
+}  // namespace
 
 Subcommand add_inspect_command(CLI::App& app) {
   struct Args {
@@ -14,6 +31,9 @@ Subcommand add_inspect_command(CLI::App& app) {
     InspectOptions options;
     std::string html;
     std::optional<uint64_t> divergence;
+    bool audit = false;  // --audit: the auditor's page (logging/trace_audit.h)
+    std::vector<std::string> keys;
+    std::string keyring;
   };
   auto a = std::make_shared<Args>();
   auto* inspect = app.add_subcommand(
@@ -35,7 +55,12 @@ Subcommand add_inspect_command(CLI::App& app) {
                       "with --html: mark event N, where a replay of this trace said it diverged ('replay diverged at "
                       "event N')")
       ->type_name("N");
+  inspect->add_flag("--audit", a->audit, "one page for an auditor: what was recorded, where, when and by whom, what "
+                                         "crossed the machine boundary, and whether everything verifies (with --json)");
+  inspect->add_option("--key", a->keys, "with --audit: a trusted public key (repeatable)");
+  inspect->add_option("--keyring", a->keyring, "with --audit: a directory of trusted *.pub keys");
   return {inspect, [a] {
+            if (a->audit) return audit_command(a->path, a->keys, a->keyring, a->options.json);
             InspectOptions options = a->options;
             std::unique_ptr<ReplacingFile> html;
             if (a->divergence && a->html.empty())

@@ -8,7 +8,9 @@
 
 #include "boot/multiboot.h"
 #include "kvm/pmu.h"
+#include "logging/signing.h"
 #include "logging/trace_format.h"
+#include "logging/trace_signature.h"
 #include "replay/trace_config.h"
 #include "tools/command_support.h"
 #include "tools/libvirt_options.h"
@@ -48,6 +50,10 @@ struct RunArgs {
   bool rng = false;
   std::string libvirt_xml, libvirt_domain, libvirt_uri;  // the machine from a libvirt domain
   std::string output;            // record: the trace
+  std::string sign;              // record: the private key that seals the trace and signs TRACE.sig
+  double seal_every = 10;        // record --sign: seconds between seals (0: by chunks only)
+  uint64_t seal_chunks = 0;      // record --sign: chunks between seals (0: by time only)
+  std::string tsa_request;       // record --sign: write an RFC 3161 request for TRACE.sig here
   uint64_t digest_every = Session::kDefaultDigestInterval;  // record: a full state digest every N events
 };
 
@@ -65,6 +71,9 @@ struct SessionOptions {
   std::vector<NetOptions> nets;
   bool rng = false;
   std::string trace_path;            // record: output file
+  std::shared_ptr<const SigningKey> signing_key;  // record --sign
+  SealPolicy seals;
+  std::string tsa_request;
   uint64_t digest_interval = Session::kDefaultDigestInterval;
   std::optional<RecordedDomain> libvirt_domain;  // the domain the machine came from
 };
@@ -254,6 +263,15 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   o.stats = a.stats;
   o.digest_interval = a.digest_every;
   o.print_digest = a.digest;
+  // The key is read before anything else happens: a bad key stops the recording before any file is written.
+  if (!a.sign.empty()) {
+    auto key = SigningKey::load(a.sign);
+    if (!key) return std::unexpected(key.error());
+    o.signing_key = std::make_shared<const SigningKey>(std::move(*key));
+    o.seals.interval = std::chrono::nanoseconds(int64_t(a.seal_every * 1e9));
+    o.seals.chunks = a.seal_chunks;
+  }
+  o.tsa_request = a.tsa_request;
   return o;
 }
 
@@ -308,6 +326,24 @@ Result<> check_recording_options(const SessionOptions& o) {
   return {};
 }
 
+// record --sign: TRACE.sig, and the time-stamp request for it when asked.
+int sign_recording(const TraceWriter& writer, const trace::Header& header, const trace::Footer& footer,
+                   const SessionOptions& options) {
+  auto envelope = sign_finished_trace(writer, header, footer, *options.signing_key);
+  if (!envelope) {
+    int status = report_error(envelope.error());
+    say("the recording in {} is complete and sealed; sign it again with `deja sign {} --key KEY`", writer.path(),
+        writer.path());
+    return status;
+  }
+  say("signed: {} ({} seals; key {})", signature_path(writer.path()), writer.seals_written(),
+      options.signing_key->id());
+  if (!options.tsa_request.empty()) {
+    if (auto r = write_timestamp_request(options.tsa_request, *envelope, {writer.path()}); !r) return report_error(r.error());
+  }
+  return 0;
+}
+
 int run_or_record(const SessionOptions& options, Mode mode) {
   install_stop_signal_handlers();
   if (mode == Mode::kRecord) {
@@ -320,6 +356,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   if (!inputs) return report_error(inputs.error());
 
   MachineConfig config = options.machine;
+  trace::Header signed_header;  // record --sign: what TRACE.sig states
   int64_t start_unix_ns = host_unix_time_ns();
   config.rtc_epoch_unix_seconds = start_unix_ns / 1'000'000'000;
 
@@ -442,9 +479,17 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       recorded.nics.push_back(RecordedNic{options.nets[i].forward_texts,
                                           std::string(config.nic_macs[i].begin(), config.nic_macs[i].end())});
     }
-    const trace::Header header = to_header(recorded);
+    trace::Header header = to_header(recorded);
+    if (options.signing_key) {
+      header.mutable_signer()->set_key_id(options.signing_key->id());
+      header.mutable_signer()->set_public_key(options.signing_key->public_key().der());
+    }
     auto writer = TraceWriter::create_replacing(options.trace_path, header);
     if (!writer) return report_error(writer.error());
+    if (options.signing_key) {
+      if (auto r = (*writer)->set_sealing(options.signing_key, options.seals); !r) return report_error(r.error());
+    }
+    signed_header = header;
     session.engine().attach_writer(std::move(*writer));
   }
   session.attach_input(std::move(serial_input));
@@ -456,8 +501,9 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     if (mode == Mode::kRecord) {
       const Outcome failed{exit_status::kInterrupted,
                            fmt::format("{}: {}", kHostFailureReason, outcome.error().message), false, false, true};
-      if (session.finish_recording(failed)) {
+      if (auto stated_footer = session.finish_recording(failed)) {
         say("the recording up to the failure is complete in {}", options.trace_path);
+        if (options.signing_key) sign_recording(*session.engine().writer(), signed_header, *stated_footer, options);
       } else {
         say("the recording up to the failure is in {} (a valid prefix: `deja replay {}` replays it)",
             session.engine().trace_file(), session.engine().trace_file());
@@ -470,7 +516,9 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   if (options.print_digest) say("digest {}", session.final_cpu_ram_digest().hex());
 
   if (mode == Mode::kRecord) {
-    if (auto r = session.finish_recording(*outcome); !r) {
+    auto stated_footer = session.finish_recording(*outcome);
+    if (!stated_footer) {
+      const auto& r = stated_footer;
       int status = report_error(r.error());
       say("the recording is in {} (a valid prefix: `deja replay {}` replays it)", session.engine().trace_file(),
           session.engine().trace_file());
@@ -483,6 +531,10 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     say("recorded {} events to {} (backend {}, CPU model {}, {} progress){}", session.engine().events_written(),
         options.trace_path, config.backend, config.cpu_model->name(), progress_name,
         outcome->host_failure ? "; it replays to where the host failure stopped it" : "");
+    if (options.signing_key) {
+      if (int status = sign_recording(*session.engine().writer(), signed_header, *stated_footer, options); status != 0)
+        return status;
+    }
   }
   // A host failure that stopped the run, or lost output the guest wrote before it exited (the trace has it).
   if (const std::string host = session.host_failure(); !host.empty()) {
@@ -509,6 +561,18 @@ std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
                      "N makes a replay that diverges without a wrong event say so closer to where it happened, at "
                      "the cost of hashing RAM each time")
       ->check(CLI::Range(uint64_t{2}, uint64_t{1} << 32));  // a digest is an event: at 1 it would be due again at once
+  record->add_option("--sign", record_args->sign,
+                     "an Ed25519 private key (PEM, `deja keygen`): seal the trace while recording and write TRACE.sig "
+                     "(docs/audit.md)")
+      ->type_name("KEY");
+  record->add_option("--seal-every", record_args->seal_every,
+                     "with --sign: seconds between seals, signed chain values written into the trace so that a killed "
+                     "recording stays authenticated up to its last seal (default 10; 0: by --seal-chunks only)")
+      ->check(CLI::Range(0.0, 86400.0));
+  record->add_option("--seal-chunks", record_args->seal_chunks, "with --sign: also seal every N chunks (default: by time only)");
+  record->add_option("--tsa-request", record_args->tsa_request,
+                     "with --sign: write an RFC 3161 time-stamp request for the signature to FILE")
+      ->type_name("FILE");
 
   auto start = [](const RunArgs& given, Mode mode) {
     auto domain = domain_for_run(given.libvirt_xml, given.libvirt_domain, given.libvirt_uri);
@@ -529,6 +593,8 @@ std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
       return 0;
     }
     options->trace_path = a.output;
+    if (!options->signing_key && (!a.tsa_request.empty() || a.seal_chunks != 0))
+      return report_error(Error{ErrorKind::kInvalidArgument, "--seal-chunks and --tsa-request go with --sign KEY"});
     return run_or_record(*options, mode);
   };
   return {{run, [run_args, start] { return start(*run_args, Mode::kRun); }},
