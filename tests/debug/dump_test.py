@@ -116,6 +116,13 @@ def main():
                   f"{at}: gdb's $rip/$rsp from NT_PRSTATUS ({rip}, {rsp}) are query --regs' "
                   f"({regs['rip']:#x}, {regs['rsp']:#x})")
 
+            # `info registers` as a user types it: every general register of NT_PRSTATUS is query --regs' value.
+            info = run(["gdb", "-nx", "-batch", "-ex", f"core-file {core}", "-ex", "info registers"]).stdout
+            shown = {m.group(1): int(m.group(2), 16) for m in re.finditer(r"^(\w+)\s+0x([0-9a-f]+)", info, re.M)}
+            gprs = ["rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp", *(f"r{i}" for i in range(8, 16)), "rip"]
+            wrong = [n for n in gprs if shown.get(n) != regs.get(n)]
+            check(not wrong, f"{at}: gdb's info registers shows query --regs' values (differ: {wrong}; {info[:200]!r})")
+
             raw = os.path.join(work, f"dump-{at.replace(':', '-')}.raw")
             r = run([args.deja, "query", trace, "--at", at, "--dump", raw, "--format", "raw"])
             check(r.returncode == 0 and os.path.getsize(raw) == ram, f"{at}: --format raw is RAM, {ram} bytes")

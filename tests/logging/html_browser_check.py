@@ -178,7 +178,8 @@ def screenshot_stats(png):
     return {"width": width, "height": height, "colours": len(colours), "non_white_fraction": non_white / sampled}
 
 
-def check_page(html, png=None, timeout=60):
+def check_page(html, png=None, timeout=60, expressions=None):
+    """`expressions` (name -> JavaScript) are evaluated in the loaded page; their values go into the result."""
     chromium = find_chromium()
     if not chromium:
         return None
@@ -208,7 +209,8 @@ def check_page(html, png=None, timeout=60):
         for domain in ("Runtime", "Log", "Page", "Network"):
             dt.call(domain + ".enable")
         t0 = time.monotonic()
-        dt.call("Page.navigate", url="file://" + os.path.abspath(html))
+        url = "file://" + urllib.request.pathname2url(os.path.abspath(html))
+        dt.call("Page.navigate", url=url)
         dt.wait_for("Page.loadEventFired", timeout)
         load_s = time.monotonic() - t0
 
@@ -227,6 +229,8 @@ def check_page(html, png=None, timeout=60):
             "serial_chars": evaluate("document.getElementById('serial').textContent.length"),
             "title": evaluate("document.title"),
         }
+        for name, expression in (expressions or {}).items():
+            result[name] = evaluate(expression)
         errors, requests = [], []
         for e in dt.events:
             method, params = e.get("method"), e.get("params", {})
@@ -239,8 +243,8 @@ def check_page(html, png=None, timeout=60):
             elif method == "Network.requestWillBeSent":
                 requests.append(params.get("request", {}).get("url", ""))
         result["errors"] = errors
-        # Everything loaded other than the page itself: nothing should be.
-        result["other_requests"] = [u for u in requests if not u.startswith("file://")]
+        # Everything loaded other than the page itself (a local file too): nothing should be.
+        result["other_requests"] = [u for u in requests if u != url]
         if png:
             shot = base64.b64decode(dt.call("Page.captureScreenshot", format="png")["data"])
             with open(png, "wb") as f:

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -90,6 +91,46 @@ def main():
             shot = result["screenshot"]
             check(shot["non_white_fraction"] > 0.02 and shot["colours"] > 8,
                   f"the screenshot is not blank ({shot}); kept as {args.artifacts}/html-timeline.png")
+
+        # Guest-controlled text (the serial output echoes the input) and a hostile trace name are text on the page,
+        # never markup: nothing they hold runs, loads or adds an element.
+        hostile = ("</script><script>window.dejaPwned=1</script><img src=x onerror=window.dejaPwned=2>"
+                   "<b id=pwn>bold</b>&amp;<!--")
+        hostile_in = os.path.join(work, "hostile.input")
+        with open(hostile_in, "w") as f:
+            f.write("###" + hostile + "\n")
+        hostile_trace = os.path.join(work, "<i>x&y'.trace")
+        r = run([args.deja, "record", "--backend", "interp", "--serial-in", hostile_in, "-o", hostile_trace,
+                 os.path.join(args.guests, "serial-echo.elf")])
+        check(hostile in r.stdout, f"the guest echoes the markup ({r.stdout[-200:]!r})")
+        hostile_page = os.path.join(work, "hostile.html")
+        r = run([args.deja, "inspect", hostile_trace, "--html", hostile_page])
+        check(r.returncode == 0, f"inspect --html of the hostile trace ({r.stderr[-200:]})")
+        raw = check_file(hostile_page, "hostile")
+        check("<b id=pwn>" not in raw and "<img src=x" not in raw and "<i>x&y" not in raw,
+              "the guest's markup and the trace's name are escaped in the file")
+        result = html_browser_check.check_page(hostile_page, None, expressions={
+            "pwned": "String(window.dejaPwned)",
+            "injected": "document.querySelectorAll('#pwn, img, i').length",
+            "scripts": "document.scripts.length",
+            "serial_text": "document.getElementById('serial').textContent",
+            "command": "document.querySelector('#events tbody code').textContent",
+        })
+        if result is not None:
+            check(result["pwned"] == "undefined" and result["injected"] == 0 and not result["other_requests"],
+                  f"Chromium: nothing of the guest's runs, loads or becomes an element ({result['pwned']}, "
+                  f"{result['injected']}, {result['other_requests'][:3]})")
+            check(result["scripts"] == 2 and not result["errors"],
+                  f"Chromium: only the page's own two scripts, no errors ({result['scripts']}, {result['errors'][:2]})")
+            check(hostile in (result["serial_text"] or ""), "Chromium: the guest's markup shows as the text it is")
+            check("<i>x&y'" in (result["title"] or ""), f"Chromium: the trace's name is the title's text "
+                                                         f"({result['title']!r})")
+            # The table's command, pasted into a shell, names the trace as one word.
+            command = result["command"] or ""
+            q = subprocess.run(command.replace("deja ", shlex.quote(args.deja) + " ", 1) + " --json", shell=True,
+                               capture_output=True, text=True, timeout=600)
+            check(command.startswith("deja query '") and q.returncode == 0 and "registers" in q.stdout,
+                  f"the table's command runs in a shell ({command!r}: {q.stderr[-200:]})")
 
         marked = os.path.join(work, "marked.html")
         r = run([args.deja, "inspect", trace, "--html", marked, "--divergence", "40"])

@@ -94,11 +94,34 @@ def main():
         r = subprocess.run([args.deja, "replay", "--progress", "exact", trace], capture_output=True, text=True)
         check(r.returncode == 1 and "replay OK" in r.stderr, "--progress keeps its meaning (the counter for coordinates)")
 
+        # Progress only reads counters: the replayed state is the same with it and without it, and the trace is not
+        # touched (verify reads it; record shows no progress).
+        def digest(extra, terminal):
+            argv = [args.deja, "replay", "--digest", *extra, trace]
+            if terminal:
+                _, seen = on_terminal(argv)
+            else:
+                seen = subprocess.run(argv, capture_output=True, text=True, timeout=600).stderr
+            return [l.split()[-1] for l in seen.splitlines() if "deja: digest " in l]
+        before = os.stat(trace)
+        plain = digest([], False)
+        check(len(plain) == 1 and digest(["--progress-json"], False) == plain and digest([], True) == plain,
+              f"the final state digest is the same with and without progress ({plain})")
+        after = os.stat(trace)
+        check((before.st_mtime_ns, before.st_size) == (after.st_mtime_ns, after.st_size), "the trace is not written")
+
         r = subprocess.run([args.deja, "verify", "--progress-json", trace], capture_output=True, text=True)
         lines = json_lines(r.stderr)
         check(r.returncode == 0 and lines and lines[-1].get("done") and
               lines[-1].get("bytes_total") == os.path.getsize(trace),
               f"verify --progress-json counts the file's bytes ({lines[-1:]})")
+        r = subprocess.run([args.deja, "verify", "--replay", "--progress-json", trace], capture_output=True, text=True,
+                           timeout=600)
+        tasks = [l.get("progress") for l in json_lines(r.stderr)]
+        check(r.returncode == 0 and "verify" in tasks and "replay" in tasks,
+              f"verify --replay shows the check and the replay ({sorted(set(tasks))})")
+        status, seen = on_terminal([args.deja, "verify", "--replay", trace])
+        check(status == 0 and "\r\x1b[K" in seen and "deja: replay" in seen, "verify --replay on a terminal: a line")
         r = subprocess.run([args.deja, "query", trace, "--at", "end", "--regs", "--progress-json"], capture_output=True,
                            text=True, timeout=600)
         lines = json_lines(r.stderr)
