@@ -124,7 +124,7 @@ def main():
               f"({signing_cost:+.2f}% CPU; the difference between rounds of the same variant is the noise)")
 
     if "verify" not in args.skip:
-        big = os.path.join(build, "big_trace")
+        big = os.path.join(build, "bench", "big_trace")
         sources = {}
         if traces:
             sources["network frames (download)"] = traces["unsigned"]

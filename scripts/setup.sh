@@ -4,7 +4,7 @@ set -euo pipefail
 
 PACKAGES=(
   # build
-  build-essential cmake ninja-build pkg-config git python3
+  build-essential cmake ninja-build pkg-config git python3 ccache
   # libraries
   libzydis-dev libprotobuf-dev protobuf-compiler libzstd-dev libssl-dev libxxhash-dev libfmt-dev libcli11-dev
   libgtest-dev libgmock-dev
