@@ -2,10 +2,12 @@
 """The software CPU against QEMU TCG (issue 15): the same images, in one run, instructions per second and the ratio.
 
 Workloads: cpu-bound (integer loop), mem-bound (random accesses over 64 MiB of 4 KiB pages), syscall-bound (ring 3
-SYSCALL/INT 0x80 under a 1 kHz timer), the bundled Linux guest's boot to its marker, and that guest running a fixed
-busybox workload (/scripts/workload); both sides boot the same extracted vmlinux and initramfs. For each: deja's instruction count (--stats; QEMU's rate uses the same count,
-QEMU does not count), deja's and QEMU's time and instructions per second, their ratio, and deja's `record` time over
-its `run` time.
+SYSCALL/INT 0x80 under a 1 kHz timer), string-bound (glibc's AVX2 memset/memcpy/strlen/memchr/memcmp loops: deja's
+default model, x86-64-v3, against QEMU's `-cpu max`, its model with AVX2; both checksums must agree), the bundled
+Linux guest's boot to its marker, and that guest running a fixed busybox workload (/scripts/workload); both sides
+boot the same extracted vmlinux and initramfs. For each: deja's instruction count (--stats; QEMU's rate uses the
+same count, QEMU does not count), deja's and QEMU's time and instructions per second, their ratio, and deja's
+`record` time over its `run` time.
 
 Times are CPU time (user + system of the child process), because this shared 2-core machine is loaded and wall time
 measures the neighbours; wall time is printed too. The fixed start-up cost of each side (an image run with n=1, or
@@ -52,9 +54,15 @@ def instructions_of(text):
     return int(m.group(1)) if m else None
 
 
+def checksum_of(text):
+    m = re.search(r"checksum=(0x[0-9a-f]+)", text)
+    return m.group(1) if m else None
+
+
 class Workload:
-    def __init__(self, name, kind, image=None, args="", startup_args=None, check=None):
+    def __init__(self, name, kind, image=None, args="", startup_args=None, check=None, qemu_cpu=None):
         self.name, self.kind, self.image, self.args = name, kind, image, args
+        self.qemu_cpu = qemu_cpu          # QEMU's -cpu, where its default model lacks what the guest needs
         self.startup_args = startup_args  # the same image doing (almost) nothing: the fixed cost
         self.check = check                # a regex the guest's output must contain
 
@@ -86,6 +94,8 @@ def main():
         Workload("cpu-bound", "image", "cpu-bound.elf", f"n={n(60_000_000)}", "n=1", r"checksum=0x"),
         Workload("mem-bound", "image", "mem-bound.elf", f"n={n(20_000_000)}", "n=1", r"checksum=0x"),
         Workload("syscall-bound", "image", "syscall-bound.elf", f"n={n(2_000_000)}", "n=1", r"checksum=0x"),
+        Workload("string-bound", "image", "string-bound.elf", f"n={n(400_000)}", "n=1", r"checksum=0x",
+                 qemu_cpu="max"),
         Workload("linux-boot", "linux", args="deja.script=ready", check=r"deja-linux: ready"),
         Workload("linux-workload", "linux", args=f"deja.script=workload deja.rounds={n(12)}",
                  check=r"workload: \d+ rounds"),
@@ -120,7 +130,8 @@ def main():
         if w.kind == "linux":
             return linux_guest.qemu_argv(vmlinux, os.path.join(guest_linux, "initramfs.cpio"),
                                          f"{cmdline} {guest_args}")
-        return ["qemu-system-x86_64", "-accel", "tcg", "-m", "256M", "-kernel", os.path.join(guests, w.image),
+        cpu = ["-cpu", w.qemu_cpu] if w.qemu_cpu else []
+        return ["qemu-system-x86_64", "-accel", "tcg", *cpu, "-m", "256M", "-kernel", os.path.join(guests, w.image),
                 "-append", guest_args, "-device", "isa-debug-exit,iobase=0xf4,iosize=4", "-serial", "stdio",
                 "-display", "none", "-no-reboot"]
 
@@ -129,6 +140,7 @@ def main():
         print(f"== {w.name} ({w.args})", flush=True)
         fig = {"args": w.args}
         qemu_startup = 0.0
+        qemu_checksum = None
         if have_qemu and (w.kind != "linux" or vmlinux):
             if w.startup_args:
                 qemu_startup = best(args.repeat, lambda: run_measured(qemu_argv(w, w.startup_args)))[0]
@@ -136,6 +148,7 @@ def main():
             if w.check and not re.search(w.check, out):
                 print(f"  qemu: the guest did not finish as expected; output ends:\n{out[-1500:]}")
             fig["qemu"] = {"cpu_s": cpu, "wall_s": wall, "startup_cpu_s": qemu_startup}
+            qemu_checksum = checksum_of(out)
         for mode in modes:
             startup = 0.0
             if w.startup_args:
@@ -144,6 +157,8 @@ def main():
             if w.check and not re.search(w.check, out):
                 print(f"  deja {mode}: the guest did not finish as expected (status {status}); output ends:\n"
                       f"{out[-1500:]}")
+            if qemu_checksum and checksum_of(out) != qemu_checksum:
+                print(f"  deja {mode}: checksum {checksum_of(out)}, QEMU's {qemu_checksum}: the CPUs disagree")
             entry = {"cpu_s": cpu, "wall_s": wall, "startup_cpu_s": startup, "instructions": instructions_of(out)}
             if not args.no_record and mode == modes[0]:
                 trace = os.path.join(tmp, f"{w.name}.trace")

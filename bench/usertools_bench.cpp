@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   const long rss_before = max_rss_kib();
   auto dump = [&](DumpFormat format) {
     std::filesystem::remove(out);
-    auto file = ReplacingFile::create(out, "memory dump");
+    auto file = ProductFile::create_replacing(out, "memory dump", ProductFile::Unfinished::kRemove);
     if (!file || !write_memory_dump(*ram, std::span(&cpu, 1), format, **file) || !(*file)->commit()) std::abort();
   };
   // The peer: the same bytes with one plain write() each 8 MiB, no format at all.
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   std::memset(idle->host_base(), 0x5a, 16 << 20);
   const double idle_s = best_of(3, [&] {
     std::filesystem::remove(out);
-    auto file = ReplacingFile::create(out, "memory dump");
+    auto file = ProductFile::create_replacing(out, "memory dump", ProductFile::Unfinished::kRemove);
     if (!file || !write_memory_dump(*idle, std::span(&cpu, 1), DumpFormat::kElf, **file) || !(*file)->commit())
       std::abort();
   });

@@ -31,6 +31,7 @@ enum class ExitKind : uint8_t {
   kCoordinateMissed,  // CoordinateSeeker: the vCPU went past the target without reaching it (`detail`)
   kShutdown,          // triple fault: the VM cannot continue
   kFault,             // failed entry, internal error, or unimplemented state: `detail` says what
+  kPause,             // PAUSE retired (with set_pause_exits): a spin-wait hint; RIP is past it, `rip` the PAUSE
 };
 
 std::string_view exit_kind_name(ExitKind kind);
@@ -145,6 +146,16 @@ class Backend {
   // (RFLAGS.IF set, no STI/MOV SS shadow, no event already pending).
   virtual bool can_inject_interrupt() = 0;
   virtual Result<> inject_interrupt(uint8_t vector) = 0;
+  // Raises NMI (an NMI message from the vCPU's local APIC): delivered through vector 2 at the next instruction
+  // boundary where NMIs are not blocked (they are from an NMI's delivery to the next IRET), waking a HLT.
+  virtual Result<> inject_nmi() {
+    return fail(ErrorKind::kUnsupported, "the {} backend cannot deliver an NMI", name());
+  }
+  // Every PAUSE returns a kPause exit once it retired (a multiprocessor's scheduler sees spin-waits: docs/smp.md).
+  virtual Result<> set_pause_exits(bool on) {
+    if (!on) return {};
+    return fail(ErrorKind::kUnsupported, "the {} backend cannot stop at PAUSE", name());
+  }
   // Ask for a kInterruptWindow exit as soon as can_inject_interrupt() would become true.
   virtual void request_interrupt_window(bool enable) = 0;
 

@@ -21,6 +21,7 @@ std::string_view exit_kind_name(ExitKind kind) {
     case ExitKind::kDebug: return "debug";
     case ExitKind::kShutdown: return "shutdown";
     case ExitKind::kFault: return "fault";
+    case ExitKind::kPause: return "pause";
   }
   return "unknown";
 }

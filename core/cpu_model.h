@@ -41,6 +41,15 @@ struct CpuFeature {
 std::span<const CpuFeature> cpu_features();
 const CpuFeature& feature(std::string_view name);
 
+// An MSR a CPU model answers by itself, without state: reads give `value`; a write is accepted, and has no
+// effect, when it sets no bit outside `writable`, else it is #GP (docs/cpu-models.md, "MSRs").
+struct ModelMsr {
+  uint32_t index = 0;
+  uint64_t value = 0;
+  uint64_t writable = 0;
+  bool accepts(uint64_t written) const { return (written & ~writable) == 0; }
+};
+
 class CpuModel {
  public:
   // The models this deja implements, in the order a default is chosen (richest first). deja-v1, the model
@@ -53,12 +62,22 @@ class CpuModel {
   static std::string names();
 
   static const CpuModel& deja_v1();    // CX16, POPCNT, MOVBE, LZCNT on SSE2; no PSE/PGE
-  static const CpuModel& x86_64_v1();  // the x86-64 baseline (psABI v1 without MMX) plus what Linux requires
+  static const CpuModel& x86_64_v1();  // the x86-64 baseline (psABI v1) plus what Linux requires
+  static const CpuModel& x86_64_v2();  // x86-64-v1 plus the psABI's v2: CX16, LAHF_LM, POPCNT, SSE3-SSE4.2
+  static const CpuModel& x86_64_v3();  // x86-64-v2 plus the psABI's v3: AVX, AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE, XSAVE
+  // The earlier versions of the models, which only traces name: x86-64-v1 version 1 (deja's own vendor, no MMX),
+  // and x86-64-v1 version 2, x86-64-v2 and x86-64-v3 version 1 (deja's own vendor, which glibc does not read).
+  static std::span<const CpuModel* const> earlier_versions();
+  static const CpuModel& x86_64_v1_version1();
 
   // This model on the APIC PC (--machine pc-apic): the same name, version and table, plus APIC, X2APIC and
   // TSC_DEADLINE in CPUID.1, which the machine's local APIC provides. The machine type is recorded next to
   // the model, so a trace names both. Models without a local APIC never set these bits.
   const CpuModel& with_local_apic() const;
+  // This model as vCPU `apic_id` of a multiprocessor sees it: its initial APIC ID in CPUID.1:EBX[31:24]
+  // (each vCPU is a package of its own: one logical processor, as leaves 1 and 4 already say). ID 0 is
+  // this model itself.
+  const CpuModel& for_apic_id(uint8_t apic_id) const;
 
   // Recorded in trace headers with the name; bump `version` whenever any answer of the model changes.
   uint32_t version() const { return version_; }
@@ -66,9 +85,13 @@ class CpuModel {
   std::span<const CpuidEntry> entries() const { return entries_; }
 
   // What CPUID returns for (leaf, subleaf), with KVM's exact semantics for leaves absent from the
-  // table (for a non-AMD vendor: an out-of-range leaf reads as the highest basic leaf, an in-range
-  // leaf with no entry reads as zeros), so both backends answer identically.
+  // table (for AuthenticAMD every such leaf reads as zeros, as on AMD's CPUs; for deja's own vendor an
+  // out-of-range leaf reads as the highest basic leaf and an in-range leaf with no entry as zeros), so both
+  // backends answer identically.
   CpuidResult cpuid(uint32_t leaf, uint32_t subleaf) const;
+  // The vendor string of CPUID leaf 0 ("AuthenticAMD", or deja's own "DejaVuReplay" in the first models).
+  std::string vendor() const;
+  bool is_amd() const;
   bool has(const CpuFeature& f) const;
   // The hardware features this model advertises, in cpu_features() order.
   std::vector<CpuFeature> hardware_features() const;
@@ -79,6 +102,10 @@ class CpuModel {
   // other MSR exits to the VMM (KVM: via the MSR filter), which emulates it or answers #GP.
   static bool cpu_owns_msr(uint32_t msr);
   static std::span<const uint32_t> cpu_owned_msrs();
+  // The MSR `index` if this model answers it itself (the same answer on every backend, a function of the model:
+  // never recorded): the AMD MSRs that AuthenticAMD software relies on and the performance counters of a CPU
+  // without a PMU, as KVM answers them (docs/cpu-models.md). None for deja-v1 and the first x86-64-v1.
+  const ModelMsr* msr(uint32_t index) const;
 
   // TSC frequency every model promises (the guest's TSC ticks at this rate of virtual time).
   static constexpr uint64_t kTscHz = 2'000'000'000;
@@ -87,6 +114,7 @@ class CpuModel {
   uint32_t version_ = 0;
   std::string_view name_;
   std::vector<CpuidEntry> entries_;
+  std::span<const ModelMsr> msrs_;
   friend struct CpuModelBuilder;
 };
 

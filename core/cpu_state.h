@@ -54,11 +54,14 @@ struct CpuState {
   TableReg gdt, idt;
   uint64_t cr0 = 0, cr2 = 0, cr3 = 0, cr4 = 0, cr8 = 0;
   uint64_t efer = 0;
-  uint64_t xcr0 = 1;
+  uint64_t xcr0 = 1;  // XSETBV's XCR0 (xcr0:: bits); 1 (x87 only) is its reset value
   MsrState msrs;
 
   // x87/SSE state in FXSAVE layout (512 bytes): FCW, FSW, ..., MXCSR, ST0-7, XMM0-15.
   std::array<uint8_t, 512> fxsave{};
+  // The upper halves (bits 128-255) of YMM0-15: XSAVE state component 2 (AVX), in its XSAVE layout (16 bytes a
+  // register). The lower halves are the XMM registers in `fxsave`.
+  std::array<uint8_t, 256> ymmh{};
 
   // Interrupt shadow (STI / MOV SS) in effect for the next instruction.
   bool interrupt_shadow = false;
@@ -82,11 +85,21 @@ namespace cr4 {
 constexpr uint64_t kPse = 1u << 4, kPae = 1u << 5, kPge = 1u << 7, kOsfxsr = 1u << 9, kOsxmmexcpt = 1u << 10,
                    kFsgsbase = 1u << 16, kOsxsave = 1u << 18;
 }
+namespace xcr0 {
+constexpr uint64_t kX87 = 1u << 0, kSse = 1u << 1, kAvx = 1u << 2;
+}
 namespace efer {
 constexpr uint64_t kSce = 1u << 0, kLme = 1u << 8, kLma = 1u << 10, kNxe = 1u << 11;
 }
 
 // Human-readable register dump for diagnostics (triple fault, failed entry, divergence reports).
 std::string format_cpu_state(const CpuState& state);
+
+// A processor after INIT (Intel SDM vol. 3, table 9-1, "Following INIT"; x87 and SSE as at power-up): real
+// mode at F000:FFF0, EDX = the CPUID.1 signature `signature`.
+CpuState cpu_state_after_init(uint32_t signature);
+// An application processor started by a STARTUP message with `vector` (SDM 8.4.4.1, 10.6.1): as after INIT,
+// in real mode at CS = vector << 8, IP = 0.
+CpuState cpu_state_at_startup(uint8_t vector, uint32_t signature);
 
 }  // namespace deja

@@ -1,4 +1,4 @@
-// Local APIC: register file (xAPIC MMIO and x2APIC MSR views), priority and EOI, IPIs to self, LVT, timer, IA32_APIC_BASE.
+// Local APIC: register file (xAPIC MMIO and x2APIC MSR views), priority and EOI, IPIs, message reception, LVT, timer, IA32_APIC_BASE.
 #include "devices/lapic.h"
 
 #include <algorithm>
@@ -45,11 +45,12 @@ constexpr uint32_t kX2IcrReserved = 0xfff33000;
 
 LocalApic::LocalApic(Clock& clock, const LocalApicConfig& config, InterruptController& ext_int)
     : clock_(clock), config_(config), ext_int_(ext_int) {
-  apic_base_ = kBase | kBaseBsp | kBaseEnable;
+  apic_base_ = kBase | (config.bsp ? kBaseBsp : 0) | kBaseEnable;
   reset_registers();
   // The firmware's virtual-wire set-up on the BSP (MP specification 3.6.2.2), as QEMU and KVM
   // reset it: the 8259A reaches the CPU through LINT0 as ExtINT until the OS reprograms LINT0.
-  lvt_[kLvtLint0] = apic_delivery::kExtInt << 8;
+  // Application processors keep LINT0 masked.
+  if (config.bsp) lvt_[kLvtLint0] = apic_delivery::kExtInt << 8;
 }
 
 void LocalApic::reset_registers() {
@@ -186,53 +187,75 @@ bool LocalApic::matches(bool logical, uint32_t destination, bool x2_format) cons
 }
 
 bool LocalApic::deliver(const ApicMessage& message) {
-  if (!hw_enabled() || !matches(message.logical, message.destination, false)) return false;
+  if (!hw_enabled() || !matches(message.logical, message.destination, message.x2_destination)) return false;
+  return receive(message);
+}
+
+bool LocalApic::receive(const ApicMessage& message) {
   switch (message.delivery_mode) {
     case apic_delivery::kFixed:
-    case apic_delivery::kLowestPriority:  // one CPU: it is the lowest-priority one
+    case apic_delivery::kLowestPriority:  // the bus chose this CPU (alone, it is the lowest-priority one)
       return accept(message.vector, message.level);
     case apic_delivery::kExtInt:
       extint_requested_ = true;  // INTA goes to the 8259A
       return true;
+    case apic_delivery::kNmi:
+      if (!signals_) return false;  // alone on its bus (device model 3's one vCPU): not modelled
+      signals_->nmi(index_);
+      return true;
+    case apic_delivery::kInit: {
+      if (!signals_) return false;
+      // INIT resets the APIC as power-up would, except its ID and IA32_APIC_BASE (xAPIC or x2APIC mode
+      // stays): SDM 10.4.7.3 and 10.12.5.1. The CPU then waits for a STARTUP message.
+      const uint32_t id = id_, ldr = ldr_;
+      reset_registers();
+      id_ = id;
+      if (x2apic_mode()) ldr_ = ldr;  // derived from the x2APIC ID, read-only
+      signals_->init(index_);
+      return true;
+    }
+    case apic_delivery::kStartup:
+      if (!signals_) return false;
+      signals_->startup(index_, message.vector);
+      return true;
     default:
-      return false;  // SMI, NMI, INIT, start-up: not modelled (docs/devices.md)
+      return false;  // SMI: deja has no system-management mode
   }
 }
 
 void LocalApic::deliver_msi(uint64_t address, uint32_t data) {
-  if ((address >> 20) != 0xfee) return;  // not an interrupt message
-  bool level = data & 0x8000;
-  if (level && !(data & 0x4000)) return;  // a level de-assert message carries no interrupt
-  ApicMessage m;
-  m.vector = uint8_t(data);
-  m.delivery_mode = uint8_t((data >> 8) & 7);
-  m.logical = address & 4;
-  m.destination = uint32_t((address >> 12) & 0xff);
-  m.level = level;
-  deliver(m);
+  if (auto m = decode_msi(address, data)) deliver(*m);
 }
 
 void LocalApic::send_ipi(uint32_t icr_low, uint32_t destination, bool x2) {
-  uint8_t vector = uint8_t(icr_low);
-  unsigned mode = (icr_low >> 8) & 7;
-  bool logical = icr_low & (1u << 11);
-  bool to_self = false;
-  switch ((icr_low >> 18) & 3) {
-    case 0: to_self = matches(logical, x2 ? destination : destination >> 24, x2); break;
-    case 1:  // self
-    case 2:  // all including self
-      to_self = true;
-      break;
-    default: break;  // all excluding self: there is no other CPU
+  ApicMessage m;
+  m.vector = uint8_t(icr_low);
+  m.delivery_mode = uint8_t((icr_low >> 8) & 7);
+  m.logical = icr_low & (1u << 11);
+  m.level = icr_low & (1u << 15);
+  m.shorthand = IpiShorthand((icr_low >> 18) & 3);
+  m.destination = x2 ? destination : destination >> 24;
+  m.x2_destination = x2;
+  m.source = index_;
+  const bool vectored = m.delivery_mode == apic_delivery::kFixed || m.delivery_mode == apic_delivery::kLowestPriority;
+  if (vectored && m.vector < 16) {
+    signal_error(kEsrSendIllegalVector);
+    return;
   }
-  if (mode == apic_delivery::kFixed || mode == apic_delivery::kLowestPriority) {
-    if (vector < 16) {
-      signal_error(kEsrSendIllegalVector);
-      return;
-    }
-    if (to_self) accept(vector, false);
+  if (!ipi_bus_) {
+    // Alone on the bus: a fixed or lowest-priority IPI can reach this CPU only; the rest is dropped.
+    const bool to_self = m.shorthand == IpiShorthand::kSelf || m.shorthand == IpiShorthand::kAllIncludingSelf ||
+                         (m.shorthand == IpiShorthand::kNone && matches(m.logical, m.destination, x2));
+    if (vectored && to_self) accept(m.vector, false);
+    return;
   }
-  // NMI, INIT, start-up, SMI IPIs: dropped, as from the I/O APIC.
+  // INIT level de-assert (trigger level, level 0) only synchronizes arbitration IDs: no effect on any CPU.
+  if (m.delivery_mode == apic_delivery::kInit && m.level && !(icr_low & (1u << 14))) return;
+  // ExtINT IPIs and the self shorthand with anything but a fixed interrupt are invalid (SDM Table 10-2).
+  if (m.delivery_mode == apic_delivery::kExtInt) return;
+  if (m.shorthand == IpiShorthand::kSelf && m.delivery_mode != apic_delivery::kFixed) return;
+  m.level = false;  // the trigger mode applies to INIT de-assert only (SDM 10.6.1): IPIs are edge-triggered
+  ipi_bus_->deliver(m);
 }
 
 // ---- registers --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// The local APIC of the one vCPU: xAPIC registers at 0xFEE00000, x2APIC MSRs 0x800-0x8FF, IA32_APIC_BASE, the APIC timer.
+// A local APIC, one per vCPU: xAPIC registers at 0xFEE00000, x2APIC MSRs 0x800-0x8FF, IA32_APIC_BASE, IPIs, the APIC timer.
 #pragma once
 
 #include <array>
@@ -15,6 +15,7 @@ namespace deja {
 
 struct LocalApicConfig {
   uint32_t apic_id = 0;       // the initial APIC ID (CPUID.1:EBX[31:24])
+  bool bsp = true;            // IA32_APIC_BASE.BSP: the bootstrap processor's (the firmware's virtual wire on LINT0)
   bool x2apic = false;        // CPUID.1:ECX.x2APIC: IA32_APIC_BASE.EXTD may be set
   bool tsc_deadline = false;  // CPUID.1:ECX.TSC_DEADLINE: LVT timer mode 2 and IA32_TSC_DEADLINE
   uint64_t tsc_hz = 2'000'000'000;  // the guest's TSC rate of virtual time (the CPU model's)
@@ -38,9 +39,9 @@ struct LocalApicConfig {
 // device deadlines (next_deadline_ns / advance) like the PIT's. The TSC deadline converts to ns
 // with the model's TSC rate, the same mapping the engine uses for RDTSC.
 //
-// Not modelled, documented in docs/devices.md: NMI, SMI, INIT and start-up messages are dropped
-// (the backends inject only vectored interrupts); LINT0 carries only the 8259A's INTR as ExtINT
-// (LINT1 is not connected); the APIC page cannot be relocated (an IA32_APIC_BASE write that moves
+// Not modelled, documented in docs/devices.md: without a CpuSignalSink (a one-vCPU machine, as in
+// device model 3) NMI, INIT and start-up messages are dropped; SMI always is (no SMM); LINT0 carries only
+// the 8259A's INTR as ExtINT (LINT1 is not connected); the APIC page cannot be relocated (an IA32_APIC_BASE write that moves
 // it is #GP); CR8 is the backend's and does not alias the TPR.
 class LocalApic : public Device, public InterruptController, public ApicBus, public MsiSink {
  public:
@@ -56,6 +57,13 @@ class LocalApic : public Device, public InterruptController, public ApicBus, pub
 
   // The EOI broadcast for level-triggered vectors goes here (the I/O APIC).
   void set_eoi_listener(EoiListener* listener) { eoi_listener_ = listener; }
+  // On a multiprocessor's APIC bus (devices/apic_fabric.h): IPIs go out through `bus`, NMI, INIT and STARTUP
+  // messages received go to `signals` as CPU `index`. Without this the APIC is alone: IPIs reach itself only.
+  void attach_bus(ApicBus* bus, CpuSignalSink* signals, uint32_t index) {
+    ipi_bus_ = bus;
+    signals_ = signals;
+    index_ = index;
+  }
 
   // Device: the xAPIC page (offsets from kBase).
   std::string_view name() const override { return "lapic"; }
@@ -79,9 +87,17 @@ class LocalApic : public Device, public InterruptController, public ApicBus, pub
   bool interrupt_pending() override;
   uint8_t acknowledge() override;
 
-  // ApicBus / MsiSink: messages from the I/O APIC and PCI devices.
+  // ApicBus / MsiSink: messages from the I/O APIC and PCI devices, when this APIC is alone on its bus.
   bool deliver(const ApicMessage& message) override;
   void deliver_msi(uint64_t address, uint32_t data) override;
+  // The APIC bus's view (devices/apic_fabric.h): does a message's destination name this APIC (IPI
+  // shorthands aside), its arbitration priority for lowest-priority delivery, and taking a message it was
+  // chosen for (true: accepted).
+  bool matches(bool logical, uint32_t destination, bool x2_format) const;
+  uint8_t apr() const;
+  bool receive(const ApicMessage& message);
+  bool hw_enabled() const;
+  uint32_t apic_id() const { return config_.apic_id; }
 
   // For tests and diagnostics.
   uint64_t apic_base() const { return apic_base_; }
@@ -99,10 +115,8 @@ class LocalApic : public Device, public InterruptController, public ApicBus, pub
   static void set(Bits& b, uint8_t v, bool on);
   static int highest(const Bits& b);
 
-  bool hw_enabled() const;
   bool sw_enabled() const { return svr_ & 0x100; }
   void reset_registers();
-  uint8_t apr() const;
 
   // Register file access by index (offset >> 4, or MSR - 0x800); `x2` selects x2APIC semantics.
   std::optional<uint64_t> read_register(unsigned index, bool x2);
@@ -111,7 +125,6 @@ class LocalApic : public Device, public InterruptController, public ApicBus, pub
   void write_svr(uint32_t value);
   void eoi();
   void send_ipi(uint32_t icr_low, uint32_t destination, bool x2);
-  bool matches(bool logical, uint32_t destination, bool x2_format) const;
   // A fixed interrupt from a local source or a message: IRR (and TMR), or a receive-illegal-vector error.
   bool accept(uint8_t vector, bool level);
   void signal_error(uint32_t bits);
@@ -132,6 +145,9 @@ class LocalApic : public Device, public InterruptController, public ApicBus, pub
   LocalApicConfig config_;
   InterruptController& ext_int_;
   EoiListener* eoi_listener_ = nullptr;
+  ApicBus* ipi_bus_ = nullptr;
+  CpuSignalSink* signals_ = nullptr;
+  uint32_t index_ = 0;
 
   uint64_t apic_base_ = 0;
   uint32_t id_ = 0;  // xAPIC ID register (ID in bits 31:24)

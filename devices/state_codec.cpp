@@ -12,7 +12,7 @@ StateWriter::StateWriter(std::string_view tag, uint8_t version) {
   bytes_[4] = version;
 }
 
-StateReader::StateReader(std::span<const uint8_t> state, std::string_view tag, uint8_t version)
+StateReader::StateReader(std::span<const uint8_t> state, std::string_view tag, uint8_t oldest, uint8_t newest)
     : state_(state), tag_(tag) {
   if (state.size() < 5) {
     invalid(fmt::format("state is {} bytes, shorter than its 5-byte header", state.size()));
@@ -23,10 +23,13 @@ StateReader::StateReader(std::span<const uint8_t> state, std::string_view tag, u
     invalid(fmt::format("state tag is '{}', expected '{}' (state of another device?)", got, tag));
     return;
   }
-  if (state[4] != version) {
-    invalid(fmt::format("state version is {}, this build reads version {}", state[4], version));
+  if (state[4] < oldest || state[4] > newest) {
+    invalid(oldest == newest ? fmt::format("state version is {}, this build reads version {}", state[4], newest)
+                             : fmt::format("state version is {}, this build reads versions {} to {}", state[4], oldest,
+                                           newest));
     return;
   }
+  version_ = state[4];
   pos_ = 5;
 }
 

@@ -37,7 +37,11 @@ class StateWriter {
 // finish() reports the first problem, so restore() code stays a straight sequence of reads.
 class StateReader {
  public:
-  StateReader(std::span<const uint8_t> state, std::string_view tag, uint8_t version);
+  StateReader(std::span<const uint8_t> state, std::string_view tag, uint8_t version)
+      : StateReader(state, tag, version, version) {}
+  // A state of any version from `oldest` to `newest` (a format that grew: version() says which was read).
+  StateReader(std::span<const uint8_t> state, std::string_view tag, uint8_t oldest, uint8_t newest);
+  uint8_t version() const { return version_; }
   uint8_t u8() { return uint8_t(le(1)); }
   bool boolean();
   uint16_t u16() { return uint16_t(le(2)); }
@@ -55,6 +59,7 @@ class StateReader {
   uint64_t le(int n);
   std::span<const uint8_t> state_;
   std::string tag_;
+  uint8_t version_ = 0;
   size_t pos_ = 0;
   std::string error_;
 };

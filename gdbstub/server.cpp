@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "core/messages.h"
+
 namespace deja::gdb {
 namespace {
 
@@ -83,6 +85,16 @@ constexpr char kTargetXml[] = R"(<?xml version="1.0"?>
 <reg name="cr3" bitsize="64" type="int" group="system"/><reg name="cr4" bitsize="64" type="int" group="system"/>
 <reg name="cr8" bitsize="64" type="int" group="system"/><reg name="efer" bitsize="64" type="int" group="system"/>
 </feature>
+<feature name="org.gnu.gdb.i386.avx">
+<reg name="ymm0h" bitsize="128" type="uint128"/><reg name="ymm1h" bitsize="128" type="uint128"/>
+<reg name="ymm2h" bitsize="128" type="uint128"/><reg name="ymm3h" bitsize="128" type="uint128"/>
+<reg name="ymm4h" bitsize="128" type="uint128"/><reg name="ymm5h" bitsize="128" type="uint128"/>
+<reg name="ymm6h" bitsize="128" type="uint128"/><reg name="ymm7h" bitsize="128" type="uint128"/>
+<reg name="ymm8h" bitsize="128" type="uint128"/><reg name="ymm9h" bitsize="128" type="uint128"/>
+<reg name="ymm10h" bitsize="128" type="uint128"/><reg name="ymm11h" bitsize="128" type="uint128"/>
+<reg name="ymm12h" bitsize="128" type="uint128"/><reg name="ymm13h" bitsize="128" type="uint128"/>
+<reg name="ymm14h" bitsize="128" type="uint128"/><reg name="ymm15h" bitsize="128" type="uint128"/>
+</feature>
 </target>
 )";
 
@@ -134,12 +146,14 @@ std::string register_hex(const CpuState& st, int n) {
     case 62: return hex_le(st.cr4, 8);
     case 63: return hex_le(st.cr8, 8);
     case 64: return hex_le(st.efer, 8);
-    default: return {};
+    default: break;
   }
+  if (n < 81) return hex_encode(std::span(st.ymmh).subspan(16 * (n - 65), 16));  // YMM0-15 bits 128-255
+  return {};
 }
 
 std::string error_reply(int code) { return fmt::format("E{:02x}", code); }
-constexpr int kEInvalid = 0x01, kEFault = 0x0e, kERefused = 0x16, kENoTarget = 0x03;
+constexpr int kEInvalid = 0x01, kEFault = 0x0e, kERefused = 0x16, kENoTarget = 0x03, kENoSpace = 0x1c;
 
 std::optional<WatchKind> watch_kind_of(char type) {
   switch (type) {
@@ -155,23 +169,34 @@ std::optional<WatchKind> watch_kind_of(char type) {
 std::string_view target_xml() { return kTargetXml; }
 
 std::string Server::stop_reply(const StopInfo& stop) {
+  const std::string thread = fmt::format("thread:{:x};", target_.stopped_vcpu() + 1);
   switch (stop.why) {
-    case StopInfo::Why::kStep: return "T05thread:1;";
-    case StopInfo::Why::kBreakpoint: return stop.hardware ? "T05hwbreak:;thread:1;" : "T05swbreak:;thread:1;";
+    case StopInfo::Why::kStep: return "T05" + thread;
+    case StopInfo::Why::kBreakpoint: return (stop.hardware ? "T05hwbreak:;" : "T05swbreak:;") + thread;
     case StopInfo::Why::kWatchpoint: {
       const char* name = stop.watch_kind == WatchKind::kRead ? "rwatch" : stop.watch_kind == WatchKind::kAccess ? "awatch" : "watch";
-      return fmt::format("T05{}:{:x};thread:1;", name, stop.watch_address);
+      return fmt::format("T05{}:{:x};{}", name, stop.watch_address, thread);
     }
-    case StopInfo::Why::kInterrupted: return "T02thread:1;";
-    case StopInfo::Why::kHistoryBegin: return "T05replaylog:begin;thread:1;";
-    case StopInfo::Why::kHistoryEnd: return "T05replaylog:end;thread:1;";
-    case StopInfo::Why::kError: return "T06thread:1;";  // SIGABRT: the replay cannot go on
+    case StopInfo::Why::kInterrupted: return "T02" + thread;
+    case StopInfo::Why::kHistoryBegin: return "T05replaylog:begin;" + thread;
+    case StopInfo::Why::kHistoryEnd: return "T05replaylog:end;" + thread;
+    case StopInfo::Why::kError: return "T06" + thread;  // SIGABRT: the replay cannot go on
   }
   return "S05";
 }
 
+std::string Server::interrupted_reply() { return stop_reply(StopInfo{StopInfo::Why::kInterrupted}); }
+
+std::optional<uint32_t> Server::thread_vcpu(std::string_view id) {
+  // "0" (any thread) and "-1" (all threads) name the vCPU the machine stopped on.
+  if (id == "0" || id == "-1") return target_.stopped_vcpu();
+  auto n = parse_hex_u64(id);
+  if (!n || *n == 0 || *n > target_.threads()) return std::nullopt;
+  return uint32_t(*n - 1);
+}
+
 std::string Server::read_registers() {
-  auto st = target_.registers();
+  auto st = target_.registers(selected_);
   if (!st) return error_reply(kENoTarget);
   std::string out;
   for (int n = 0; n < kRegisterCount; ++n) out += register_hex(*st, n);
@@ -180,7 +205,7 @@ std::string Server::read_registers() {
 
 std::optional<std::string> Server::read_register(uint64_t number) {
   if (number >= kRegisterCount) return std::nullopt;
-  auto st = target_.registers();
+  auto st = target_.registers(selected_);
   if (!st) return error_reply(kENoTarget);
   return register_hex(*st, int(number));
 }
@@ -191,8 +216,9 @@ std::string Server::resume(const ResumeRequest& base, const std::function<bool()
   request.breakpoints.insert(request.breakpoints.end(), hardware_breakpoints_.begin(), hardware_breakpoints_.end());
   request.watchpoints = watchpoints_;
   last_stop_ = target_.resume(request, interrupted);
+  selected_ = target_.stopped_vcpu();  // gdb reads the stopped thread's registers next (or says Hg first)
   if (last_stop_.why == StopInfo::Why::kBreakpoint) {
-    auto st = target_.registers();
+    auto st = target_.registers(selected_);
     last_stop_.hardware =
         st && std::find(hardware_breakpoints_.begin(), hardware_breakpoints_.end(), st->rip) != hardware_breakpoints_.end() &&
         std::find(software_breakpoints_.begin(), software_breakpoints_.end(), st->rip) == software_breakpoints_.end();
@@ -214,7 +240,12 @@ std::string Server::breakpoint(std::string_view packet, bool insert) {
     auto& list = type == '0' ? software_breakpoints_ : hardware_breakpoints_;
     auto it = std::find(list.begin(), list.end(), *address);
     if (insert && it == list.end()) {
-      if (list.size() >= 4096) return error_reply(kERefused);
+      // Every step compares its RIP with each breakpoint: a bounded list keeps stepping fast (docs/debugging.md).
+      if (list.size() >= kMaxBreakpoints) {
+        refusal_ = fmt::format("a breakpoint at {:#x} refused: deja holds at most {} {} breakpoints", *address,
+                               kMaxBreakpoints, type == '0' ? "software" : "hardware");
+        return error_reply(kENoSpace);
+      }
       list.push_back(*address);
     }
     if (!insert && it != list.end()) list.erase(it);
@@ -226,7 +257,12 @@ std::string Server::breakpoint(std::string_view packet, bool insert) {
   Watchpoint w{*address, *kind, *watch};
   auto it = std::find(watchpoints_.begin(), watchpoints_.end(), w);
   if (insert && it == watchpoints_.end()) {
-    if (watchpoints_.size() >= 256) return error_reply(kERefused);
+    // Every memory access is compared with each watchpoint (docs/debugging.md).
+    if (watchpoints_.size() >= kMaxWatchpoints) {
+      refusal_ = fmt::format("a watchpoint at {:#x} refused: deja holds at most {} watchpoints", *address,
+                             kMaxWatchpoints);
+      return error_reply(kENoSpace);
+    }
     watchpoints_.push_back(w);
   }
   if (!insert && it != watchpoints_.end()) watchpoints_.erase(it);
@@ -256,10 +292,18 @@ std::string Server::handle_query(std::string_view p, const std::function<bool()>
     return reply;
   }
   if (p == "qAttached") return "1";
-  if (p == "qC") return "QC1";
-  if (p == "qfThreadInfo") return "m1";
+  if (p == "qC") return fmt::format("QC{:x}", target_.stopped_vcpu() + 1);
+  if (p == "qfThreadInfo") {
+    std::string list = "m1";
+    for (uint32_t t = 2; t <= target_.threads(); ++t) list += fmt::format(",{:x}", t);
+    return list;
+  }
   if (p == "qsThreadInfo") return "l";
-  if (p.starts_with("qThreadExtraInfo")) return hex_encode(std::string_view("vCPU 0"));
+  if (p.starts_with("qThreadExtraInfo,")) {
+    auto vcpu = thread_vcpu(p.substr(std::string_view("qThreadExtraInfo,").size()));
+    if (!vcpu) return error_reply(kEInvalid);
+    return hex_encode(std::string_view(fmt::format("vCPU {}", *vcpu)));
+  }
   if (p == "qOffsets") return "Text=0;Data=0;Bss=0";
   if (p.starts_with("qSymbol")) return "OK";
   if (p.starts_with("qRcmd,")) {
@@ -310,15 +354,24 @@ std::optional<std::string> Server::handle(std::string_view p, const std::functio
       // Writes would make the replay diverge from the recording; refused, as rr does.
       return error_reply(kERefused);
     case 'm': {
-      auto range = parse_addr_length(p.substr(1), (kMaxPacket - 16) / 2);
+      // Up to the PacketSize announced in qSupported, as gdb asks for: its reply is two hex digits a byte.
+      auto range = parse_addr_length(p.substr(1), kMaxPacket / 2);
       if (!range) return error_reply(kEInvalid);
       std::vector<uint8_t> buffer(range->second);
-      size_t got = target_.read_virtual(range->first, buffer);
+      size_t got = target_.read_virtual(selected_, range->first, buffer);
       if (got == 0 && !buffer.empty()) return error_reply(kEFault);
       return hex_encode(std::span(buffer).first(got));
     }
-    case 'H': return p.size() >= 2 ? "OK" : error_reply(kEInvalid);
-    case 'T': return "OK";
+    case 'H': {
+      // Hg picks the thread whose registers and memory gdb reads; Hc the one to resume, which is the whole
+      // machine whatever gdb names (one vCPU runs at a time, as the schedule says).
+      if (p.size() < 3 || (p[1] != 'g' && p[1] != 'c')) return error_reply(kEInvalid);
+      auto vcpu = thread_vcpu(p.substr(2));
+      if (!vcpu) return error_reply(kEInvalid);
+      if (p[1] == 'g') selected_ = *vcpu;
+      return "OK";
+    }
+    case 'T': return thread_vcpu(p.substr(1)) ? "OK" : error_reply(kEInvalid);  // is the thread alive
     case 'c': case 's': {
       if (p.size() > 1) return error_reply(kEInvalid);  // resuming at another address would diverge
       ResumeRequest request;
@@ -377,6 +430,10 @@ Result<std::pair<int, uint16_t>> listen_tcp(const std::string& host, uint16_t po
 Result<> serve(int fd, Server& server) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Whether a packet resumes the target (which may run for long before its reply).
+  auto resumes = [](std::string_view p) {
+    return p.starts_with("vCont;") || p == "c" || p == "s" || p == "bc" || p == "bs" || p.starts_with("qRcmd,");
+  };
   PacketReader reader;
   std::vector<Incoming> items;
   std::string last_reply;
@@ -414,6 +471,9 @@ Result<> serve(int fd, Server& server) {
   while (!server.finished()) {
     if (deferred.empty()) {
       uint8_t buf[4096];
+      // ACK what gdb sends at once (Linux clears quick-ACK mode now and then): a delayed ACK of gdb's '+' would
+      // hold its next packet back for ~40 ms where gdb's Nagle algorithm is on.
+      ::setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
       ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return {};  // gdb disconnected
@@ -429,27 +489,33 @@ Result<> serve(int fd, Server& server) {
           break;
         case Incoming::Kind::kInterrupt: {
           // Ctrl-C while stopped: report a stop where we are.
-          if (!send_all(frame("T02thread:1;"))) return {};
+          if (!send_all(frame(server.interrupted_reply()))) return {};
           break;
         }
         case Incoming::Kind::kBadChecksum:
           if (!server.no_ack() && !send_all("-")) return {};
           break;
         case Incoming::Kind::kTooLong:
-          if (!server.no_ack() && !send_all("+")) return {};
           last_reply = frame("E01");
-          if (!send_all(last_reply)) return {};
+          if (!send_all(server.no_ack() ? last_reply : std::string("+").append(last_reply))) return {};
           break;
         case Incoming::Kind::kPacket: {
-          bool acking = !server.no_ack();
-          if (acking && !send_all("+")) return {};
+          // In acknowledgement mode the '+' goes out with the reply in one write (one segment, not two). A resume,
+          // which may run long, is acknowledged first, so that gdb does not resend it meanwhile.
+          std::string ack = server.no_ack() ? "" : "+";
+          if (!ack.empty() && resumes(item.payload)) {
+            if (!send_all(ack)) return {};
+            ack.clear();
+          }
           interrupt_pending = false;
           auto reply = server.handle(item.payload, interrupted);
           interrupt_pending = false;
+          if (auto refusal = server.take_refusal(); !refusal.empty()) say("debug: {}", refusal);
           if (reply) {
             last_reply = frame(*reply);
-            if (!send_all(last_reply)) return {};
+            ack.append(last_reply);
           }
+          if (!send_all(ack)) return {};
           break;
         }
       }

@@ -41,9 +41,13 @@ struct StopInfo {
 class Target {
  public:
   virtual ~Target() = default;
-  virtual Result<CpuState> registers() = 0;
-  // Reads guest-virtual memory through the guest's page tables; returns the readable prefix length.
-  virtual size_t read_virtual(uint64_t gva, std::span<uint8_t> out) = 0;
+  // The vCPUs, which gdb sees as threads 1..threads() (thread N+1 is vCPU N).
+  virtual uint32_t threads() { return 1; }
+  // The vCPU the machine stopped on: the one the schedule was running (serialized vCPUs: exactly one runs).
+  virtual uint32_t stopped_vcpu() { return 0; }
+  virtual Result<CpuState> registers(uint32_t vcpu) = 0;
+  // Reads guest-virtual memory through vCPU `vcpu`'s page tables; returns the readable prefix length.
+  virtual size_t read_virtual(uint32_t vcpu, uint64_t gva, std::span<uint8_t> out) = 0;
   // Runs until a stop; `interrupted()` is polled now and then and true means Ctrl-C.
   virtual StopInfo resume(const ResumeRequest& request, const std::function<bool()>& interrupted) = 0;
   // A `monitor` command line; returns the text to show (ending in a newline).

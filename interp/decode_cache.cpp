@@ -56,10 +56,22 @@ void convert_register(ZydisRegister reg, Operand& op) {
   } else if (reg >= ZYDIS_REGISTER_XMM0 && reg <= ZYDIS_REGISTER_XMM15) {
     op.kind = OpKind::kXmm;
     op.reg = uint8_t(reg - ZYDIS_REGISTER_XMM0);
+  } else if (reg >= ZYDIS_REGISTER_YMM0 && reg <= ZYDIS_REGISTER_YMM15) {
+    op.kind = OpKind::kXmm;  // (op.size 32: the whole YMM register)
+    op.reg = uint8_t(reg - ZYDIS_REGISTER_YMM0);
+  } else if (reg >= ZYDIS_REGISTER_MM0 && reg <= ZYDIS_REGISTER_MM7) {
+    op.kind = OpKind::kMmx;
+    op.reg = uint8_t(reg - ZYDIS_REGISTER_MM0);
   } else {
-    op.kind = OpKind::kOther;  // x87, MMX, YMM, ...: the executor treats these as unimplemented
+    op.kind = OpKind::kOther;  // x87, ...: the executor treats these as unimplemented
     op.reg = kNoReg;
   }
+}
+
+uint8_t vector_number(ZydisRegister reg) {
+  if (reg >= ZYDIS_REGISTER_XMM0 && reg <= ZYDIS_REGISTER_XMM15) return uint8_t(reg - ZYDIS_REGISTER_XMM0);
+  if (reg >= ZYDIS_REGISTER_YMM0 && reg <= ZYDIS_REGISTER_YMM15) return uint8_t(reg - ZYDIS_REGISTER_YMM0);
+  return kNoReg;
 }
 
 uint8_t base_number(ZydisRegister reg) {
@@ -68,6 +80,32 @@ uint8_t base_number(ZydisRegister reg) {
   uint8_t number = 0;
   bool high = false;
   return gpr_number(reg, number, high) ? number : kNoReg;
+}
+
+OpEnc operand_encoding(ZydisOperandEncoding encoding) {
+  switch (encoding) {
+    case ZYDIS_OPERAND_ENCODING_MODRM_REG: return OpEnc::kModrmReg;
+    case ZYDIS_OPERAND_ENCODING_MODRM_RM: return OpEnc::kModrmRm;
+    case ZYDIS_OPERAND_ENCODING_NDSNDD: return OpEnc::kVvvv;
+    case ZYDIS_OPERAND_ENCODING_IS4: return OpEnc::kIs4;
+    case ZYDIS_OPERAND_ENCODING_UIMM8: case ZYDIS_OPERAND_ENCODING_SIMM8: return OpEnc::kImm;
+    default: return OpEnc::kOther;
+  }
+}
+
+// The feature a VEX instruction needs among those deja's CPU models may have; kNone for the others.
+VexIsa vex_isa(const ZydisDecodedInstruction& zi) {
+  switch (zi.meta.isa_ext) {
+    case ZYDIS_ISA_EXT_AVX:
+      return zi.mnemonic == ZYDIS_MNEMONIC_VPCLMULQDQ ? VexIsa::kPclmul : VexIsa::kAvx;
+    case ZYDIS_ISA_EXT_AVX2: case ZYDIS_ISA_EXT_AVX2GATHER: return VexIsa::kAvx2;
+    case ZYDIS_ISA_EXT_FMA: return VexIsa::kFma;
+    case ZYDIS_ISA_EXT_F16C: return VexIsa::kF16c;
+    case ZYDIS_ISA_EXT_BMI1: return VexIsa::kBmi1;
+    case ZYDIS_ISA_EXT_BMI2: return VexIsa::kBmi2;
+    case ZYDIS_ISA_EXT_AVXAES: return VexIsa::kAes;
+    default: return VexIsa::kNone;
+  }
 }
 
 }  // namespace
@@ -91,6 +129,12 @@ bool decode_bytes(const uint8_t* bytes, size_t len, uint8_t mode, DecodedInsn& o
     out.length = 1;
     return true;
   }
+  // No CPU model has AVX-512, XOP or 3DNow!: their encodings are #UD (as on a CPU without them).
+  if (zi.encoding != ZYDIS_INSTRUCTION_ENCODING_LEGACY && zi.encoding != ZYDIS_INSTRUCTION_ENCODING_VEX) {
+    out.valid = false;
+    out.length = 1;
+    return true;
+  }
   out.valid = true;
   out.mnemonic = uint16_t(zi.mnemonic);
   out.length = zi.length;
@@ -105,7 +149,21 @@ bool decode_bytes(const uint8_t* bytes, size_t len, uint8_t mode, DecodedInsn& o
   if (zi.attributes & ZYDIS_ATTRIB_HAS_REPNE) out.flags |= insn_flags::kRepne;
   if (zi.attributes & ZYDIS_ATTRIB_HAS_LOCK) out.flags |= insn_flags::kLock;
   if (zi.attributes & ZYDIS_ATTRIB_HAS_OPERANDSIZE) out.flags |= insn_flags::kOpsizePrefix;
-  if (zi.raw.rex.W) out.flags |= insn_flags::kRexW;
+  // (For a VEX instruction Zydis fills raw.rex from the VEX prefix, W inverted: VEX.W is raw.vex.W.)
+  if (zi.raw.rex.W && zi.encoding == ZYDIS_INSTRUCTION_ENCODING_LEGACY) out.flags |= insn_flags::kRexW;
+  if (zi.encoding == ZYDIS_INSTRUCTION_ENCODING_VEX) {
+    out.isa = vex_isa(zi);
+    if (out.isa == VexIsa::kNone) {  // (AVX-VNNI, VAES, GFNI, AMX, FMA4, AVX-512 mask instructions, ...)
+      out = DecodedInsn{};
+      out.mode = mode;
+      out.length = 1;
+      return true;
+    }
+    out.flags |= insn_flags::kVex;
+    if (zi.raw.vex.W) out.flags |= insn_flags::kRexW;
+    if (zi.raw.vex.L) out.flags |= insn_flags::kVexL;
+    out.vex_pp = zi.raw.vex.pp;
+  }
   static constexpr std::pair<ZydisInstructionAttributes, uint8_t> kOverrides[] = {
       {ZYDIS_ATTRIB_HAS_SEGMENT_ES, 0}, {ZYDIS_ATTRIB_HAS_SEGMENT_CS, 1}, {ZYDIS_ATTRIB_HAS_SEGMENT_SS, 2},
       {ZYDIS_ATTRIB_HAS_SEGMENT_DS, 3}, {ZYDIS_ATTRIB_HAS_SEGMENT_FS, 4}, {ZYDIS_ATTRIB_HAS_SEGMENT_GS, 5}};
@@ -120,6 +178,7 @@ bool decode_bytes(const uint8_t* bytes, size_t len, uint8_t mode, DecodedInsn& o
     const ZydisDecodedOperand& z = zops[i];
     Operand& op = out.op[i];
     op.size = uint8_t(z.size / 8);
+    op.enc = operand_encoding(z.encoding);
     switch (z.type) {
       case ZYDIS_OPERAND_TYPE_REGISTER:
         convert_register(z.reg.value, op);
@@ -132,7 +191,11 @@ bool decode_bytes(const uint8_t* bytes, size_t len, uint8_t mode, DecodedInsn& o
         op.seg = segment_number(z.mem.segment);
         op.disp = z.mem.disp.has_displacement ? z.mem.disp.value : 0;
         if (z.mem.type == ZYDIS_MEMOP_TYPE_AGEN) op.seg = 3;  // LEA: no segment applies
-        if (z.mem.index != ZYDIS_REGISTER_NONE && op.index == kNoReg) op.kind = OpKind::kOther;  // VSIB
+        if (z.mem.index != ZYDIS_REGISTER_NONE && op.index == kNoReg) {
+          op.index = vector_number(z.mem.index);  // VSIB (gathers)
+          if (op.index == kNoReg) op.kind = OpKind::kOther;
+          else out.flags |= insn_flags::kVsib;
+        }
         break;
       case ZYDIS_OPERAND_TYPE_IMMEDIATE:
         op.kind = OpKind::kImm;

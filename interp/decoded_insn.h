@@ -8,25 +8,35 @@
 
 namespace deja::interp {
 
-enum class OpKind : uint8_t { kNone, kGpr, kGprHigh8, kSeg, kCr, kDr, kXmm, kMem, kImm, kPtr, kOther };
+enum class OpKind : uint8_t { kNone, kGpr, kGprHigh8, kSeg, kCr, kDr, kXmm, kMem, kImm, kPtr, kOther, kMmx };
 
 constexpr uint8_t kNoReg = 0xff;
+
+// Where an operand is encoded, for VEX instructions (the AVX executor runs some of them on the host with the same
+// encoding and needs to know which register field each operand came from).
+enum class OpEnc : uint8_t { kOther, kModrmReg, kModrmRm, kVvvv, kIs4, kImm };
+
+// The CPUID feature a VEX instruction needs (DecodedInsn::isa), besides the OS support for AVX state.
+enum class VexIsa : uint8_t { kNone, kAvx, kAvx2, kFma, kF16c, kBmi1, kBmi2, kAes, kPclmul };
 constexpr uint8_t kRipBase = 16;  // base register value meaning RIP-relative
 
 struct Operand {
   OpKind kind = OpKind::kNone;
   uint8_t size = 0;       // bytes (memory operands of LGDT etc. report their own width)
-  uint8_t reg = kNoReg;   // register number within its class (GPR 0-15, segment 0-5 in ES..GS order, CRn, XMMn)
+  uint8_t reg = kNoReg;   // register number within its class (GPR 0-15, segment 0-5 in ES..GS order, CRn, XMMn/YMMn, MMn)
   uint8_t base = kNoReg;  // memory: base GPR or kRipBase
-  uint8_t index = kNoReg;
+  uint8_t index = kNoReg; // memory: index GPR, or (insn_flags::kVsib) the number of the XMM/YMM index register
   uint8_t scale = 0;
   uint8_t seg = 3;        // memory: effective segment (ES=0 CS=1 SS=2 DS=3 FS=4 GS=5)
+  OpEnc enc = OpEnc::kOther;
   int64_t disp = 0;       // memory displacement, or immediate value (sign-extended where the encoding says)
   uint16_t ptr_sel = 0;   // far pointer selector (JMP ptr16:32)
 };
 
 namespace insn_flags {
 constexpr uint16_t kRep = 1, kRepne = 2, kLock = 4, kRexW = 8, kSegOverride = 16, kOpsizePrefix = 32;
+// VEX-encoded (kRexW then holds VEX.W), with VEX.L = 1; a gather's memory operand has a vector index (VSIB).
+constexpr uint16_t kVex = 64, kVexL = 128, kVsib = 256;
 }
 
 // Everything the executor needs, resolved once at decode time.
@@ -43,6 +53,8 @@ struct DecodedInsn {
   uint8_t seg_override = 0xff;
   uint16_t flags = 0;
   bool valid = false;      // false: the bytes do not decode (#UD)
+  uint8_t vex_pp = 0;      // VEX: the implied prefix (0 none, 1 66, 2 F3, 3 F2)
+  VexIsa isa = VexIsa::kNone;  // VEX: the feature it needs
   Operand op[4];
 };
 

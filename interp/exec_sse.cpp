@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "interp/interp_backend.h"
+#include "interp/simd_ops.h"
 #include "interp/sse.h"
 
 namespace deja {
@@ -19,42 +20,6 @@ namespace {
 
 constexpr uint8_t kUd = 6, kNm = 7, kGp = 13, kXm = 19;
 constexpr size_t kXmmOffset = 160, kMxcsrOffset = 24, kMxcsrMaskOffset = 28;
-
-struct IntOpEntry {
-  ZydisMnemonic mnemonic;
-  interp::sse::IntOp op;
-};
-using IO = interp::sse::IntOp;
-constexpr IntOpEntry kIntOps[] = {
-    {ZYDIS_MNEMONIC_PAND, IO::kPand}, {ZYDIS_MNEMONIC_ANDPS, IO::kPand}, {ZYDIS_MNEMONIC_ANDPD, IO::kPand},
-    {ZYDIS_MNEMONIC_PANDN, IO::kPandn}, {ZYDIS_MNEMONIC_ANDNPS, IO::kPandn}, {ZYDIS_MNEMONIC_ANDNPD, IO::kPandn},
-    {ZYDIS_MNEMONIC_POR, IO::kPor}, {ZYDIS_MNEMONIC_ORPS, IO::kPor}, {ZYDIS_MNEMONIC_ORPD, IO::kPor},
-    {ZYDIS_MNEMONIC_PXOR, IO::kPxor}, {ZYDIS_MNEMONIC_XORPS, IO::kPxor}, {ZYDIS_MNEMONIC_XORPD, IO::kPxor},
-    {ZYDIS_MNEMONIC_PADDB, IO::kPaddb}, {ZYDIS_MNEMONIC_PADDW, IO::kPaddw}, {ZYDIS_MNEMONIC_PADDD, IO::kPaddd},
-    {ZYDIS_MNEMONIC_PADDQ, IO::kPaddq}, {ZYDIS_MNEMONIC_PADDSB, IO::kPaddsb}, {ZYDIS_MNEMONIC_PADDSW, IO::kPaddsw},
-    {ZYDIS_MNEMONIC_PADDUSB, IO::kPaddusb}, {ZYDIS_MNEMONIC_PADDUSW, IO::kPaddusw},
-    {ZYDIS_MNEMONIC_PSUBB, IO::kPsubb}, {ZYDIS_MNEMONIC_PSUBW, IO::kPsubw}, {ZYDIS_MNEMONIC_PSUBD, IO::kPsubd},
-    {ZYDIS_MNEMONIC_PSUBQ, IO::kPsubq}, {ZYDIS_MNEMONIC_PSUBSB, IO::kPsubsb}, {ZYDIS_MNEMONIC_PSUBSW, IO::kPsubsw},
-    {ZYDIS_MNEMONIC_PSUBUSB, IO::kPsubusb}, {ZYDIS_MNEMONIC_PSUBUSW, IO::kPsubusw},
-    {ZYDIS_MNEMONIC_PCMPEQB, IO::kPcmpeqb}, {ZYDIS_MNEMONIC_PCMPEQW, IO::kPcmpeqw}, {ZYDIS_MNEMONIC_PCMPEQD, IO::kPcmpeqd},
-    {ZYDIS_MNEMONIC_PCMPGTB, IO::kPcmpgtb}, {ZYDIS_MNEMONIC_PCMPGTW, IO::kPcmpgtw}, {ZYDIS_MNEMONIC_PCMPGTD, IO::kPcmpgtd},
-    {ZYDIS_MNEMONIC_PMULLW, IO::kPmullw}, {ZYDIS_MNEMONIC_PMULHW, IO::kPmulhw}, {ZYDIS_MNEMONIC_PMULHUW, IO::kPmulhuw},
-    {ZYDIS_MNEMONIC_PMULUDQ, IO::kPmuludq}, {ZYDIS_MNEMONIC_PMADDWD, IO::kPmaddwd},
-    {ZYDIS_MNEMONIC_PMINUB, IO::kPminub}, {ZYDIS_MNEMONIC_PMAXUB, IO::kPmaxub}, {ZYDIS_MNEMONIC_PMINSW, IO::kPminsw},
-    {ZYDIS_MNEMONIC_PMAXSW, IO::kPmaxsw}, {ZYDIS_MNEMONIC_PAVGB, IO::kPavgb}, {ZYDIS_MNEMONIC_PAVGW, IO::kPavgw},
-    {ZYDIS_MNEMONIC_PSADBW, IO::kPsadbw},
-    {ZYDIS_MNEMONIC_PUNPCKLBW, IO::kPunpcklbw}, {ZYDIS_MNEMONIC_PUNPCKLWD, IO::kPunpcklwd},
-    {ZYDIS_MNEMONIC_PUNPCKLDQ, IO::kPunpckldq}, {ZYDIS_MNEMONIC_PUNPCKLQDQ, IO::kPunpcklqdq},
-    {ZYDIS_MNEMONIC_PUNPCKHBW, IO::kPunpckhbw}, {ZYDIS_MNEMONIC_PUNPCKHWD, IO::kPunpckhwd},
-    {ZYDIS_MNEMONIC_PUNPCKHDQ, IO::kPunpckhdq}, {ZYDIS_MNEMONIC_PUNPCKHQDQ, IO::kPunpckhqdq},
-    {ZYDIS_MNEMONIC_PACKSSWB, IO::kPacksswb}, {ZYDIS_MNEMONIC_PACKUSWB, IO::kPackuswb},
-    {ZYDIS_MNEMONIC_PACKSSDW, IO::kPackssdw},
-    {ZYDIS_MNEMONIC_PSLLW, IO::kPsllw}, {ZYDIS_MNEMONIC_PSLLD, IO::kPslld}, {ZYDIS_MNEMONIC_PSLLQ, IO::kPsllq},
-    {ZYDIS_MNEMONIC_PSRLW, IO::kPsrlw}, {ZYDIS_MNEMONIC_PSRLD, IO::kPsrld}, {ZYDIS_MNEMONIC_PSRLQ, IO::kPsrlq},
-    {ZYDIS_MNEMONIC_PSRAW, IO::kPsraw}, {ZYDIS_MNEMONIC_PSRAD, IO::kPsrad},
-    {ZYDIS_MNEMONIC_UNPCKLPS, IO::kUnpcklps}, {ZYDIS_MNEMONIC_UNPCKHPS, IO::kUnpckhps},
-    {ZYDIS_MNEMONIC_UNPCKLPD, IO::kUnpcklpd}, {ZYDIS_MNEMONIC_UNPCKHPD, IO::kUnpckhpd},
-};
 
 struct FpEntry {
   ZydisMnemonic mnemonic;
@@ -96,6 +61,7 @@ constexpr CvtEntry kCvtOps[] = {
 }  // namespace
 
 void InterpBackend::exec_sse(const DecodedInsn& insn) {
+  if (exec_simd_extension(insn)) return;  // MMX registers, SSE3 and later
   const auto mnemonic = ZydisMnemonic(insn.mnemonic);
   auto sse_checks = [&] {
     if ((s_.cr0 & cr0::kEm) || !(s_.cr4 & cr4::kOsfxsr)) raise(kUd);
@@ -306,7 +272,11 @@ void InterpBackend::exec_sse(const DecodedInsn& insn) {
       xmm_set(dst.reg, d);
       return;
     }
-    case ZYDIS_MNEMONIC_MOVQ2DQ: case ZYDIS_MNEMONIC_MOVDQ2Q: raise_ud(insn, true);
+    case ZYDIS_MNEMONIC_MASKMOVDQU: {
+      const Xmm value = xmm_get(dst.reg), mask = xmm_get(insn.op[1].reg);
+      masked_store(insn, reinterpret_cast<const uint8_t*>(&value), reinterpret_cast<const uint8_t*>(&mask), 16);
+      return;
+    }
     case ZYDIS_MNEMONIC_PMOVMSKB: reg_write(dst.reg, dst.size, interp::sse::pmovmskb(xmm_get(insn.op[1].reg))); return;
     case ZYDIS_MNEMONIC_MOVMSKPS: reg_write(dst.reg, dst.size, interp::sse::movmskps(xmm_get(insn.op[1].reg))); return;
     case ZYDIS_MNEMONIC_MOVMSKPD: reg_write(dst.reg, dst.size, interp::sse::movmskpd(xmm_get(insn.op[1].reg))); return;
@@ -357,11 +327,10 @@ void InterpBackend::exec_sse(const DecodedInsn& insn) {
     default:
       break;
   }
-  for (const auto& entry : kIntOps) {
-    if (entry.mnemonic != mnemonic) continue;
+  if (auto op = interp::int_op_of(insn.mnemonic)) {
     const bool shift_by_imm = insn.op[1].kind == OpKind::kImm;
-    if (shift_by_imm) xmm_set(dst.reg, interp::sse::shift_imm(entry.op, xmm_get(dst.reg), uint8_t(insn.op[1].disp)));
-    else xmm_set(dst.reg, interp::sse::int_binary(entry.op, xmm_get(dst.reg), load(1)));
+    if (shift_by_imm) xmm_set(dst.reg, interp::sse::shift_imm(*op, xmm_get(dst.reg), uint8_t(insn.op[1].disp)));
+    else xmm_set(dst.reg, interp::sse::int_binary(*op, xmm_get(dst.reg), load(1)));
     return;
   }
   for (const auto& entry : kFpOps) {

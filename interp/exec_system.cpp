@@ -27,7 +27,7 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
   };
   switch (ZydisMnemonic(insn.mnemonic)) {
     case ZYDIS_MNEMONIC_CPUID: {
-      CpuidResult r = model_.cpuid(uint32_t(s_.gpr[kRax]), uint32_t(s_.gpr[kRcx]));
+      CpuidResult r = cpuid(uint32_t(s_.gpr[kRax]), uint32_t(s_.gpr[kRcx]));
       s_.gpr[kRax] = r.eax;
       s_.gpr[kRbx] = r.ebx;
       s_.gpr[kRcx] = r.ecx;
@@ -233,7 +233,10 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       return;
     }
     case ZYDIS_MNEMONIC_SYSCALL: {
-      if (!mode64() || !(s_.efer & efer::kSce)) raise_ud(insn, false);
+      // In compatibility mode AMD's CPUs enter the 64-bit kernel at CSTAR (Linux's 32-bit programs take this
+      // path on AMD: X86_FEATURE_SYSCALL32); Intel's, and deja's own vendor, #UD. Legacy mode: #UD.
+      const bool compat = long_mode() && !mode64();
+      if (!(mode64() || (compat && model_.is_amd())) || !(s_.efer & efer::kSce)) raise_ud(insn, false);
       s_.gpr[kRcx] = next_rip_;
       s_.gpr[kR11] = s_.rflags & ~rflags::kRf;
       s_.rflags = (s_.rflags & ~(s_.msrs.sfmask | rflags::kRf)) | 2;
@@ -256,7 +259,7 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       ss.db = true;
       ss.g = true;
       s_.ss = ss;
-      next_rip_ = s_.msrs.lstar;
+      next_rip_ = compat ? s_.msrs.cstar : s_.msrs.lstar;
       return;
     }
     case ZYDIS_MNEMONIC_SYSRET: {
@@ -295,7 +298,18 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
     case ZYDIS_MNEMONIC_FXRSTOR64: case ZYDIS_MNEMONIC_LDMXCSR: case ZYDIS_MNEMONIC_STMXCSR:
       exec_sse(insn);
       return;
+    case ZYDIS_MNEMONIC_XSAVE: case ZYDIS_MNEMONIC_XSAVE64: case ZYDIS_MNEMONIC_XSAVEOPT:
+    case ZYDIS_MNEMONIC_XSAVEOPT64: case ZYDIS_MNEMONIC_XSAVEC: case ZYDIS_MNEMONIC_XSAVEC64:
+    case ZYDIS_MNEMONIC_XSAVES: case ZYDIS_MNEMONIC_XSAVES64: case ZYDIS_MNEMONIC_XRSTOR:
+    case ZYDIS_MNEMONIC_XRSTOR64: case ZYDIS_MNEMONIC_XRSTORS: case ZYDIS_MNEMONIC_XRSTORS64:
+    case ZYDIS_MNEMONIC_XGETBV: case ZYDIS_MNEMONIC_XSETBV:
+      exec_xsave(insn);
+      return;
     default:
+      if (insn.flags & interp::insn_flags::kVex) {
+        exec_avx(insn);
+        return;
+      }
       // The x87 escape opcodes D8-DF and FWAIT (interp/x87.cpp).
       if (insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT && ((insn.opcode & 0xf8) == 0xd8 || insn.opcode == 0x9b)) {
         exec_x87(insn);

@@ -574,8 +574,11 @@ void InterpBackend::execute(const DecodedInsn& insn) {
       return;
     case ZYDIS_MNEMONIC_UD0: case ZYDIS_MNEMONIC_UD1: case ZYDIS_MNEMONIC_UD2: raise_ud(insn, false);
 
+    case ZYDIS_MNEMONIC_PAUSE:
+      pause_executed_ = pause_exits_;
+      return;
     // ---- no-ops ----
-    case ZYDIS_MNEMONIC_NOP: case ZYDIS_MNEMONIC_PAUSE: case ZYDIS_MNEMONIC_LFENCE: case ZYDIS_MNEMONIC_MFENCE:
+    case ZYDIS_MNEMONIC_NOP: case ZYDIS_MNEMONIC_LFENCE: case ZYDIS_MNEMONIC_MFENCE:
     case ZYDIS_MNEMONIC_SFENCE: case ZYDIS_MNEMONIC_PREFETCHT0: case ZYDIS_MNEMONIC_PREFETCHT1:
     case ZYDIS_MNEMONIC_PREFETCHT2: case ZYDIS_MNEMONIC_PREFETCHNTA: case ZYDIS_MNEMONIC_PREFETCHW:
     case ZYDIS_MNEMONIC_ENDBR32: case ZYDIS_MNEMONIC_ENDBR64:

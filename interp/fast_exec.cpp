@@ -94,6 +94,9 @@ Role string_role(const DecodedInsn& insn, bool rep) {
 // step().
 Role role_of(const DecodedInsn& insn) {
   if (!insn.valid) return Role::kFallback;
+  // Every VEX instruction (AVX, AVX2, FMA, F16C, BMI1/2, VZEROUPPER, VLDMXCSR) works on registers, MXCSR, flags
+  // and memory only.
+  if (insn.flags & interp::insn_flags::kVex) return Role::kInBlock;
   const bool rep = insn.flags & (interp::insn_flags::kRep | interp::insn_flags::kRepne);
   switch (ZydisMnemonic(insn.mnemonic)) {
     case ZYDIS_MNEMONIC_MOV:
@@ -184,9 +187,12 @@ Role role_of(const DecodedInsn& insn) {
       return (insn.opcode == 0xc2 || insn.opcode == 0xc3) ? Role::kTransfer : Role::kFallback;
     case ZYDIS_MNEMONIC_LDMXCSR: case ZYDIS_MNEMONIC_STMXCSR:
       return Role::kInBlock;
+    // MMX (its transition changes x87 state only), SSE4.2's CRC32: registers and memory only.
+    case ZYDIS_MNEMONIC_EMMS: case ZYDIS_MNEMONIC_CRC32:
+      return Role::kInBlock;
     default:
-      // SSE/SSE2 data instructions (an XMM operand): registers, MXCSR and memory only.
-      return has_operand(insn, OpKind::kXmm) ? Role::kInBlock : Role::kFallback;
+      // SSE data instructions (an XMM operand) and MMX ones: registers, MXCSR, the x87 registers and memory only.
+      return has_operand(insn, OpKind::kXmm) || has_operand(insn, OpKind::kMmx) ? Role::kInBlock : Role::kFallback;
   }
 }
 
@@ -244,7 +250,8 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
       break;
     }
     if (block->count == 0) first_length = insn.length;
-    const Role role = role_of(insn);
+    // A PAUSE that exits (set_pause_exits) stays with step(), which reports it.
+    const Role role = pause_exits_ && insn.mnemonic == ZYDIS_MNEMONIC_PAUSE ? Role::kFallback : role_of(insn);
     if (role == Role::kFallback) break;
     const uint64_t next = (at + insn.length) & rip_mask;
     if (next < at && mode != interp::kMode64) break;  // IP wraps: the next instruction is not the next byte
@@ -296,7 +303,7 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
   // were dropped earned them): they go now, so that every store into the page checks for this block.
   const bool was_code = is_code_page(phys >> 12);
   Block* inserted = blocks_.insert(std::move(block));
-  if (!was_code) revoke_fast_writes(phys >> 12);
+  if (!was_code) code_appeared(phys >> 12);
   return inserted;
 }
 

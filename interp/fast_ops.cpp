@@ -12,6 +12,7 @@
 
 #include "interp/alu.h"
 #include "interp/interp_backend.h"
+#include "interp/simd_ops.h"
 
 namespace deja {
 
@@ -140,6 +141,15 @@ struct InterpBackend::Ops {
       c.s_.rip = c.next_rip_;
     }
     return nullptr;
+  }
+  // PTEST and the string compares (glibc's SSE4.2 string functions): they write all six arithmetic flags, so
+  // the lazy ones are dropped instead of computed, once the instruction has completed (a fault leaves them).
+  static const Op* simd_flags(InterpBackend& c, const Op* op) {
+    enter_reference(c, op);
+    c.exec_sse4(op->insn);
+    c.lazy_.cc = interp::kCcNone;
+    if (c.watch_hit_) c.end_block_after_op_ = true;
+    return next(c, op);
   }
   // The end of a block that does not end in a control transfer (not an instruction).
   static const Op* fall_through(InterpBackend& c, const Op* op) {
@@ -714,6 +724,20 @@ bool is_reg(const Operand& o) { return o.kind == OpKind::kGpr || o.kind == OpKin
 // SSE data instructions that execute() runs through exec_sse() without looking at RFLAGS (of what
 // exec_sse runs, only COMISS/COMISD/UCOMISS/UCOMISD touch it): moves, logic, integer arithmetic, shuffles.
 bool flagless_sse(const DecodedInsn& insn) {
+  if (insn.flags & interp::insn_flags::kVex) {
+    // Of the VEX instructions only these touch RFLAGS (they write it; none reads it).
+    switch (ZydisMnemonic(insn.mnemonic)) {
+      case ZYDIS_MNEMONIC_VPTEST: case ZYDIS_MNEMONIC_VTESTPS: case ZYDIS_MNEMONIC_VTESTPD: case ZYDIS_MNEMONIC_VCOMISS:
+      case ZYDIS_MNEMONIC_VCOMISD: case ZYDIS_MNEMONIC_VUCOMISS: case ZYDIS_MNEMONIC_VUCOMISD: case ZYDIS_MNEMONIC_ANDN:
+      case ZYDIS_MNEMONIC_BEXTR: case ZYDIS_MNEMONIC_BLSI: case ZYDIS_MNEMONIC_BLSMSK: case ZYDIS_MNEMONIC_BLSR:
+      case ZYDIS_MNEMONIC_BZHI: case ZYDIS_MNEMONIC_VPCMPESTRI: case ZYDIS_MNEMONIC_VPCMPESTRM:
+      case ZYDIS_MNEMONIC_VPCMPISTRI: case ZYDIS_MNEMONIC_VPCMPISTRM:
+        return false;
+      default:
+        return true;
+    }
+  }
+  if (interp::simd_extension_is_flagless(insn)) return true;
   bool xmm = false;
   for (int i = 0; i < insn.operand_count; ++i) xmm = xmm || insn.op[i].kind == OpKind::kXmm;
   if (!xmm || insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT) return false;
@@ -921,6 +945,10 @@ void InterpBackend::bind_op(Op& op, bool transfer) {
       break;
     case ZYDIS_MNEMONIC_RDTSC: case ZYDIS_MNEMONIC_RDTSCP: case ZYDIS_MNEMONIC_IN: case ZYDIS_MNEMONIC_OUT:
       fn = O::pair<&O::reference_may_exit>();
+      break;
+    case ZYDIS_MNEMONIC_PTEST: case ZYDIS_MNEMONIC_PCMPESTRI: case ZYDIS_MNEMONIC_PCMPESTRM:
+    case ZYDIS_MNEMONIC_PCMPISTRI: case ZYDIS_MNEMONIC_PCMPISTRM:
+      fn = O::pair<&O::simd_flags>();
       break;
     default:
       break;

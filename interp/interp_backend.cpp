@@ -7,12 +7,13 @@
 #include <fmt/format.h>
 
 #include "devices/state_codec.h"
+#include "interp/avx.h"
 #include "interp/jit.h"
 
 namespace deja {
 
 namespace {
-constexpr uint8_t kDb = 1;
+constexpr uint8_t kDb = 1, kNmi = 2;
 }
 
 namespace {
@@ -30,6 +31,15 @@ InterpBackend::InterpBackend(GuestMemory& memory, const CpuModel& model)
   std::memcpy(s_.fxsave.data(), &fcw, 2);
   std::memcpy(s_.fxsave.data() + 24, &mxcsr, 4);
   s_.cr0 = cr0::kEt;
+  using interp::VexIsa;
+  vex_features_[size_t(VexIsa::kAvx)] = model_has(1, 2, 28);
+  vex_features_[size_t(VexIsa::kAvx2)] = model_has(1, 2, 28) && model_has(7, 1, 5);
+  vex_features_[size_t(VexIsa::kFma)] = model_has(1, 2, 28) && model_has(1, 2, 12);
+  vex_features_[size_t(VexIsa::kF16c)] = model_has(1, 2, 28) && model_has(1, 2, 29);
+  vex_features_[size_t(VexIsa::kBmi1)] = model_has(7, 1, 3);
+  vex_features_[size_t(VexIsa::kBmi2)] = model_has(7, 1, 8);
+  vex_features_[size_t(VexIsa::kAes)] = model_has(1, 2, 28) && model_has(1, 2, 25);
+  vex_features_[size_t(VexIsa::kPclmul)] = model_has(1, 2, 28) && model_has(1, 2, 1);
   // The jump cache names live blocks only (as links do): a dropped block leaves it at once.
   blocks_.set_drop_listener([this](const interp::Block& block) {
     JumpEntry& entry = jump_cache_[jump_index(block.rip)];
@@ -86,7 +96,7 @@ const interp::DecodedInsn& InterpBackend::fetch_decoded_slow(uint64_t linear, ui
   if (interp::decode_bytes(ram_ + phys, available, mode, decoded)) {
     const bool was_code = is_code_page(phys >> 12);
     interp::DecodedInsn* entry = cache_.insert(phys, decoded);
-    if (!was_code) revoke_fast_writes(phys >> 12);  // stores into the page must now check for code
+    if (!was_code) code_appeared(phys >> 12);  // stores into the page must now check for code
     return *entry;
   }
   // The instruction continues on the next page: fetch through the MMU, decode without caching.
@@ -113,6 +123,7 @@ void InterpBackend::begin_step(uint64_t rip) {
   icebp_ = false;
   rep_continues_ = false;
   hlt_executed_ = false;
+  pause_executed_ = false;
   watch_hit_.reset();
 }
 
@@ -148,6 +159,10 @@ void InterpBackend::step() {
     hlt_rip_ = insn_rip_;
     hlt_unreported_ = true;
   }
+  if (pause_executed_) {
+    pause_rip_ = insn_rip_;
+    pause_unreported_ = true;
+  }
   if (software_interrupt_ >= 0) {
     deliver_event(uint8_t(software_interrupt_), false, 0, !icebp_, s_.rip);
   } else if (single_step) {
@@ -156,11 +171,38 @@ void InterpBackend::step() {
 }
 
 void InterpBackend::invalidate_vmm_writes() {
-  // Page numbers (gpa / 4096), as GuestMemory::write records them.
-  for (uint64_t pfn : memory_.take_vmm_dirty_pages()) {
-    cache_.invalidate(pfn);
-    blocks_.invalidate_page(pfn);
+  // Page numbers (gpa / 4096), as GuestMemory::write records them; taken once, for every vCPU sharing code.
+  const std::vector<uint64_t> pages = memory_.take_vmm_dirty_pages();
+  if (pages.empty()) return;
+  InterpBackend* self = this;
+  for (InterpBackend* cpu : peers_ ? std::span<InterpBackend* const>(peers_->vcpus) : std::span(&self, 1)) {
+    for (uint64_t pfn : pages) {
+      cpu->cache_.invalidate(pfn);
+      cpu->blocks_.invalidate_page(pfn);
+    }
   }
+}
+
+void InterpBackend::share_code(std::span<InterpBackend* const> vcpus) {
+  auto peers = std::make_shared<CodePeers>();
+  peers->vcpus.assign(vcpus.begin(), vcpus.end());
+  peers->code.assign(vcpus.empty() ? 0 : vcpus.front()->memory_.size() / 4096, 0);
+  for (InterpBackend* cpu : vcpus) {
+    for (uint64_t pfn = 0; pfn < peers->code.size(); ++pfn) peers->code[pfn] |= cpu->own_code_page(pfn);
+  }
+  for (InterpBackend* cpu : vcpus) {
+    cpu->peers_ = peers;
+    for (const uint16_t index : cpu->tlb_live_) cpu->fill_fast_tags(cpu->tlb_[index]);
+  }
+}
+
+void InterpBackend::code_appeared(uint64_t pfn) {
+  if (!peers_) {
+    revoke_fast_writes(pfn);
+    return;
+  }
+  if (pfn < peers_->code.size()) peers_->code[pfn] = 1;
+  for (InterpBackend* cpu : peers_->vcpus) cpu->revoke_fast_writes(pfn);
 }
 
 Result<VcpuExit*> InterpBackend::run() {
@@ -211,11 +253,26 @@ Result<VcpuExit*> InterpBackend::run() {
         out->rip = hlt_rip_;
         return out;
       }
+      // A PAUSE's exit too comes first: the scheduler switches vCPUs there, at the same point on every backend.
+      if (pause_unreported_) {
+        pause_unreported_ = false;
+        VcpuExit* out = finish(ExitKind::kPause);
+        out->rip = pause_rip_;
+        return out;
+      }
       if (block_step_done_) {
         block_step_done_ = false;
         return finish(ExitKind::kKicked);
       }
-      // Between instructions: the only points where events are taken and coordinates compared.
+      // Between instructions: the only points where events are taken and coordinates compared. An NMI
+      // first (SDM 6.9: it outranks INTR); the shadows of STI and MOV SS hold it too, as some processors do.
+      if (nmi_pending_ && !nmi_blocked_ && !s_.interrupt_shadow) {
+        nmi_pending_ = false;
+        nmi_blocked_ = true;
+        insn_rip_ = s_.rip;
+        deliver_event(kNmi, false, 0, false, s_.rip);
+        continue;
+      }
       if (pending_irq_ && (s_.rflags & rflags::kIf) && !s_.interrupt_shadow) {
         uint8_t vector = *pending_irq_;
         pending_irq_.reset();
@@ -313,6 +370,14 @@ Result<> InterpBackend::inject_interrupt(uint8_t vector) {
   return {};
 }
 
+Result<> InterpBackend::set_pause_exits(bool on) {
+  if (on != pause_exits_) {
+    pause_exits_ = on;
+    blocks_.clear();  // (blocks run PAUSE as a no-op: it leaves them for step() while it exits)
+  }
+  return {};
+}
+
 Result<> InterpBackend::set_debug(const DebugControl& control) {
   const bool watch_changed = control.watchpoints != debug_.watchpoints;
   debug_ = control;
@@ -343,7 +408,7 @@ void InterpBackend::check_watch(uint64_t linear, unsigned size, bool write) {
 
 // Between run() calls with no exit outstanding, this and CpuState are the whole vCPU.
 std::vector<uint8_t> InterpBackend::save_internal() {
-  StateWriter w("INTP", 1);
+  StateWriter w("INTP", 2);
   w.u64(steps_ - rep_partial_);
   w.u64(steps_);
   w.u64(branches_);
@@ -352,17 +417,24 @@ std::vector<uint8_t> InterpBackend::save_internal() {
   w.u8(pending_irq_.value_or(0));
   w.boolean(hlt_unreported_);
   w.u64(hlt_rip_);
+  w.boolean(nmi_pending_);
+  w.boolean(nmi_blocked_);
   return w.take();
 }
 
 Result<> InterpBackend::restore_internal(std::span<const uint8_t> state) {
-  StateReader r(state, "INTP", 1);
+  const uint8_t version = state.size() > 4 && state[4] == 1 ? 1 : 2;  // version 1: before NMIs
+  StateReader r(state, "INTP", version);
   uint64_t instructions = r.u64(), steps = r.u64(), branches = r.u64(), executed = r.u64();
   bool has_irq = r.boolean();
   uint8_t irq = r.u8();
   bool hlt_unreported = r.boolean();
   uint64_t hlt_rip = r.u64();
+  const bool nmi_pending = version >= 2 && r.boolean();
+  const bool nmi_blocked = version >= 2 && r.boolean();
   if (auto done = r.finish(); !done) return done;
+  nmi_pending_ = nmi_pending;
+  nmi_blocked_ = nmi_blocked;
   steps_ = steps;
   rep_partial_ = steps - instructions;
   faulted_ = executed - steps;
@@ -416,11 +488,24 @@ Result<> InterpBackend::Counter::arm(uint64_t at) {
 }
 
 std::span<const std::string_view> interp_features() {
-  // FPU: the whole x87 (interp/x87.cpp). No XSAVE, SMAP or SSE3 here: their instructions stay #UD.
-  static constexpr std::string_view kFeatures[] = {
-      "FPU",  "PSE",   "TSC",   "MSR", "PAE",    "CX8",     "PGE",       "CMOV",    "PAT", "CLFSH", "FXSR",
-      "SSE",  "SSE2",  "CX16",  "POPCNT", "MOVBE", "LAHF_LM", "ABM/LZCNT", "SYSCALL", "NX",  "LM"};
-  return kFeatures;
+  // FPU: the whole x87 (interp/x87.cpp); MMX (interp/exec_mmx.cpp); SSE3-SSE4.2 (interp/exec_sse4.cpp), whose
+  // floating point (ADDSUBPS, HADDPS, ROUNDPS, DPPS, ...) the host runs under the guest's MXCSR, as SSE's: a
+  // host without SSE3 or SSE4.1 cannot provide them. BMI1/BMI2 in portable C++; XSAVE and the AVX family
+  // (interp/exec_avx.cpp) only on a host with AVX2, FMA and F16C, whose own instructions compute their floating
+  // point (interp/avx.h). No SMAP here: its instructions stay #UD.
+  static const std::vector<std::string_view> features = [] {
+    std::vector<std::string_view> out = {"FPU", "PSE",    "TSC",   "MSR",     "PAE",       "CX8",     "PGE", "CMOV",
+                                         "PAT", "CLFSH",  "MMX",   "FXSR",    "SSE",       "SSE2",    "CX16",
+                                         "POPCNT", "MOVBE", "LAHF_LM", "ABM/LZCNT", "SYSCALL", "NX",  "LM",
+                                         "SSSE3", "SSE4.2", "BMI1", "BMI2"};
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse3")) out.push_back("SSE3");
+    if (__builtin_cpu_supports("sse4.1")) out.push_back("SSE4.1");
+    if (interp::avx::host_supports_avx())
+      for (std::string_view f : {"XSAVE", "AVX", "AVX2", "FMA", "F16C"}) out.push_back(f);
+    return out;
+  }();
+  return features;
 }
 
 Result<std::unique_ptr<Backend>> make_interp_backend(GuestMemory& memory, const CpuModel& model) {

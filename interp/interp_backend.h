@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "interp/block.h"
 #include "interp/decoded_insn.h"
 #include "interp/lazy_flags.h"
+#include "interp/sse.h"
 #include "core/backend.h"
 #include "core/cpu_model.h"
 #include "core/guest_memory.h"
@@ -45,6 +47,11 @@ class InterpBackend : public Backend {
   Result<> set_state(const CpuState& state) override;
   bool can_inject_interrupt() override;
   Result<> inject_interrupt(uint8_t vector) override;
+  Result<> inject_nmi() override {
+    nmi_pending_ = true;
+    return {};
+  }
+  Result<> set_pause_exits(bool on) override;
   void request_interrupt_window(bool enable) override { window_requested_ = enable; }
   void kick() override { kicked_.store(true, std::memory_order_relaxed); }
   ProgressCounter* progress_counter() override { return &counter_; }
@@ -56,6 +63,11 @@ class InterpBackend : public Backend {
   std::vector<std::string> cpu_quirks() const override;
   Result<> adopt_cpu_quirks(std::span<const std::string> quirks) override;
   Result<> adopt_software_tlb_entries(uint32_t entries) override;
+
+  // The vCPUs of one machine (docs/smp.md, "Code one vCPU writes and another runs"): each keeps its own decoded
+  // code, TLB and counts; a store by any of them into code another has decoded drops it there too, and VMM
+  // writes (DMA, the loader, a checkpoint restore) drop it in all of them.
+  static void share_code(std::span<InterpBackend* const> vcpus);
 
   // An armed overflow stops the vCPU a random 0..skid branches late, drawn from a generator seeded with `seed`.
   Result<> emulate_pmu_skid(uint64_t skid, uint64_t seed) override;
@@ -188,6 +200,48 @@ class InterpBackend : public Backend {
   void exec_system(const interp::DecodedInsn& insn);
   void exec_sse(const interp::DecodedInsn& insn);
   void exec_x87(const interp::DecodedInsn& insn);  // interp/x87.cpp: ESC opcodes D8-DF and FWAIT
+  void exec_avx(const interp::DecodedInsn& insn);    // interp/exec_avx.cpp: every VEX-encoded instruction
+  void exec_bmi(const interp::DecodedInsn& insn);    // interp/exec_bmi.cpp: BMI1/BMI2 (VEX-encoded, GPRs only)
+  void exec_xsave(const interp::DecodedInsn& insn);  // interp/exec_xsave.cpp: XSAVE*, XRSTOR, XGETBV, XSETBV
+  // CPUID as the guest sees it now: the model's answer with the bits that follow CR4 and XCR0 (OSXSAVE, the
+  // XSAVE area sizes of leaf 0DH), as KVM computes them (interp/exec_xsave.cpp).
+  CpuidResult cpuid(uint32_t leaf, uint32_t subleaf) const;
+  // Whether the model has the feature of CPUID.leaf(subleaf 0):reg[bit] (reg 0-3: EAX..EDX).
+  bool model_has(uint32_t leaf, int reg, int bit) const;
+  // The model's features each VEX instruction checks (interp::VexIsa), read once.
+  std::array<bool, 16> vex_features_{};
+  // The SIMD extensions after SSE2: every instruction with an MMX register, EMMS, SSE3, SSSE3, SSE4.1 and
+  // SSE4.2 (interp/exec_mmx.cpp, interp/exec_sse4.cpp); false for anything else.
+  bool exec_simd_extension(const interp::DecodedInsn& insn);
+  void exec_mmx(const interp::DecodedInsn& insn);
+  void exec_sse4(const interp::DecodedInsn& insn);
+
+  // SIMD state, all in s_.fxsave: XMM registers, MXCSR, and the MMX registers on the x87 stack's mantissas.
+  interp::sse::Xmm xmm(unsigned n) const {
+    interp::sse::Xmm x;
+    std::memcpy(&x, s_.fxsave.data() + 160 + 16 * n, 16);
+    return x;
+  }
+  void set_xmm(unsigned n, interp::sse::Xmm x) { std::memcpy(s_.fxsave.data() + 160 + 16 * n, &x, 16); }
+  uint32_t mxcsr() const {
+    uint32_t value;
+    std::memcpy(&value, s_.fxsave.data() + 24, 4);
+    return value;
+  }
+  void set_mxcsr(uint32_t value) { std::memcpy(s_.fxsave.data() + 24, &value, 4); }
+  // MMn is physical x87 register n, wherever TOP puts it in the FXSAVE image's stack order.
+  uint64_t mm(unsigned n) const;
+  // The x87-to-MMX transition of every MMX instruction but EMMS (TOP = 0, every register tagged valid),
+  // then MMn's mantissa = value and its exponent all ones (SDM vol. 1, 9.5).
+  void mmx_transition();
+  void set_mm(unsigned n, uint64_t value);
+  // MASKMOVQ/MASKMOVDQU: the `n` bytes of `data` whose `mask` byte has its sign set, to DS:[RDI].
+  void masked_store(const interp::DecodedInsn& insn, const uint8_t* data, const uint8_t* mask, unsigned n);
+  // The extensions of the CPU model the SIMD executors check (an instruction of one the model lacks is #UD).
+  struct SimdFeatures {
+    bool mmx = false, sse3 = false, ssse3 = false, sse41 = false, sse42 = false;
+  };
+  static SimdFeatures simd_features_of(const CpuModel& model);
 
   // Register and operand access.
   uint64_t reg_read(int index, unsigned bytes) const {
@@ -327,7 +381,22 @@ class InterpBackend : public Backend {
   void triple_fault(const std::string& why);
 
   void invalidate_vmm_writes();
-  bool is_code_page(uint64_t pfn) const { return cache_.has_code(pfn) || blocks_.has_code(pfn); }
+  // Whether stores into page `pfn` must look for decoded code to drop: this vCPU's, or with vCPUs sharing
+  // code (share_code), any of theirs (a bitmap that may keep a page a little longer than its code).
+  bool own_code_page(uint64_t pfn) const { return cache_.has_code(pfn) || blocks_.has_code(pfn); }
+  bool is_code_page(uint64_t pfn) const {
+    if (peers_) [[unlikely]] return pfn < peers_->code.size() && peers_->code[pfn];
+    return own_code_page(pfn);
+  }
+  // Page `pfn` holds decoded code now (it did not): stores into it, by any vCPU, lose their fast path.
+  void code_appeared(uint64_t pfn);
+  // Drops this vCPU's decoded code overlapping [gpa, gpa + size).
+  void drop_own_code(uint64_t gpa, unsigned size);
+  struct CodePeers {
+    std::vector<InterpBackend*> vcpus;
+    std::vector<uint8_t> code;  // per guest page: some vCPU may hold decoded code there
+  };
+  std::shared_ptr<CodePeers> peers_;
   // Data watchpoints (DebugControl::watchpoints): notes the first access of this step that hits one.
   void check_watch(uint64_t linear, unsigned size, bool write);
   bool user_breakpoint_here() const;
@@ -336,6 +405,7 @@ class InterpBackend : public Backend {
 
   GuestMemory& memory_;
   const CpuModel& model_;
+  const SimdFeatures simd_ = simd_features_of(model_);
   uint8_t* ram_;
   uint64_t ram_size_;
   CpuState s_;
@@ -434,6 +504,12 @@ class InterpBackend : public Backend {
   bool hlt_executed_ = false;
   uint64_t hlt_rip_ = 0;
   bool hlt_unreported_ = false;  // a HLT retired and its kHlt exit has not been returned yet
+  bool nmi_pending_ = false;     // inject_nmi() not yet delivered
+  bool nmi_blocked_ = false;     // an NMI handler runs: NMIs wait for its IRET
+  bool pause_exits_ = false;     // set_pause_exits
+  bool pause_executed_ = false;  // the current instruction is a PAUSE that exits once retired
+  bool pause_unreported_ = false;
+  uint64_t pause_rip_ = 0;
   int delivering_ = -1;       // vector being delivered, for double-fault classification
   bool shutdown_ = false;
   std::string shutdown_detail_;

@@ -20,7 +20,9 @@
 
 #include <fmt/format.h>
 
+#include "interp/avx.h"
 #include "interp/interp_backend.h"
+#include "interp/simd_ops.h"
 #include "interp/x64_asm.h"
 
 namespace deja {
@@ -38,7 +40,8 @@ JitBuffer::JitBuffer(size_t bytes) {
   }
   if (std::getenv("DEJA_PERF_MAP")) {
     const std::string path = fmt::format("/tmp/perf-{}.map", getpid());
-    perf_map_ = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    // Never through a symbolic link: anyone can make one in /tmp.
+    perf_map_ = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
   }
 }
 
@@ -114,6 +117,9 @@ struct InterpBackend::Jit {
     kRet,        // RET [imm16]
     kNop,
     kSse,        // SSE moves, bitwise and packed-integer operations (sse_template)
+    kMmx,        // MMX moves, bitwise and packed-integer operations (mmx_template)
+    kVex,        // AVX/AVX2 moves, packed-integer and bitwise operations, VZEROUPPER (vex_template)
+    kBmi,        // BMI1/BMI2, TZCNT and LZCNT whose flags nothing reads (bmi_template)
     kFallThrough,  // the synthetic block end
   };
   // The SSE instructions with a template: what they are, and the host instruction that does a binary
@@ -123,17 +129,44 @@ struct InterpBackend::Jit {
     uint8_t prefix = 0, opcode = 0;
     bool aligned = false;  // a 16-byte memory operand must be 16-byte aligned (#GP otherwise)
     unsigned low = 8;      // kMovLow: MOVSD 8 bytes, MOVSS 4
+    uint8_t map = 0;       // kBinary: 0 for 0F opcodes, 0x38 or 0x3A for 0F 38 / 0F 3A ones
+    enum Extension : uint8_t { kSse2, kSsse3, kSse41, kSse42 } extension = kSse2;  // the CPU model must have it
   };
+  // What the host can run of SSSE3 and SSE4 (a template needs the host instruction; the handlers do not).
+  static bool host_ssse3() {
+    static const bool has = __builtin_cpu_supports("ssse3");
+    return has;
+  }
+  static bool host_sse41() {
+    static const bool has = __builtin_cpu_supports("sse4.1");
+    return has;
+  }
+  static bool host_sse42() {
+    static const bool has = __builtin_cpu_supports("sse4.2");
+    return has;
+  }
   static SseTemplate sse_template(const DecodedInsn& i) {
     using T = SseTemplate;
     const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
     const bool x0 = o0.kind == interp::OpKind::kXmm, x1 = o1.kind == interp::OpKind::kXmm;
     if (!(x0 || x1) || i.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT || (x0 && o0.reg >= 16) || (x1 && o1.reg >= 16)) return {};
+    if (i.operand_count >= 2 && o1.kind == interp::OpKind::kMmx) return {};
     const bool m0 = o0.kind == interp::OpKind::kMem, m1 = o1.kind == interp::OpKind::kMem;
-    auto binary = [&](uint8_t prefix, uint8_t opcode) {
-      const bool ok = x0 && (x1 || (m1 && o1.size == 16)) && i.operand_count == (opcode == 0x70 ? 3 : 2);
-      return ok ? T{T::kBinary, prefix, opcode, true} : T{};
+    // A binary operation run as the host's instruction of the same encoding on XMM0 and XMM1; `with_imm`: it
+    // takes the guest instruction's imm8.
+    auto binary = [&](uint8_t prefix, uint8_t opcode, uint8_t map = 0, bool with_imm = false,
+                      T::Extension extension = T::kSse2) {
+      const bool host = extension == T::kSse2 || (extension == T::kSsse3 && host_ssse3()) ||
+                        (extension == T::kSse41 && host_sse41()) || (extension == T::kSse42 && host_sse42());
+      const bool ok = host && x0 && (x1 || (m1 && o1.size == 16)) && i.operand_count == (with_imm ? 3 : 2) &&
+                      (!with_imm || i.op[2].kind == interp::OpKind::kImm);
+      T t{T::kBinary, prefix, opcode, true};
+      t.map = map;
+      t.extension = extension;
+      return ok ? t : T{};
     };
+    auto ssse3 = [&](uint8_t opcode) { return binary(0x66, opcode, 0x38, false, T::kSsse3); };
+    auto sse41 = [&](uint8_t opcode) { return binary(0x66, opcode, 0x38, false, T::kSse41); };
     switch (ZydisMnemonic(i.mnemonic)) {
       case ZYDIS_MNEMONIC_MOVAPS: case ZYDIS_MNEMONIC_MOVAPD: case ZYDIS_MNEMONIC_MOVDQA:
       case ZYDIS_MNEMONIC_MOVNTDQ: case ZYDIS_MNEMONIC_MOVNTPS: case ZYDIS_MNEMONIC_MOVNTPD:
@@ -195,10 +228,215 @@ struct InterpBackend::Jit {
       case ZYDIS_MNEMONIC_PUNPCKHWD: return binary(0x66, 0x69);
       case ZYDIS_MNEMONIC_PUNPCKHDQ: return binary(0x66, 0x6a);
       case ZYDIS_MNEMONIC_PUNPCKHQDQ: return binary(0x66, 0x6d);
-      case ZYDIS_MNEMONIC_PSHUFD: return i.op[2].kind == interp::OpKind::kImm ? binary(0x66, 0x70) : T{};
+      case ZYDIS_MNEMONIC_PSHUFD: return binary(0x66, 0x70, 0, true);
+      case ZYDIS_MNEMONIC_PSHUFLW: return binary(0xf2, 0x70, 0, true);
+      case ZYDIS_MNEMONIC_PSHUFHW: return binary(0xf3, 0x70, 0, true);
+      case ZYDIS_MNEMONIC_PADDSB: return binary(0x66, 0xec);
+      case ZYDIS_MNEMONIC_PADDSW: return binary(0x66, 0xed);
+      case ZYDIS_MNEMONIC_PSUBSB: return binary(0x66, 0xe8);
+      case ZYDIS_MNEMONIC_PSUBSW: return binary(0x66, 0xe9);
+      case ZYDIS_MNEMONIC_PMULLW: return binary(0x66, 0xd5);
+      case ZYDIS_MNEMONIC_PMULHW: return binary(0x66, 0xe5);
+      case ZYDIS_MNEMONIC_PMULHUW: return binary(0x66, 0xe4);
+      case ZYDIS_MNEMONIC_PMULUDQ: return binary(0x66, 0xf4);
+      case ZYDIS_MNEMONIC_PMADDWD: return binary(0x66, 0xf5);
+      case ZYDIS_MNEMONIC_PAVGB: return binary(0x66, 0xe0);
+      case ZYDIS_MNEMONIC_PAVGW: return binary(0x66, 0xe3);
+      case ZYDIS_MNEMONIC_PSADBW: return binary(0x66, 0xf6);
+      case ZYDIS_MNEMONIC_PMINSW: return binary(0x66, 0xea);
+      case ZYDIS_MNEMONIC_PMAXSW: return binary(0x66, 0xee);
+      case ZYDIS_MNEMONIC_PACKSSWB: return binary(0x66, 0x63);
+      case ZYDIS_MNEMONIC_PACKUSWB: return binary(0x66, 0x67);
+      case ZYDIS_MNEMONIC_PACKSSDW: return binary(0x66, 0x6b);
+      // SSSE3 and SSE4's packed-integer operations (glibc's string functions: PSHUFB, PALIGNR, PMINUB, ...).
+      case ZYDIS_MNEMONIC_PSHUFB: return ssse3(0x00);
+      case ZYDIS_MNEMONIC_PHADDW: return ssse3(0x01);
+      case ZYDIS_MNEMONIC_PHADDD: return ssse3(0x02);
+      case ZYDIS_MNEMONIC_PHADDSW: return ssse3(0x03);
+      case ZYDIS_MNEMONIC_PMADDUBSW: return ssse3(0x04);
+      case ZYDIS_MNEMONIC_PHSUBW: return ssse3(0x05);
+      case ZYDIS_MNEMONIC_PHSUBD: return ssse3(0x06);
+      case ZYDIS_MNEMONIC_PHSUBSW: return ssse3(0x07);
+      case ZYDIS_MNEMONIC_PSIGNB: return ssse3(0x08);
+      case ZYDIS_MNEMONIC_PSIGNW: return ssse3(0x09);
+      case ZYDIS_MNEMONIC_PSIGND: return ssse3(0x0a);
+      case ZYDIS_MNEMONIC_PMULHRSW: return ssse3(0x0b);
+      case ZYDIS_MNEMONIC_PABSB: return ssse3(0x1c);
+      case ZYDIS_MNEMONIC_PABSW: return ssse3(0x1d);
+      case ZYDIS_MNEMONIC_PABSD: return ssse3(0x1e);
+      case ZYDIS_MNEMONIC_PALIGNR: return binary(0x66, 0x0f, 0x3a, true, T::kSsse3);
+      case ZYDIS_MNEMONIC_PMULDQ: return sse41(0x28);
+      case ZYDIS_MNEMONIC_PCMPEQQ: return sse41(0x29);
+      case ZYDIS_MNEMONIC_PACKUSDW: return sse41(0x2b);
+      case ZYDIS_MNEMONIC_PMINSB: return sse41(0x38);
+      case ZYDIS_MNEMONIC_PMINSD: return sse41(0x39);
+      case ZYDIS_MNEMONIC_PMINUW: return sse41(0x3a);
+      case ZYDIS_MNEMONIC_PMINUD: return sse41(0x3b);
+      case ZYDIS_MNEMONIC_PMAXSB: return sse41(0x3c);
+      case ZYDIS_MNEMONIC_PMAXSD: return sse41(0x3d);
+      case ZYDIS_MNEMONIC_PMAXUW: return sse41(0x3e);
+      case ZYDIS_MNEMONIC_PMAXUD: return sse41(0x3f);
+      case ZYDIS_MNEMONIC_PMULLD: return sse41(0x40);
+      case ZYDIS_MNEMONIC_PHMINPOSUW: return sse41(0x41);
+      case ZYDIS_MNEMONIC_BLENDPS: return binary(0x66, 0x0c, 0x3a, true, T::kSse41);
+      case ZYDIS_MNEMONIC_BLENDPD: return binary(0x66, 0x0d, 0x3a, true, T::kSse41);
+      case ZYDIS_MNEMONIC_PBLENDW: return binary(0x66, 0x0e, 0x3a, true, T::kSse41);
+      case ZYDIS_MNEMONIC_MPSADBW: return binary(0x66, 0x42, 0x3a, true, T::kSse41);
+      case ZYDIS_MNEMONIC_PCMPGTQ: return binary(0x66, 0x37, 0x38, false, T::kSse42);
       default: return {};
     }
   }
+  // The MMX instructions with a template. MMX registers live in s_.fxsave's x87 slots; the operation runs as
+  // the SSE2 instruction of the same opcode on the low quadwords of XMM0/XMM1 (the host's own MMX registers
+  // would disturb its x87), which is the MMX result for the operations listed.
+  struct MmxTemplate {
+    enum Kind : uint8_t { kNone, kLoad, kStore, kBinary, kShiftImm } kind = kNone;
+    unsigned bytes = 8;  // kLoad, kStore: 4 (MOVD) or 8
+  };
+  static MmxTemplate mmx_template(const DecodedInsn& i) {
+    using T = MmxTemplate;
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    const bool mm0 = o0.kind == interp::OpKind::kMmx, mm1 = o1.kind == interp::OpKind::kMmx;
+    if (i.operand_count != 2 || !(mm0 || mm1) || i.opcode_map != ZYDIS_OPCODE_MAP_0F) return {};
+    switch (ZydisMnemonic(i.mnemonic)) {
+      case ZYDIS_MNEMONIC_MOVD: case ZYDIS_MNEMONIC_MOVQ: case ZYDIS_MNEMONIC_MOVNTQ:
+        if (mm0 && (mm1 || is_reg(o1) || is_mem(o1))) return T{T::kLoad, mm1 ? 8u : o1.size};
+        if (mm1 && (o0.kind == interp::OpKind::kGpr || is_mem(o0))) return T{T::kStore, o0.size};
+        return {};
+      case ZYDIS_MNEMONIC_PSLLW: case ZYDIS_MNEMONIC_PSLLD: case ZYDIS_MNEMONIC_PSLLQ: case ZYDIS_MNEMONIC_PSRLW:
+      case ZYDIS_MNEMONIC_PSRLD: case ZYDIS_MNEMONIC_PSRLQ: case ZYDIS_MNEMONIC_PSRAW: case ZYDIS_MNEMONIC_PSRAD:
+        if (mm0 && is_imm(o1)) return T{T::kShiftImm};
+        [[fallthrough]];
+      case ZYDIS_MNEMONIC_PADDB: case ZYDIS_MNEMONIC_PADDW: case ZYDIS_MNEMONIC_PADDD: case ZYDIS_MNEMONIC_PADDQ:
+      case ZYDIS_MNEMONIC_PADDSB: case ZYDIS_MNEMONIC_PADDSW: case ZYDIS_MNEMONIC_PADDUSB: case ZYDIS_MNEMONIC_PADDUSW:
+      case ZYDIS_MNEMONIC_PSUBB: case ZYDIS_MNEMONIC_PSUBW: case ZYDIS_MNEMONIC_PSUBD: case ZYDIS_MNEMONIC_PSUBQ:
+      case ZYDIS_MNEMONIC_PSUBSB: case ZYDIS_MNEMONIC_PSUBSW: case ZYDIS_MNEMONIC_PSUBUSB: case ZYDIS_MNEMONIC_PSUBUSW:
+      case ZYDIS_MNEMONIC_PCMPEQB: case ZYDIS_MNEMONIC_PCMPEQW: case ZYDIS_MNEMONIC_PCMPEQD: case ZYDIS_MNEMONIC_PCMPGTB:
+      case ZYDIS_MNEMONIC_PCMPGTW: case ZYDIS_MNEMONIC_PCMPGTD: case ZYDIS_MNEMONIC_PMULLW: case ZYDIS_MNEMONIC_PMULHW:
+      case ZYDIS_MNEMONIC_PMULHUW: case ZYDIS_MNEMONIC_PMULUDQ: case ZYDIS_MNEMONIC_PMADDWD: case ZYDIS_MNEMONIC_PAND:
+      case ZYDIS_MNEMONIC_PANDN: case ZYDIS_MNEMONIC_POR: case ZYDIS_MNEMONIC_PXOR: case ZYDIS_MNEMONIC_PAVGB:
+      case ZYDIS_MNEMONIC_PAVGW: case ZYDIS_MNEMONIC_PMINUB: case ZYDIS_MNEMONIC_PMAXUB: case ZYDIS_MNEMONIC_PMINSW:
+      case ZYDIS_MNEMONIC_PMAXSW: case ZYDIS_MNEMONIC_PSADBW: case ZYDIS_MNEMONIC_PUNPCKLBW:
+      case ZYDIS_MNEMONIC_PUNPCKLWD: case ZYDIS_MNEMONIC_PUNPCKLDQ:
+        return mm0 && (mm1 || (is_mem(o1) && o1.size == 8)) ? T{T::kBinary} : T{};
+      default:
+        return {};
+    }
+  }
+  // The VEX instructions with a template: moves (any width, register or memory), PMOVMSKB/MOVMSKPS/MOVMSKPD,
+  // MOVD/MOVQ, VZEROUPPER/VZEROALL, and the operations of `kSame`: the host's own instruction of the guest's
+  // encoding (map, prefix, W, L, opcode, immediate) with the operands renamed to host registers (ModRM.reg YMM0,
+  // VEX.vvvv YMM1, ModRM.rm YMM2 or the guest memory operand, is4 YMM3). kSame is for the integer, bitwise, shuffle
+  // and permutation operations the reference computes in software (its interp_diff against this host checks them),
+  // never floating point or anything touching RFLAGS or a general register.
+  struct VexTemplate {
+    enum Kind : uint8_t { kNone, kSame, kMove, kMovemask, kMovq, kZeroUpper, kZeroAll } kind = kNone;
+    bool aligned = false;  // kMove: a memory operand must be aligned to its size (#GP otherwise)
+  };
+  VexTemplate vex_template(const DecodedInsn& i) const {
+    using T = VexTemplate;
+    if (!(i.flags & interp::insn_flags::kVex) || (i.flags & interp::insn_flags::kVsib) ||
+        i.isa == interp::VexIsa::kBmi1 || i.isa == interp::VexIsa::kBmi2 || !c.vex_features_[size_t(i.isa)])
+      return {};
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    const bool x0 = o0.kind == interp::OpKind::kXmm, x1 = o1.kind == interp::OpKind::kXmm;
+    switch (ZydisMnemonic(i.mnemonic)) {
+      case ZYDIS_MNEMONIC_VZEROUPPER: return T{T::kZeroUpper};
+      case ZYDIS_MNEMONIC_VZEROALL: return T{T::kZeroAll};
+      case ZYDIS_MNEMONIC_VMOVDQU: case ZYDIS_MNEMONIC_VMOVUPS: case ZYDIS_MNEMONIC_VMOVUPD: case ZYDIS_MNEMONIC_VLDDQU:
+      case ZYDIS_MNEMONIC_VMOVDQA: case ZYDIS_MNEMONIC_VMOVAPS: case ZYDIS_MNEMONIC_VMOVAPD: case ZYDIS_MNEMONIC_VMOVNTDQ:
+      case ZYDIS_MNEMONIC_VMOVNTPS: case ZYDIS_MNEMONIC_VMOVNTPD: case ZYDIS_MNEMONIC_VMOVNTDQA: {
+        const bool aligned = i.mnemonic != ZYDIS_MNEMONIC_VMOVDQU && i.mnemonic != ZYDIS_MNEMONIC_VMOVUPS &&
+                             i.mnemonic != ZYDIS_MNEMONIC_VMOVUPD && i.mnemonic != ZYDIS_MNEMONIC_VLDDQU;
+        if ((x0 || x1) && (x0 || is_mem(o0)) && (x1 || is_mem(o1))) return T{T::kMove, aligned};
+        return {};
+      }
+      case ZYDIS_MNEMONIC_VPMOVMSKB: case ZYDIS_MNEMONIC_VMOVMSKPS: case ZYDIS_MNEMONIC_VMOVMSKPD:
+        return o0.kind == interp::OpKind::kGpr && x1 ? T{T::kMovemask} : T{};
+      case ZYDIS_MNEMONIC_VMOVD: case ZYDIS_MNEMONIC_VMOVQ: {
+        const unsigned w = x0 ? (x1 ? 8 : o1.size) : o0.size;
+        if ((w == 4 || w == 8) && (x0 ? (x1 || is_reg(o1) || is_mem(o1)) : (x1 && (is_reg(o0) || is_mem(o0)))))
+          return T{T::kMovq};
+        return {};
+      }
+      case ZYDIS_MNEMONIC_VPSHUFD: case ZYDIS_MNEMONIC_VPSHUFHW: case ZYDIS_MNEMONIC_VPSHUFLW: case ZYDIS_MNEMONIC_VPSLLDQ:
+      case ZYDIS_MNEMONIC_VPSRLDQ: case ZYDIS_MNEMONIC_VPALIGNR: case ZYDIS_MNEMONIC_VPBLENDD: case ZYDIS_MNEMONIC_VPBLENDW:
+      case ZYDIS_MNEMONIC_VBLENDPS: case ZYDIS_MNEMONIC_VBLENDPD: case ZYDIS_MNEMONIC_VPBLENDVB:
+      case ZYDIS_MNEMONIC_VBLENDVPS: case ZYDIS_MNEMONIC_VBLENDVPD: case ZYDIS_MNEMONIC_VPERMQ: case ZYDIS_MNEMONIC_VPERMD:
+      case ZYDIS_MNEMONIC_VPERMPS: case ZYDIS_MNEMONIC_VPERMPD: case ZYDIS_MNEMONIC_VPERM2I128:
+      case ZYDIS_MNEMONIC_VPERM2F128: case ZYDIS_MNEMONIC_VINSERTI128: case ZYDIS_MNEMONIC_VINSERTF128:
+      case ZYDIS_MNEMONIC_VPBROADCASTB: case ZYDIS_MNEMONIC_VPBROADCASTW: case ZYDIS_MNEMONIC_VPBROADCASTD:
+      case ZYDIS_MNEMONIC_VPBROADCASTQ: case ZYDIS_MNEMONIC_VBROADCASTSS: case ZYDIS_MNEMONIC_VBROADCASTSD:
+      case ZYDIS_MNEMONIC_VBROADCASTI128: case ZYDIS_MNEMONIC_VBROADCASTF128: case ZYDIS_MNEMONIC_VPSLLVD:
+      case ZYDIS_MNEMONIC_VPSLLVQ: case ZYDIS_MNEMONIC_VPSRLVD: case ZYDIS_MNEMONIC_VPSRLVQ: case ZYDIS_MNEMONIC_VPSRAVD:
+      case ZYDIS_MNEMONIC_VSHUFPS: case ZYDIS_MNEMONIC_VSHUFPD: case ZYDIS_MNEMONIC_VPERMILPS: case ZYDIS_MNEMONIC_VPERMILPD:
+      case ZYDIS_MNEMONIC_VMOVDDUP: case ZYDIS_MNEMONIC_VMOVSHDUP: case ZYDIS_MNEMONIC_VMOVSLDUP: case ZYDIS_MNEMONIC_VMPSADBW:
+        break;
+      default: {
+        const uint16_t legacy = interp::avx::legacy_mnemonic(i.mnemonic);
+        if (!interp::int_op_of(legacy) && !interp::ext_op_of(legacy)) return {};
+        break;
+      }
+    }
+    // kSame: an XMM/YMM destination; sources XMM/YMM registers, one memory operand, an immediate.
+    if (!x0) return {};
+    for (int k = 1; k < i.operand_count; ++k) {
+      const interp::Operand& o = i.op[k];
+      if (o.kind != interp::OpKind::kXmm && !is_mem(o) && !is_imm(o)) return {};
+      if (o.enc == interp::OpEnc::kOther) return {};
+    }
+    return T{T::kSame};
+  }
+  // BMI1/BMI2 (VEX-encoded) and TZCNT/LZCNT on general registers: the host's own instruction, when nothing reads
+  // the flags of those that set any (the host's undefined flags are not deja's).
+  enum class BmiTemplate : uint8_t { kNone, kFlagless, kFlags };
+  BmiTemplate bmi_template(const DecodedInsn& i) const {
+    const bool vex = i.flags & interp::insn_flags::kVex;
+    switch (ZydisMnemonic(i.mnemonic)) {
+      case ZYDIS_MNEMONIC_SHLX: case ZYDIS_MNEMONIC_SHRX: case ZYDIS_MNEMONIC_SARX: case ZYDIS_MNEMONIC_RORX:
+      case ZYDIS_MNEMONIC_PDEP: case ZYDIS_MNEMONIC_PEXT:
+        if (!host_bmi2() || !c.vex_features_[size_t(interp::VexIsa::kBmi2)]) return BmiTemplate::kNone;
+        break;
+      case ZYDIS_MNEMONIC_BZHI:
+        if (!host_bmi2() || !c.vex_features_[size_t(interp::VexIsa::kBmi2)]) return BmiTemplate::kNone;
+        break;
+      case ZYDIS_MNEMONIC_ANDN: case ZYDIS_MNEMONIC_BLSI: case ZYDIS_MNEMONIC_BLSMSK: case ZYDIS_MNEMONIC_BLSR:
+      case ZYDIS_MNEMONIC_BEXTR:
+        if (!host_bmi1() || !c.vex_features_[size_t(interp::VexIsa::kBmi1)]) return BmiTemplate::kNone;
+        break;
+      case ZYDIS_MNEMONIC_TZCNT:  // (without BMI1 in the model it is BSF)
+        if (vex || !host_bmi1() || !c.vex_features_[size_t(interp::VexIsa::kBmi1)]) return BmiTemplate::kNone;
+        break;
+      case ZYDIS_MNEMONIC_LZCNT:  // (without LZCNT in the model it is BSR)
+        if (vex || !host_lzcnt() || !c.model_has(0x80000001, 2, 5)) return BmiTemplate::kNone;
+        break;
+      default:
+        return BmiTemplate::kNone;
+    }
+    if (i.mode != interp::kMode64 || (i.op[0].size != 4 && i.op[0].size != 8) || i.op[0].kind != interp::OpKind::kGpr)
+      return BmiTemplate::kNone;
+    for (int k = 1; k < i.operand_count; ++k) {
+      const interp::Operand& o = i.op[k];
+      if (!(o.kind == interp::OpKind::kGpr || is_imm(o) || mem_ok(o, i))) return BmiTemplate::kNone;
+    }
+    const bool flagless = i.mnemonic == ZYDIS_MNEMONIC_SHLX || i.mnemonic == ZYDIS_MNEMONIC_SHRX ||
+                          i.mnemonic == ZYDIS_MNEMONIC_SARX || i.mnemonic == ZYDIS_MNEMONIC_RORX ||
+                          i.mnemonic == ZYDIS_MNEMONIC_PDEP || i.mnemonic == ZYDIS_MNEMONIC_PEXT;
+    return flagless ? BmiTemplate::kFlagless : BmiTemplate::kFlags;
+  }
+  static bool host_bmi1() {
+    static const bool has = __builtin_cpu_supports("bmi");
+    return has;
+  }
+  static bool host_bmi2() {
+    static const bool has = __builtin_cpu_supports("bmi2");
+    return has;
+  }
+  static bool host_lzcnt() {
+    static const bool has = __builtin_cpu_supports("abm") || __builtin_cpu_supports("lzcnt");
+    return has;
+  }
+
   // The flags an operation leaves, for conditions compiled from them and for dropping dead flag stores.
   struct FlagUse {
     bool reads = false;     // needs the flags as they were (conditions, INC/DEC's CF)
@@ -381,10 +619,26 @@ struct InterpBackend::Jit {
       default:
         break;
     }
-    if (op.fn != nullptr && sse_template(i).kind != SseTemplate::kNone) {
+    // (A template runs without the handler's check of the CPU model: the model must have the extension.)
+    const SseTemplate sse = sse_template(i);
+    const bool sse_modelled = sse.extension == SseTemplate::kSse2 || (sse.extension == SseTemplate::kSsse3 && c.simd_.ssse3) ||
+                              (sse.extension == SseTemplate::kSse41 && c.simd_.sse41) ||
+                              (sse.extension == SseTemplate::kSse42 && c.simd_.sse42);
+    if (op.fn != nullptr && sse.kind != SseTemplate::kNone && sse_modelled) {
       for (int k = 0; k < i.operand_count; ++k)
         if (is_mem(i.op[k]) && !mem_ok(i.op[k], i)) return Form::kCall;
       return Form::kSse;
+    }
+    if (op.fn != nullptr && vex_template(i).kind != VexTemplate::kNone) {
+      for (int k = 0; k < i.operand_count; ++k)
+        if (is_mem(i.op[k]) && !mem_ok(i.op[k], i)) return Form::kCall;
+      return Form::kVex;
+    }
+    if (op.fn != nullptr && bmi_template(i) != BmiTemplate::kNone) return Form::kBmi;
+    if (op.fn != nullptr && c.simd_.mmx && mmx_template(i).kind != MmxTemplate::kNone) {
+      for (int k = 0; k < i.operand_count; ++k)
+        if (is_mem(i.op[k]) && !mem_ok(i.op[k], i)) return Form::kCall;
+      return Form::kMmx;
     }
     return Form::kCall;
   }
@@ -426,7 +680,11 @@ struct InterpBackend::Jit {
         u.reads = true;
         u.can_exit = touches_memory(op);
         return u;
-      case Form::kSse:  // (its first check of CR0/CR4 may leave to the handler)
+      case Form::kBmi:  // (flagless, or run as the handler when its flags are read: emit_bmi)
+        u.writes = bmi_template(op.insn) == BmiTemplate::kFlags;
+        u.can_exit = touches_memory(op);
+        return u;
+      case Form::kSse: case Form::kMmx: case Form::kVex:  // (the checks of CR0/CR4/XCR0 and the x87 state may leave to the handler)
         u.can_exit = true;
         return u;
       default:  // handlers, transfers, the block's end: anything may follow
@@ -1455,7 +1713,8 @@ struct InterpBackend::Jit {
       case SseTemplate::kBinary:
         a.movdqu_load(1, is_mem(o1) ? memory(o1, 16, false) : xmm(o1.reg));
         a.movdqu_load(0, xmm(o0.reg));
-        a.sse_rr(t.prefix, t.opcode, 0, 1);
+        if (t.map) a.sse_rr3(t.prefix, t.map, t.opcode, 0, 1);
+        else a.sse_rr(t.prefix, t.opcode, 0, 1);
         if (i.operand_count == 3) a.u8(uint8_t(i.op[2].disp));
         a.movdqu_store(xmm(o0.reg), 0);
         break;
@@ -1500,6 +1759,257 @@ struct InterpBackend::Jit {
       case SseTemplate::kNone:
         break;
     }
+    bind_resume(s);
+  }
+
+  // MMX templates (mmx_template): MMn in its x87 slot of s_.fxsave (TOP is 0 whenever a template runs), XMM0
+  // and XMM1 of the host as scratch. The CR0.EM/TS check is made once a block, as for SSE; the x87 state is
+  // checked every time (EMMS and FXRSTOR run in blocks): with TOP = 0, every register valid and no x87
+  // exception pending, the transition changes nothing, and only the written register's exponent is set.
+  bool mmx_checked = false;
+  x64::Mem mm_slot(unsigned n, int32_t byte = 0) const {
+    return x64::at(rbx, off(&c.s_.fxsave[0]) + 32 + int32_t(16 * n) + byte);
+  }
+  void emit_mmx(const Op& op) {
+    const DecodedInsn& i = op.insn;
+    const MmxTemplate t = mmx_template(i);
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    Slow& s = slow_path(op);
+    if (!mmx_checked) {
+      mmx_checked = true;
+      a.load(8, rax, field(&c.s_.cr0));
+      a.alu_imm(4, x64::kAnd, rax, int32_t(cr0::kEm | cr0::kTs));
+      a.jcc(x64::kNe, s.entry);
+    }
+    // FSW (TOP, ES) and the abridged tag word, as one dword from FSW's offset: FSW & 0x3880 = 0, FTW = 0xff.
+    a.load(4, rax, x64::at(rbx, off(&c.s_.fxsave[0]) + 2));
+    a.alu_imm(4, x64::kAnd, rax, 0x00ff3880);
+    a.alu_imm(4, x64::kCmp, rax, 0x00ff0000);
+    a.jcc(x64::kNe, s.entry);
+    auto memory = [&](const interp::Operand& o, unsigned n, bool write) {
+      address(op, o);
+      translate(n, write, s.entry);
+      return x64::at(rsi);
+    };
+    auto written = [&](unsigned n) { a.store_imm(8, mm_slot(n, 8), 0xffff); };  // exponent and sign all ones
+    switch (t.kind) {
+      case MmxTemplate::kLoad:
+        if (o1.kind == interp::OpKind::kMmx) a.load(8, rax, mm_slot(o1.reg));
+        else if (is_mem(o1)) a.load(t.bytes, rax, memory(o1, t.bytes, false));
+        else load_reg(rax, o1, t.bytes);
+        a.store(8, mm_slot(o0.reg), rax);
+        written(o0.reg);
+        break;
+      case MmxTemplate::kStore:
+        a.load(t.bytes, rax, mm_slot(o1.reg));
+        if (is_mem(o0)) {
+          const x64::Mem m = memory(o0, t.bytes, true);
+          a.store(t.bytes, m, rax);
+        } else {
+          store_reg(o0, rax, t.bytes);
+        }
+        break;
+      case MmxTemplate::kBinary:
+        a.movq_load(1, is_mem(o1) ? memory(o1, 8, false) : mm_slot(o1.reg));
+        a.movq_load(0, mm_slot(o0.reg));
+        a.sse_rr(0x66, i.opcode, 0, 1);
+        a.movq_store(mm_slot(o0.reg), 0);
+        written(o0.reg);
+        break;
+      case MmxTemplate::kShiftImm:
+        a.movq_load(0, mm_slot(o0.reg));
+        a.sse_rr(0x66, i.opcode, (i.modrm >> 3) & 7, 0);
+        a.u8(uint8_t(o1.disp));
+        a.movq_store(mm_slot(o0.reg), 0);
+        written(o0.reg);
+        break;
+      case MmxTemplate::kNone:
+        break;
+    }
+    bind_resume(s);
+  }
+
+  // VEX templates (vex_template): the XMM halves in s_.fxsave, the upper ones in s_.ymmh, YMM0-3 of the host
+  // scratch. The #UD and #NM checks of VEX (CR4.OSXSAVE, XCR0's SSE and AVX state, CR0.TS) are made once a block,
+  // by its first VEX template: XSETBV and writes of CR0 and CR4 end blocks.
+  bool avx_checked = false;
+  x64::Mem ymmh(unsigned n, int32_t byte = 0) const {
+    return x64::at(rbx, off(&c.s_.ymmh[0]) + int32_t(16 * n) + byte);
+  }
+  // Host vector register `h` = guest register `n` (its upper half too when `wide`).
+  void vec_load(unsigned h, unsigned n, bool wide) {
+    a.vmovdqu_load(h, xmm(n));
+    if (wide) a.vinserti128_high(h, ymmh(n));
+  }
+  // Guest register `n` = host vector register `h` (bits 128-255 zero unless `wide`).
+  void vec_store(unsigned n, unsigned h, bool wide) {
+    a.vmovdqu_store(xmm(n), h);
+    if (wide) {
+      a.vextracti128_high(ymmh(n), h);
+    } else {
+      a.store_imm(8, ymmh(n), 0);
+      a.store_imm(8, ymmh(n, 8), 0);
+    }
+  }
+  void emit_vex(const Op& op) {
+    const DecodedInsn& i = op.insn;
+    const VexTemplate t = vex_template(i);
+    const interp::Operand &o0 = i.op[0], &o1 = i.op[1];
+    Slow& s = slow_path(op);
+    if (!avx_checked) {
+      avx_checked = true;
+      a.load(8, rax, field(&c.s_.cr4));
+      a.alu_imm(4, x64::kAnd, rax, int32_t(cr4::kOsxsave));
+      a.jcc(x64::kE, s.entry);
+      a.load(8, rax, field(&c.s_.xcr0));
+      a.alu_imm(4, x64::kAnd, rax, int32_t(xcr0::kSse | xcr0::kAvx));
+      a.alu_imm(4, x64::kCmp, rax, int32_t(xcr0::kSse | xcr0::kAvx));
+      a.jcc(x64::kNe, s.entry);
+      a.load(8, rax, field(&c.s_.cr0));
+      a.alu_imm(4, x64::kAnd, rax, int32_t(cr0::kTs));
+      a.jcc(x64::kNe, s.entry);
+    }
+    // The host address of memory operand `o` (n bytes, aligned to n where the instruction needs it).
+    auto memory = [&](const interp::Operand& o, unsigned n, bool write) {
+      address(op, o);
+      if (t.aligned) {
+        a.mov(4, rax, rsi);
+        a.alu_imm(4, x64::kAnd, rax, int32_t(n - 1));
+        a.jcc(x64::kNe, s.entry);
+      }
+      translate(n, write, s.entry);
+      return x64::at(rsi);
+    };
+    const bool wide = i.flags & interp::insn_flags::kVexL;
+    switch (t.kind) {
+      case VexTemplate::kMove: {  // 16 or 32 bytes through XMM0, a half at a time
+        const unsigned n = o0.kind == interp::OpKind::kXmm ? o0.size : o1.size;
+        if (is_mem(o0)) {
+          const x64::Mem m = memory(o0, n, true);
+          a.vmovdqu_load(0, xmm(o1.reg));
+          a.vmovdqu_store(m, 0);
+          if (n == 32) {
+            a.vmovdqu_load(0, ymmh(o1.reg));
+            a.vmovdqu_store(x64::at(rsi, 16), 0);
+          }
+          break;
+        }
+        const x64::Mem from = is_mem(o1) ? memory(o1, n, false) : xmm(o1.reg);
+        a.vmovdqu_load(0, from);
+        a.vmovdqu_store(xmm(o0.reg), 0);
+        if (n == 32) {
+          a.vmovdqu_load(0, is_mem(o1) ? x64::at(rsi, 16) : ymmh(o1.reg));
+          a.vmovdqu_store(ymmh(o0.reg), 0);
+        } else {
+          a.store_imm(8, ymmh(o0.reg), 0);
+          a.store_imm(8, ymmh(o0.reg, 8), 0);
+        }
+        break;
+      }
+      case VexTemplate::kSame: {
+        // Sources into the host registers of their fields; the guest's encoding with those; the destination back.
+        // (Without a ModRM.reg operand, that field is the opcode's extension: the shifts by an immediate.)
+        std::optional<x64::Mem> m;
+        int imm = -1;
+        bool vvvv = false, is4 = false, reg = false;
+        auto host_of = [](interp::OpEnc e) { return e == interp::OpEnc::kModrmReg ? 0u : e == interp::OpEnc::kVvvv ? 1u
+                                                   : e == interp::OpEnc::kModrmRm ? 2u : 3u; };
+        for (int k = 0; k < i.operand_count; ++k) {
+          const interp::Operand& o = i.op[k];
+          vvvv = vvvv || o.enc == interp::OpEnc::kVvvv;
+          is4 = is4 || o.enc == interp::OpEnc::kIs4;
+          reg = reg || o.enc == interp::OpEnc::kModrmReg;
+          if (is_imm(o)) imm = uint8_t(o.disp);
+          else if (is_mem(o)) m = memory(o, o.size, false);
+          else if (k > 0) vec_load(host_of(o.enc), o.reg, o.size == 32);
+        }
+        const bool w = i.flags & interp::insn_flags::kRexW;
+        const unsigned reg_field = reg ? 0 : (i.modrm >> 3) & 7;
+        if (m) a.vex_rm(i.opcode_map, i.vex_pp, wide, w, i.opcode, reg_field, vvvv ? 1 : 0, *m);
+        else a.vex_rr(i.opcode_map, i.vex_pp, wide, w, i.opcode, reg_field, vvvv ? 1 : 0, 2);
+        if (is4) a.u8(3 << 4);
+        else if (imm >= 0) a.u8(uint8_t(imm));
+        vec_store(o0.reg, host_of(o0.enc), o0.size == 32);
+        break;
+      }
+      case VexTemplate::kMovemask:  // VPMOVMSKB/VMOVMSKPS/VMOVMSKPD r32, xmm/ymm
+        vec_load(2, o1.reg, wide);
+        a.vex_rr(i.opcode_map, i.vex_pp, wide, false, i.opcode, rax, 0, 2);
+        store_reg(o0, rax, o0.size >= 4 ? o0.size : 4);
+        break;
+      case VexTemplate::kMovq:  // to XMM: the low 4 or 8 bytes, bits 32/64-255 cleared; from XMM: its low bytes
+        if (o0.kind == interp::OpKind::kXmm) {
+          const unsigned w = o1.kind == interp::OpKind::kXmm ? 8 : o1.size;
+          if (o1.kind == interp::OpKind::kXmm) a.load(8, rax, xmm(o1.reg));
+          else if (is_mem(o1)) a.load(w, rax, memory(o1, w, false));
+          else load_reg(rax, o1, w);
+          a.store(8, xmm(o0.reg), rax);
+          a.store_imm(8, xmm(o0.reg, 8), 0);
+          a.store_imm(8, ymmh(o0.reg), 0);
+          a.store_imm(8, ymmh(o0.reg, 8), 0);
+        } else {
+          const unsigned w = o0.size;
+          a.load(w, rax, xmm(o1.reg));
+          if (is_mem(o0)) {
+            const x64::Mem m = memory(o0, w, true);
+            a.store(w, m, rax);
+          } else {
+            store_reg(o0, rax, w);
+          }
+        }
+        break;
+      case VexTemplate::kZeroUpper:
+      case VexTemplate::kZeroAll:
+        a.vpxor_zero(0);
+        for (int32_t at = 0; at < 256; at += 32) a.vmovdqu_store(ymmh(0, at), 0, true);
+        if (t.kind == VexTemplate::kZeroAll)
+          for (int32_t at = 0; at < 256; at += 32) a.vmovdqu_store(xmm(0, at), 0, true);
+        break;
+      case VexTemplate::kNone:
+        break;
+    }
+    bind_resume(s);
+  }
+
+  // BMI templates (bmi_template): the host's instruction of the guest's encoding with the registers renamed by
+  // field: ModRM.reg RAX (or the opcode's extension: BLSI/BLSMSK/BLSR), VEX.vvvv RCX, ModRM.rm RDX or the memory
+  // operand; the destination is whichever of them it is.
+  void emit_bmi(const Op& op) {
+    const DecodedInsn& i = op.insn;
+    const interp::Operand& o0 = i.op[0];
+    const unsigned w = o0.size;
+    Slow& s = slow_path(op);
+    std::optional<x64::Mem> m;
+    int imm = -1;
+    bool vvvv = false, reg = false;
+    auto host_of = [](interp::OpEnc e) { return e == interp::OpEnc::kVvvv ? rcx : e == interp::OpEnc::kModrmRm ? rdx : rax; };
+    for (int k = 0; k < i.operand_count; ++k) {  // the memory operand first (its translation uses RCX and RDX)
+      const interp::Operand& o = i.op[k];
+      vvvv = vvvv || o.enc == interp::OpEnc::kVvvv;
+      reg = reg || o.enc == interp::OpEnc::kModrmReg;
+      if (is_imm(o)) imm = uint8_t(o.disp);
+      if (is_mem(o)) {
+        address(op, o);
+        translate(w, false, s.entry);
+        m = x64::at(rsi);
+      }
+    }
+    for (int k = 1; k < i.operand_count; ++k)
+      if (i.op[k].kind == interp::OpKind::kGpr) load_reg(host_of(i.op[k].enc), i.op[k], w);
+    const Reg dst = host_of(o0.enc);
+    raw({rax, rcx, rdx}, [&] {
+      if (i.flags & interp::insn_flags::kVex) {
+        const unsigned reg_field = reg ? unsigned(rax) : (i.modrm >> 3) & 7u;
+        if (m) a.vex_rm(i.opcode_map, i.vex_pp, false, w == 8, i.opcode, reg_field, vvvv ? rcx : 0, *m);
+        else a.vex_rr(i.opcode_map, i.vex_pp, false, w == 8, i.opcode, reg_field, vvvv ? rcx : 0, rdx);
+      } else {  // TZCNT/LZCNT: F3 [REX.W] 0F BC/BD
+        a.u8(0xf3);
+        if (m) a.op2_rm(w, i.opcode, rax, *m);
+        else a.op2_rr(w, i.opcode, rax, rdx);
+      }
+      if (imm >= 0) a.u8(uint8_t(imm));
+    });
+    store_reg(o0, dst, w);
     bind_resume(s);
   }
 
@@ -1615,6 +2125,16 @@ struct InterpBackend::Jit {
         case Form::kRet: emit_ret(op); break;
         case Form::kNop: break;
         case Form::kSse: emit_sse(op); break;
+        case Form::kMmx: emit_mmx(op); break;
+        case Form::kVex: emit_vex(op); break;
+        case Form::kBmi:
+          if (bmi_template(op.insn) == BmiTemplate::kFlags && keep_flags[k]) {
+            call_handler(op);  // (its flags are read: the handler's, deja's undefined flags included)
+            known = false;
+          } else {
+            emit_bmi(op);
+          }
+          break;
         case Form::kFallThrough: set_rip(op.rip); chain_exit(op, 1, op.rip); break;
         default:
           call_handler(op);
@@ -1695,7 +2215,7 @@ bool InterpBackend::compile_block(Block& block) {
   if (const char* dir = std::getenv("DEJA_JIT_DUMP")) {
     // For reading the generated code: objdump -D -b binary -mi386:x86-64 DIR/block-RIP.bin
     const std::string path = fmt::format("{}/block-{:x}.bin", dir, block.rip);
-    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd >= 0) {
       (void)!write(fd, jit.a.code.data(), jit.a.size());
       close(fd);

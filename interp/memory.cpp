@@ -208,6 +208,20 @@ uint64_t InterpBackend::walk(uint64_t linear, Access access, bool user) {
 }
 
 void InterpBackend::note_code_write(uint64_t gpa, unsigned size) {
+  drop_own_code(gpa, size);
+  if (!peers_) return;
+  // Another vCPU's code written here goes too; the page stays marked while any vCPU still has code in it.
+  const uint64_t pfn = gpa >> 12;
+  bool still_code = own_code_page(pfn);
+  for (InterpBackend* cpu : peers_->vcpus) {
+    if (cpu == this || !cpu->own_code_page(pfn)) continue;
+    cpu->drop_own_code(gpa, size);
+    still_code |= cpu->own_code_page(pfn);
+  }
+  if (!still_code && pfn < peers_->code.size()) peers_->code[pfn] = 0;
+}
+
+void InterpBackend::drop_own_code(uint64_t gpa, unsigned size) {
   // Callers pass ranges within one page, except page-table updates (4 or 8 aligned bytes).
   if (cache_.has_code(gpa >> 12)) cache_.invalidate_range(gpa, size);
   if (blocks_.has_code(gpa >> 12) && blocks_.invalidate_range(gpa, size) && running_block_ && running_block_->dead) {

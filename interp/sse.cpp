@@ -5,6 +5,8 @@
 // denormal handling, rounding). The host always runs with every exception masked (an unmasked
 // one would be a host SIGFPE); whether the guest would fault is derived from the raised flags.
 #include "interp/sse.h"
+#include "interp/sse_host.h"
+#include "interp/sse_lanes.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,39 +16,11 @@
 namespace deja::interp::sse {
 namespace {
 
-template <typename T>
-struct Lanes {
-  static constexpr int kCount = 16 / sizeof(T);
-  T v[kCount];
-};
-
-template <typename T>
-Lanes<T> lanes(Xmm x) {
-  Lanes<T> out;
-  const uint64_t halves[2] = {x.lo, x.hi};
-  std::memcpy(out.v, halves, 16);
-  return out;
-}
-
-template <typename T>
-Xmm to_xmm(const Lanes<T>& l) {
-  uint64_t halves[2];
-  std::memcpy(halves, l.v, 16);
-  return {halves[0], halves[1]};
-}
-
-template <typename T, typename F>
-Xmm map2(Xmm a, Xmm b, F f) {
-  const Lanes<T> la = lanes<T>(a), lb = lanes<T>(b);
-  Lanes<T> r;
-  for (int i = 0; i < Lanes<T>::kCount; ++i) r.v[i] = static_cast<T>(f(la.v[i], lb.v[i]));
-  return to_xmm(r);
-}
-
-template <typename T>
-T saturate(int64_t value) {
-  return static_cast<T>(std::clamp<int64_t>(value, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
-}
+using detail::Lanes;
+using detail::lanes;
+using detail::map2;
+using detail::saturate;
+using detail::to_xmm;
 
 template <typename T>
 Xmm add_saturating(Xmm a, Xmm b) {
@@ -273,34 +247,12 @@ Xmm pinsrw(Xmm dst, uint16_t value, uint8_t index) {
 // ---- Floating point on the host SSE unit ----
 namespace {
 
-using Vec = long long __attribute__((vector_size(16)));
-
-Vec to_vec(Xmm x) { return Vec{static_cast<long long>(x.lo), static_cast<long long>(x.hi)}; }
-Xmm from_vec(Vec v) { return {static_cast<uint64_t>(v[0]), static_cast<uint64_t>(v[1])}; }
-
-// The MXCSR the host runs with: the guest's rounding, DAZ and FTZ, no flags, every exception masked.
-uint32_t host_mxcsr(uint32_t guest) { return (guest & (mxcsr::kRcMask | mxcsr::kDaz | mxcsr::kFtz)) | mxcsr::kMasks; }
-
-struct Outcome {
-  uint32_t mxcsr;
-  bool fault;
-};
-
-// Folds the flags the host raised into the guest MXCSR and decides whether the guest faults.
-// Invalid, denormal and divide-by-zero are detected before the result is computed: if one of
-// them is unmasked the instruction stops there and the post-computation flags are not raised.
-Outcome settle(uint32_t guest, uint32_t host_after) {
-  const uint32_t raised = host_after & mxcsr::kFlags;
-  const uint32_t masked = (guest & mxcsr::kMasks) >> 7;
-  const uint32_t pre = raised & (mxcsr::kIe | mxcsr::kDe | mxcsr::kZe);
-  if (pre & ~masked) return {guest | pre, true};
-  const bool fault = (raised & ~masked) != 0;
-  return {guest | raised, fault};
-}
-
-#define DEJA_SSE_ASM(INSN_LINE, ...)                                                                 \
-  asm volatile("stmxcsr %[saved]\n\tldmxcsr %[run]\n\t" INSN_LINE "\n\tstmxcsr %[after]\n\tldmxcsr %[saved]" \
-               __VA_ARGS__)
+using host::from_vec;
+using host::host_mxcsr;
+using host::Outcome;
+using host::settle;
+using host::to_vec;
+using host::Vec;
 
 #define DEJA_SSE_RR_FN(NAME, INSN)                                                                  \
   uint32_t NAME(Vec& a, Vec b, uint32_t run) {                                                     \

@@ -172,6 +172,7 @@ void InterpBackend::far_return(unsigned opsize, uint16_t pop_extra) {
 
 void InterpBackend::iret(unsigned opsize) {
   const unsigned bytes = opsize / 8;
+  nmi_blocked_ = false;  // IRET ends an NMI handler's blocking, even one that faults (SDM 6.7.1)
   if (!(s_.cr0 & cr0::kPe)) {
     uint64_t rip = pop(bytes);
     uint16_t cs_sel = uint16_t(pop(bytes));
@@ -289,8 +290,9 @@ void InterpBackend::set_cr(int cr, uint64_t value) {
       flush_tlb(false);
       return;
     case 4: {
-      // The model offers VME..OSXMMEXCPT (bits 0-10); FSGSBASE, OSXSAVE, SMEP, ... are absent from CPUID.
-      if (value & ~0x7ffull) raise(kGp, 0, true);
+      // The model offers VME..OSXMMEXCPT (bits 0-10), and OSXSAVE with XSAVE; FSGSBASE, SMEP, ... are absent
+      // from CPUID.
+      if (value & ~(0x7ffull | (model_has(1, 2, 26) ? cr4::kOsxsave : 0))) raise(kGp, 0, true);
       if (long_mode() && !(value & cr4::kPae)) raise(kGp, 0, true);
       if ((value ^ s_.cr4) & (cr4::kPae | cr4::kPge | cr4::kPse)) flush_tlb(true);
       s_.cr4 = value;

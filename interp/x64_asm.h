@@ -133,6 +133,48 @@ class Assembler {
   }
   void movdqu_load(unsigned xmm, const Mem& m) { sse_rm(0xf3, 0x6f, xmm, m); }
   void movdqu_store(const Mem& m, unsigned xmm) { sse_rm(0xf3, 0x7f, xmm, m); }
+  void movq_load(unsigned xmm, const Mem& m) { sse_rm(0xf3, 0x7e, xmm, m); }   // the high quadword cleared
+  void movq_store(const Mem& m, unsigned xmm) { sse_rm(0x66, 0xd6, xmm, m); }
+  // [prefix] 0F `map` opcode on XMM0-7 (the three-byte opcodes of SSSE3 and SSE4: map 0x38 or 0x3A).
+  void sse_rr3(uint8_t prefix, uint8_t map, uint8_t opcode, unsigned reg, unsigned rm) {
+    if (prefix) u8(prefix);
+    u8(0x0f);
+    u8(map);
+    u8(opcode);
+    modrm_rr(reg, rm);
+  }
+
+  // VEX (the three-byte form): `map` 1 0F, 2 0F38, 3 0F3A; `pp` 0 none, 1 66, 2 F3, 3 F2; `reg` and `vvvv`
+  // register numbers (0 for an unused VEX.vvvv), the r/m operand a register or memory.
+  void vex_prefix(uint8_t map, uint8_t pp, bool l, bool w, unsigned reg, unsigned vvvv, unsigned index, unsigned base) {
+    u8(0xc4);
+    u8(uint8_t(((reg & 8) ? 0 : 0x80) | ((index != kNoReg && (index & 8)) ? 0 : 0x40) |
+               ((base != kNoReg && (base & 8)) ? 0 : 0x20) | map));
+    u8(uint8_t((w ? 0x80 : 0) | ((~vvvv & 15) << 3) | (l ? 4 : 0) | pp));
+  }
+  void vex_rr(uint8_t map, uint8_t pp, bool l, bool w, uint8_t opcode, unsigned reg, unsigned vvvv, unsigned rm) {
+    vex_prefix(map, pp, l, w, reg, vvvv, kNoReg, rm);
+    u8(opcode);
+    modrm_rr(reg, rm);
+  }
+  void vex_rm(uint8_t map, uint8_t pp, bool l, bool w, uint8_t opcode, unsigned reg, unsigned vvvv, const Mem& m) {
+    vex_prefix(map, pp, l, w, reg, vvvv, m.index, m.base);
+    u8(opcode);
+    modrm_mem(reg, m);
+  }
+  // VMOVDQU of 16 (xmm) or 32 (ymm) bytes; a 128-bit load clears bits 128-255 of the host register.
+  void vmovdqu_load(unsigned v, const Mem& m, bool ymm = false) { vex_rm(1, 2, ymm, false, 0x6f, v, 0, m); }
+  void vmovdqu_store(const Mem& m, unsigned v, bool ymm = false) { vex_rm(1, 2, ymm, false, 0x7f, v, 0, m); }
+  // VINSERTI128 ymm_v, ymm_v, m128, 1 / VEXTRACTI128 m128, ymm_v, 1: the upper half from or to memory.
+  void vinserti128_high(unsigned v, const Mem& m) {
+    vex_rm(3, 1, true, false, 0x38, v, v, m);
+    u8(1);
+  }
+  void vextracti128_high(const Mem& m, unsigned v) {
+    vex_rm(3, 1, true, false, 0x39, v, 0, m);
+    u8(1);
+  }
+  void vpxor_zero(unsigned v) { vex_rr(1, 1, false, false, 0xef, v, v, v); }  // the whole YMM register zero
 
   // ---- moves ----------------------------------------------------------------------------------------
   void mov(unsigned bytes, Reg dst, Reg src) { op_rr(bytes, bytes == 1 ? 0x88 : 0x89, src, dst); }

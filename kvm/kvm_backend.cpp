@@ -117,6 +117,8 @@ constexpr unsigned long kGetXsave = _IOR(KVMIO, 0xa4, XsaveRegion);
 constexpr unsigned long kSetXsave = _IOW(KVMIO, 0xa5, XsaveRegion);
 constexpr unsigned long kGetXsave2 = _IOR(KVMIO, 0xcf, XsaveRegion);
 constexpr unsigned long kSetSignalMask = _IOW(KVMIO, 0x8b, SignalMaskHeader);
+// Offsets in KVM's XSAVE area (the standard format): the header, the AVX component (YMM0-15 bits 128-255).
+constexpr size_t kXsaveHeader = 512, kXsaveAvx = 576;
 
 kvm_cpuid_entry2* cpuid_entries(std::vector<uint8_t>& buffer) {
   return reinterpret_cast<kvm_cpuid_entry2*>(buffer.data() + kCpuidEntriesOffset);
@@ -185,8 +187,9 @@ class KvmBackend final : public Backend, public KvmVcpu {
   Result<> setup_cpuid(const CpuModel& model);
   Result<> setup_msr_filter();
   Result<> prepare_kick_signal();
-  Result<> get_fxsave(std::array<uint8_t, 512>& fx);
-  Result<> set_fxsave(const std::array<uint8_t, 512>& fx);
+  // The x87/SSE state in FXSAVE layout and the upper halves of the YMM registers (XSAVE's AVX component).
+  Result<> get_fxsave(std::array<uint8_t, 512>& fx, std::array<uint8_t, 256>& ymmh);
+  Result<> set_fxsave(const std::array<uint8_t, 512>& fx, const std::array<uint8_t, 256>& ymmh);
   void complete_previous_exit();
   Result<VcpuExit*> translate_exit();
   VcpuExit* emit_io_element();
@@ -410,6 +413,21 @@ Result<> KvmBackend::setup_cpuid(const CpuModel& model) {
       return fail(ErrorKind::kUnsupported,
                   "this host's KVM cannot provide CPU feature {} that CPU model {} (v{}) advertises", f.label(),
                   model.name(), model.version());
+    }
+  }
+
+  // The XSAVE state components (leaf 0DH sub-leaf 0 EDX:EAX) and instructions (sub-leaf 1 EAX: XSAVEOPT, XSAVEC,
+  // XGETBV with ECX = 1, XSAVES) the model offers must be the host's too.
+  if (model.has(feature("XSAVE"))) {
+    const CpuidResult components = model.cpuid(0xd, 0), host_components = host_has(0xd, 0);
+    const CpuidResult instructions = model.cpuid(0xd, 1), host_instructions = host_has(0xd, 1);
+    if ((components.eax & ~host_components.eax) || (components.edx & ~host_components.edx) ||
+        (instructions.eax & 0xf & ~host_instructions.eax)) {
+      return fail(ErrorKind::kUnsupported,
+                  "this host's KVM cannot provide the XSAVE features of CPU model {} (v{}): state components {:#x}, "
+                  "instructions {:#x} (CPUID.0DH), where it has {:#x} and {:#x}",
+                  model.name(), model.version(), components.eax, instructions.eax & 0xf, host_components.eax,
+                  host_instructions.eax & 0xf);
     }
   }
 
@@ -764,7 +782,7 @@ Result<CpuState> KvmBackend::get_state() {
   for (size_t i = 0; i < std::size(kStateMsrs); ++i) *state_msr_field(state.msrs, kStateMsrs[i]) = msrs.entries[i].data;
   state.msrs.tsc_aux = tsc_aux_;
 
-  if (auto ok = get_fxsave(state.fxsave); !ok) return std::unexpected(ok.error());
+  if (auto ok = get_fxsave(state.fxsave, state.ymmh); !ok) return std::unexpected(ok.error());
 
   kvm_vcpu_events events{};
   if (::ioctl(vcpu_.get(), KVM_GET_VCPU_EVENTS, &events) < 0) {
@@ -872,7 +890,7 @@ Result<> KvmBackend::set_state(const CpuState& requested) {
                 state.xcr0);
   }
 
-  if (auto ok = set_fxsave(state.fxsave); !ok) return ok;
+  if (auto ok = set_fxsave(state.fxsave, state.ymmh); !ok) return ok;
   fxsave_shadow_ = state.fxsave;
 
   kvm_vcpu_events events{};
@@ -894,8 +912,9 @@ Result<> KvmBackend::set_state(const CpuState& requested) {
 // x87/SSE state in FXSAVE layout (SDM Vol. 1, 10.5.1, 64-bit format). XSAVE is preferred: KVM_SET_FPU leaves
 // XSTATE_BV alone, so SSE registers set through it can be dropped at the next XRSTOR, and KVM_GET_FPU does not
 // report MXCSR. Bytes that are not architectural state (MXCSR_MASK, the reserved tail) read back as last set.
-Result<> KvmBackend::get_fxsave(std::array<uint8_t, 512>& fx) {
+Result<> KvmBackend::get_fxsave(std::array<uint8_t, 512>& fx, std::array<uint8_t, 256>& ymmh) {
   fx = fxsave_shadow_;
+  ymmh = {};
   if (xsave_size_ != 0) {
     std::vector<uint8_t> area(xsave_size_, 0);
     if (::ioctl(vcpu_.get(), xsave2_ ? kGetXsave2 : kGetXsave, area.data()) < 0) {
@@ -903,6 +922,11 @@ Result<> KvmBackend::get_fxsave(std::array<uint8_t, 512>& fx) {
     }
     std::memcpy(&fx[0], area.data(), 28);
     std::memcpy(&fx[32], area.data() + 32, 416 - 32);
+    // The AVX component in KVM's (standard-format) area: its initial configuration, zeros, where not in use.
+    uint64_t xstate_bv = 0;
+    std::memcpy(&xstate_bv, area.data() + kXsaveHeader, 8);
+    if ((xstate_bv & xcr0::kAvx) && area.size() >= kXsaveAvx + ymmh.size())
+      std::memcpy(ymmh.data(), area.data() + kXsaveAvx, ymmh.size());
     return {};
   }
   kvm_fpu fpu{};
@@ -920,7 +944,8 @@ Result<> KvmBackend::get_fxsave(std::array<uint8_t, 512>& fx) {
   return {};
 }
 
-Result<> KvmBackend::set_fxsave(const std::array<uint8_t, 512>& requested) {
+Result<> KvmBackend::set_fxsave(const std::array<uint8_t, 512>& requested, const std::array<uint8_t, 256>& ymmh) {
+  const bool avx_state = std::any_of(ymmh.begin(), ymmh.end(), [](uint8_t b) { return b != 0; });
   std::array<uint8_t, 512> fx = requested;
   // An all-zero area means "reset state": FCW 0x37f and MXCSR 0x1f80, as after FNINIT / power-on.
   if (std::all_of(fx.begin(), fx.end(), [](uint8_t b) { return b == 0; })) {
@@ -938,16 +963,25 @@ Result<> KvmBackend::set_fxsave(const std::array<uint8_t, 512>& requested) {
     }
     std::memcpy(area.data(), &fx[0], 28);
     std::memcpy(area.data() + 32, &fx[32], 416 - 32);
-    // XSTATE_BV (SDM Vol. 1, 13.4.2): mark x87 and SSE as holding data, or XRSTOR loads their init state.
+    // XSTATE_BV (SDM Vol. 1, 13.4.2): mark x87 and SSE as holding data, or XRSTOR loads their init state; the
+    // AVX component likewise when the upper halves hold anything (all zero is its initial configuration, which
+    // a model without AVX can load too).
     uint64_t xstate_bv = 0;
-    std::memcpy(&xstate_bv, area.data() + 512, 8);
-    xstate_bv |= 0x3;
-    std::memcpy(area.data() + 512, &xstate_bv, 8);
+    std::memcpy(&xstate_bv, area.data() + kXsaveHeader, 8);
+    xstate_bv |= xcr0::kX87 | xcr0::kSse;
+    if (area.size() >= kXsaveAvx + ymmh.size()) {
+      std::memcpy(area.data() + kXsaveAvx, ymmh.data(), ymmh.size());
+      xstate_bv = avx_state ? xstate_bv | xcr0::kAvx : xstate_bv & ~xcr0::kAvx;
+    }
+    std::memcpy(area.data() + kXsaveHeader, &xstate_bv, 8);
     if (::ioctl(vcpu_.get(), kSetXsave, area.data()) < 0) {
       return fail(ErrorKind::kGuest, "KVM_SET_XSAVE rejected the x87/SSE state (mxcsr={:#x}): {}", mxcsr,
                   errno_text(errno));
     }
     return {};
+  }
+  if (avx_state) {
+    return fail(ErrorKind::kUnsupported, "this host's KVM lacks KVM_CAP_XSAVE: the YMM registers cannot be loaded");
   }
   kvm_fpu fpu{};
   std::memcpy(&fpu.fcw, &fx[0], 2);

@@ -133,6 +133,18 @@ deja_probe_tsc:
         mov $1, %eax
         hlt
 
+// MMX: PADDD of 5 and 4 in MM0: 9 (then EMMS, leaving the x87 as it was).
+        .globl deja_probe_mmx
+deja_probe_mmx:
+        mov $5, %eax
+        movd %eax, %mm0
+        mov $4, %eax
+        movd %eax, %mm1
+        paddd %mm1, %mm0
+        movd %mm0, %eax
+        emms
+        hlt
+
 // SSE3: MOVSLDUP copies dword 0 into dword 1: 0x12345678.
         .globl deja_probe_sse3
 deja_probe_sse3:

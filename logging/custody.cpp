@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/text.h"
 #include "logging/evidence_file.h"
 #include "logging/trace_format.h"
 

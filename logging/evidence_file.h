@@ -1,5 +1,5 @@
-// Writing the files of an audit trail (signatures, custody records, keys, time-stamp requests) by deja's output-file
-// rules, all through one function so the rules live in one place.
+// Writing the files of an audit trail (signatures, custody records, keys, time-stamp requests) by deja's one
+// output-file rule (logging/output_file.h).
 #pragma once
 
 #include <string>
@@ -18,9 +18,10 @@ struct EvidenceFileRules {
   std::vector<std::string> inputs;   // the command's inputs: PATH may be none of them (by device and inode)
 };
 
-// Writes `bytes` to PATH.partial (a new file: never through a symlink, never into a device), syncs it and renames it
-// over PATH, which must be absent or a regular file; `what` names the file in messages ("signature"). A failure
-// removes the .partial file and leaves PATH as it was.
+// Writes `bytes` as a product of the one output-file rule (logging/output_file.h: an OutputPlan of `rules.inputs` and
+// PATH, then a ProductFile): PATH.partial, synced and renamed over PATH, which must be absent or a regular file and
+// none of the inputs; `what` names the file in messages ("signature"). A failure removes the .partial file and
+// leaves PATH as it was. A command with more outputs checks them all in its own plan first.
 Result<> write_evidence_file(const std::string& path, std::string_view bytes, std::string_view what,
                              const EvidenceFileRules& rules = {});
 

@@ -41,7 +41,7 @@ std::vector<uint8_t> pcap::record_header(int64_t unix_ns, uint32_t length) {
 }
 
 Result<std::unique_ptr<PcapWriter>> PcapWriter::create(const std::string& path) {
-  auto file = ReplacingFile::create(path, "packet capture");
+  auto file = ProductFile::create_replacing(path, "packet capture", ProductFile::Unfinished::kRemove);
   if (!file) return std::unexpected(file.error());
   std::unique_ptr<PcapWriter> writer(new PcapWriter(std::move(*file)));
   writer->buffer_ = pcap::file_header();

@@ -23,7 +23,7 @@ std::vector<uint8_t> file_header();
 std::vector<uint8_t> record_header(int64_t unix_ns, uint32_t length);
 }  // namespace pcap
 
-// Written as PATH.partial and renamed over PATH by finish() (ReplacingFile): the way `deja record -o` writes a trace.
+// Written as PATH.partial and renamed over PATH by finish() (ProductFile): the way `deja record -o` writes a trace.
 class PcapWriter {
  public:
   static Result<std::unique_ptr<PcapWriter>> create(const std::string& path);
@@ -33,9 +33,9 @@ class PcapWriter {
   const std::string& path() const { return file_->path(); }
 
  private:
-  explicit PcapWriter(std::unique_ptr<ReplacingFile> file) : file_(std::move(file)) {}
+  explicit PcapWriter(std::unique_ptr<ProductFile> file) : file_(std::move(file)) {}
   Result<> flush();
-  std::unique_ptr<ReplacingFile> file_;
+  std::unique_ptr<ProductFile> file_;
   std::vector<uint8_t> buffer_;
   uint64_t frames_ = 0;
 };

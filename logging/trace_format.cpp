@@ -78,16 +78,6 @@ std::string hex(std::span<const uint8_t> bytes) {
   return out;
 }
 
-std::string printable(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (unsigned char c : text) {
-    if (c >= 0x20 && c < 0x7f) out += static_cast<char>(c);
-    else out += fmt::format("\\x{:02x}", c);
-  }
-  return out;
-}
-
 bool unhex_sha256(std::string_view text, std::array<uint8_t, 32>& out) {
   auto digit = [](char c) -> int {
     if (c >= '0' && c <= '9') return c - '0';

@@ -61,8 +61,6 @@ std::string hex(std::span<const uint8_t> bytes);
 inline std::string hex(const std::string& bytes) {
   return hex(std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
 }
-// Text from a trace or a signature file for a terminal: printable ASCII as is, every other byte as \xNN.
-std::string printable(std::string_view text);
 // 64 lowercase hex digits back to a SHA-256; false for anything else.
 bool unhex_sha256(std::string_view text, std::array<uint8_t, 32>& out);
 

@@ -294,7 +294,7 @@ void HtmlTimeline::add(uint64_t index, const trace::Event& e, const LinuxTraceVi
   if (replay_counts(e)) ++replay_events_;
 }
 
-Result<> HtmlTimeline::write(const Summary& summary, const LinuxTraceView& view, ReplacingFile& out) const {
+Result<> HtmlTimeline::write(const Summary& summary, const LinuxTraceView& view, ProductFile& out) const {
   // The rows: the Linux view's timeline (boot, user space, connections, disk I/O, end) and this page's own.
   std::vector<Row> rows = rows_;
   uint64_t dropped = 0;

@@ -40,7 +40,7 @@ class HtmlTimeline {
     std::string kernel;  // Linux: its version, or ""
   };
   // The page, written to `out` (committed by the caller).
-  Result<> write(const Summary& summary, const LinuxTraceView& view, ReplacingFile& out) const;
+  Result<> write(const Summary& summary, const LinuxTraceView& view, ProductFile& out) const;
 
  private:
   struct Series {

@@ -9,28 +9,15 @@
 #include <google/protobuf/util/json_util.h>
 
 #include "logging/linux_trace.h"
+#include "logging/output_file.h"
 #include "logging/pcap_writer.h"
 #include "logging/trace_html.h"
 #include "logging/trace_reader.h"
+#include "core/text.h"
 
 namespace deja {
 
 namespace {
-
-// The length of the valid UTF-8 sequence starting at p[0] (0 when there is none).
-size_t utf8_sequence(const unsigned char* p, size_t n) {
-  const unsigned char c = p[0];
-  const size_t length = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
-  if (length == 0 || length > n) return 0;
-  uint32_t code = c & (0x7f >> length);
-  for (size_t k = 1; k < length; ++k) {
-    if ((p[k] & 0xc0) != 0x80) return 0;
-    code = (code << 6) | (p[k] & 0x3f);
-  }
-  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-  if (code < kMin[length] || (code >= 0xd800 && code <= 0xdfff) || code > 0x10ffff) return 0;
-  return length;
-}
 
 // Valid UTF-8 is kept as it is ("café" stays "café"); a byte that is not part of valid UTF-8 (serial
 // output is arbitrary bytes) is escaped as \u00XX, so the JSON stays valid either way.
@@ -47,7 +34,7 @@ std::string json_string(std::string_view s) {
       case '\t': out += "\\t"; break;
       default:
         if (c >= 0x80) {
-          if (size_t length = utf8_sequence(p + i, s.size() - i)) {
+          if (size_t length = utf8_sequence(s, i)) {
             out.append(s.data() + i, length);
             i += length - 1;
             break;
@@ -96,6 +83,7 @@ struct Survey {
   std::optional<Error> error;
   std::optional<trace::Footer> footer;
   uint64_t file_size = 0;
+  std::map<uint32_t, uint64_t> events_by_vcpu;  // several vCPUs: the events each made or took
 };
 
 struct Duration {
@@ -150,6 +138,7 @@ Result<Survey> survey(const std::string& path, LinuxTraceView& view, PcapWriter*
     view.add(reader.events_read() - 1, e);
     if (html) html->add(reader.events_read() - 1, e, view);
     ++s.by_kind[event_kind_name(e)];
+    ++s.events_by_vcpu[e.vcpu()];
     if (e.has_serial_output()) s.serial_bytes += e.serial_output().data().size();
     if (pcap && !s.pcap_error) {
       Result<> r;
@@ -230,8 +219,10 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
   else if (s.complete) fmt::print(out, "status       complete ({} chunks, verified)\n", s.chunks);
   else fmt::print(out, "status       TRUNCATED: {}\n", s.end_description);
   fmt::print(out, "format       version {}\n", h.format_version());
-  fmt::print(out, "recorded by  deja {} (build {})\n", h.deja_version(), h.build_id());
-  fmt::print(out, "host         {}\n", h.host());
+  // Every string from the trace goes through printable() (core/text.h): a trace cannot forge a line or move the
+  // cursor. The JSON output escapes them its own way.
+  fmt::print(out, "recorded by  deja {} (build {})\n", printable(h.deja_version()), printable(h.build_id()));
+  fmt::print(out, "host         {}\n", printable(h.host()));
   fmt::print(out, "started      {}\n", utc_time(h.start_unix_ns()));
   if (h.has_libvirt_domain()) {
     const trace::LibvirtDomain& d = h.libvirt_domain();
@@ -242,23 +233,31 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
   const trace::MachineConfig& c = h.config();
   // (Traces before software_tlb_entries was recorded ran the software CPU with 256.)
   fmt::print(out, "models       cpu {} v{}, devices v{}, software TLB {} entries\n",
-             h.cpu_model().empty() ? "deja-v1" : h.cpu_model(), h.cpu_model_version(), h.device_model_version(),
+             h.cpu_model().empty() ? "deja-v1" : printable(h.cpu_model()), h.cpu_model_version(), h.device_model_version(),
              c.software_tlb_entries() ? c.software_tlb_entries() : 256);
   fmt::print(out, "machine      {} backend={} vcpus={} memory={} MiB progress={} tsc_hz={} rdtsc_trapped={} serial_input={}\n",
-             c.machine().empty() ? "pc" : c.machine(), c.backend(), c.vcpus(), c.memory_bytes() >> 20, c.progress_mode(), c.tsc_hz(), c.rdtsc_trapped() ? "yes" : "no",
+             c.machine().empty() ? "pc" : printable(c.machine()), printable(c.backend()), c.vcpus(), c.memory_bytes() >> 20,
+             printable(c.progress_mode()), c.tsc_hz(), c.rdtsc_trapped() ? "yes" : "no",
              c.serial_input() ? "yes" : "no");
-  if (!c.progress_counter().empty()) fmt::print(out, "progress by  {}\n", c.progress_counter());
+  if (!c.progress_counter().empty()) fmt::print(out, "progress by  {}\n", printable(c.progress_counter()));
   if (c.has_derived_time()) {
     fmt::print(out, "time         derived between asynchronous events: {} ps an instruction, {} ns a device read (no "
                "clock or RDTSC events)\n", c.derived_time().picoseconds_per_instruction(),
                c.derived_time().nanoseconds_per_device_read());
   }
-  for (const auto& quirk : c.cpu_quirks()) fmt::print(out, "cpu quirk    {}\n", quirk);
+  if (c.has_schedule()) {
+    const trace::Schedule& sc = c.schedule();
+    fmt::print(out, "schedule     {} seed {}: slices of {} {} on average, up to {} PAUSEs (docs/smp.md)\n", sc.policy(),
+               sc.seed(), sc.quantum(), sc.unit(), sc.pause_limit());
+  }
+  for (const auto& quirk : c.cpu_quirks()) fmt::print(out, "cpu quirk    {}\n", printable(quirk));
   if (!c.cmdline().empty()) fmt::print(out, "cmdline      {}\n", json_string(c.cmdline()));
   for (const auto& arg : c.module_args()) fmt::print(out, "module arg   {}\n", json_string(arg));
-  if (!c.device_semantics().empty()) fmt::print(out, "device sem.  {}\n", c.device_semantics());
-  for (const auto& in : h.inputs())
-    fmt::print(out, "input        {} {} ({} bytes) sha256={}\n", in.role(), in.path(), in.size(), hex(in.sha256()));
+  if (!c.device_semantics().empty()) fmt::print(out, "device sem.  {}\n", printable(c.device_semantics()));
+  for (const auto& in : h.inputs()) {
+    fmt::print(out, "input        {} {} ({} bytes) sha256={}\n", printable(in.role()), printable(in.path()), in.size(),
+               hex(in.sha256()));
+  }
   for (int i = 0; i < c.disks_size(); ++i) {
     const auto& d = c.disks(i);
     std::string traffic = ": traffic not in this trace (format 3 records it)";
@@ -268,18 +267,19 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
       traffic = fmt::format(": read {} bytes ({} reads), wrote {} bytes ({} writes)", t.read_bytes, t.reads,
                             t.written_bytes, t.writes);
     }
-    fmt::print(out, "disk         {} {} ({} bytes) {}{}{}{}\n", i, d.path(), d.size(),
+    fmt::print(out, "disk         {} {} ({} bytes) {}{}{}{}\n", i, printable(d.path()), d.size(),
                d.hash_block() ? fmt::format("hashed per {}-byte block at first read", d.hash_block())
                               : "sha256=" + hex(d.sha256()),
-               d.read_only() ? ", read-only" : "", d.overlay().empty() ? "" : ", overlay " + d.overlay(), traffic);
+               d.read_only() ? ", read-only" : "", d.overlay().empty() ? "" : ", overlay " + printable(d.overlay()),
+               traffic);
   }
   for (int i = 0; i < c.nets_size(); ++i) {
     const auto& n = c.nets(i);
     std::string forwards;
-    for (const auto& f : n.host_forwards()) forwards += " hostfwd=" + f;
+    for (const auto& f : n.host_forwards()) forwards += " hostfwd=" + printable(f);
     auto it = view.nics().find(uint32_t(i));
     NicTraffic t = it == view.nics().end() ? NicTraffic{} : it->second;
-    fmt::print(out, "net          {} {} mac={}{}: received {} frames ({} bytes), sent {} frames ({} bytes)\n", n.mode(),
+    fmt::print(out, "net          {} {} mac={}{}: received {} frames ({} bytes), sent {} frames ({} bytes)\n", printable(n.mode()),
                i, hex(n.mac()), forwards, t.frames_in, t.bytes_in, t.frames_out, t.bytes_out);
   }
   if (c.rng()) fmt::print(out, "rng          yes: {} bytes of entropy\n", s.entropy_bytes);
@@ -289,20 +289,35 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
              d.branches);
   if (d.wall_ns) fmt::print(out, ", wall time {:.3f} s", static_cast<double>(*d.wall_ns) / 1e9);
   if (d.exit_status) fmt::print(out, ", exit status {}", *d.exit_status);
-  if (!d.reason.empty()) fmt::print(out, " ({})", d.reason);
+  if (!d.reason.empty()) fmt::print(out, " ({})", printable(d.reason));
   fmt::print(out, "\n");
   if (s.footer && !s.footer->final_digest().empty())
     fmt::print(out, "final digest {}\n", hex(s.footer->final_digest()));
   fmt::print(out, "events       {} total{}\n", s.events, s.complete ? "" : " (up to where the trace ends)");
   for (const auto& [kind, count] : s.by_kind) fmt::print(out, "  {:<16} {}\n", kind, count);
+  if (c.vcpus() > 1) {
+    for (uint32_t v = 0; v < c.vcpus(); ++v) {
+      fmt::print(out, "  vCPU {:<11} {} events", v, s.events_by_vcpu.contains(v) ? s.events_by_vcpu.at(v) : 0);
+      if (s.footer && v < uint32_t(s.footer->vcpus_size())) {
+        const trace::VcpuSummary& t = s.footer->vcpus(int(v));
+        fmt::print(out, ", {} instructions, {} branches, {} guest exits", t.instructions(), t.branches(),
+                   t.guest_exits());
+      }
+      fmt::print(out, "\n");
+    }
+  }
   fmt::print(out, "serial       {} bytes of guest output\n", s.serial_bytes);
 
   if (story.kernel) {
-    if (story.kernel->version.empty()) fmt::print(out, "kernel       unknown: {}\n", story.kernel->source);
-    else fmt::print(out, "kernel       {}\n             from {}\n", story.kernel->version, story.kernel->source);
+    if (story.kernel->version.empty()) {
+      fmt::print(out, "kernel       unknown: {}\n", printable(story.kernel->source));
+    } else {
+      fmt::print(out, "kernel       {}\n             from {}\n", printable(story.kernel->version),
+                 printable(story.kernel->source));
+    }
     if (const auto& u = view.first_user_space()) {
       fmt::print(out, "user space   event {} at {}: {}\n", u->event, guest_time(u->guest_ns),
-                 view.first_user_space_detail());
+                 printable(view.first_user_space_detail()));
     } else {
       fmt::print(out, "user space   not located: no event at a user address after the kernel ran in its upper half\n");
     }
@@ -333,7 +348,7 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
       ++left[t.kind];
       continue;
     }
-    fmt::print(out, "  {:>16}  {:>10}  {}\n", guest_time(t.guest_ns), t.event, t.text);
+    fmt::print(out, "  {:>16}  {:>10}  {}\n", guest_time(t.guest_ns), t.event, printable(t.text));
   }
   for (const auto& [kind, n] : left)
     fmt::print(out, "  ... and {} more {} entries (--json lists them all)\n", n, kind == "net" ? "network" : "disk");
@@ -406,6 +421,13 @@ void print_json_extras(const trace::Header& h, const Survey& s, const LinuxTrace
 }  // namespace
 
 Result<> inspect_trace(const std::string& path, const InspectOptions& options, std::FILE* out) {
+  if (!options.pcap.empty() || !options.html.empty()) {
+    OutputPlan files;  // the one output rule (logging/output_file.h)
+    files.add_input("the trace", path);
+    files.add_output("the packet capture", options.pcap, OutputKind::kProduct);
+    files.add_output("the HTML timeline", options.html, OutputKind::kProduct);
+    if (auto ok = files.check(); !ok) return ok;
+  }
   auto opened = TraceReader::open(path);
   if (!opened) return std::unexpected(opened.error());
   const trace::Header& h = (*opened)->header();
@@ -416,8 +438,15 @@ Result<> inspect_trace(const std::string& path, const InspectOptions& options, s
     if (!created) return std::unexpected(created.error());
     pcap = std::move(*created);
   }
+  // Created before the survey, so that a path that cannot be written is said at once.
+  std::unique_ptr<ProductFile> html_file;
   std::optional<HtmlTimeline> html;
-  if (options.html) html.emplace(h, options.divergence_event);
+  if (!options.html.empty()) {
+    auto created = ProductFile::create_replacing(options.html, "HTML timeline", ProductFile::Unfinished::kRemove);
+    if (!created) return std::unexpected(created.error());
+    html_file = std::move(*created);
+    html.emplace(h, options.divergence_event);
+  }
   auto surveyed = survey(path, view, pcap.get(), html ? &*html : nullptr);
   if (!surveyed) return std::unexpected(surveyed.error());
   Survey& s = *surveyed;
@@ -430,7 +459,9 @@ Result<> inspect_trace(const std::string& path, const InspectOptions& options, s
                                         : s.complete ? std::string("complete")
                                                      : "truncated: " + s.end_description,
                                   s.events, s.file_size, s.by_kind, story.kernel ? story.kernel->version : ""};
-    if (auto r = html->write(summary, view, *options.html); !r) return r;
+    // The page of a damaged trace shows it up to the damage, as the text does.
+    if (auto r = html->write(summary, view, *html_file); !r) return r;
+    if (auto r = html_file->commit(); !r) return r;
   }
 
   if (!options.json) {
@@ -453,9 +484,24 @@ Result<> inspect_trace(const std::string& path, const InspectOptions& options, s
     }
     if (options.serial) {
       fmt::print(out, "--- serial output ({} bytes) ---\n", s.serial_bytes);
+      // The guest's bytes as lines: its control characters (an escape sequence, a lone \r) are shown, not obeyed.
+      // A UTF-8 sequence or a \r\n split between two events is held back until it is whole.
+      std::string pending;
       auto r = for_each_event(path, [&](uint64_t, const trace::Event& e) {
-        if (e.has_serial_output()) std::fwrite(e.serial_output().data().data(), 1, e.serial_output().data().size(), out);
+        if (!e.has_serial_output()) return;
+        pending += e.serial_output().data();
+        size_t keep = !pending.empty() && pending.back() == '\r' ? 1 : 0;
+        for (size_t back = 1; keep == 0 && back <= std::min<size_t>(3, pending.size()); ++back) {
+          const auto c = static_cast<uint8_t>(pending[pending.size() - back]);
+          if ((c & 0xc0) == 0x80) continue;  // a continuation byte: look further back for its lead
+          const size_t need = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 1;
+          if (need > back) keep = back;
+          break;
+        }
+        fmt::print(out, "{}", printable_lines(std::string_view(pending).substr(0, pending.size() - keep)));
+        pending.erase(0, pending.size() - keep);
       });
+      fmt::print(out, "{}", printable_lines(pending));
       if (!r) return r;
       fmt::print(out, "\n--- end of serial output{} ---\n", s.complete ? "" : " (trace ends early)");
     }

@@ -15,7 +15,7 @@ struct InspectOptions {
   bool serial = false;  // print the guest's serial output
   bool json = false;    // one JSON object instead of text
   std::string pcap;     // also write the NICs' frames to this file (classic pcap, LINKTYPE_ETHERNET); "" = none
-  ReplacingFile* html = nullptr;  // also write the page of logging/trace_html.h here (the caller commits it)
+  std::string html;     // also write the page of logging/trace_html.h to this file; "" = none
   std::optional<uint64_t> divergence_event;  // marked on the page: where a failed replay said it diverged
 };
 

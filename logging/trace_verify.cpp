@@ -7,6 +7,7 @@
 #include <future>
 #include <sstream>
 
+#include "core/text.h"
 #include "logging/trace_format.h"
 #include "logging/trace_reader.h"
 #include "logging/trace_signature.h"
@@ -81,7 +82,7 @@ Walk walk(TraceReader& reader, const VerifyOptions& options) {
   } else {
     for (const auto& input : reader.header().inputs()) {
       if (!input.sha256().empty() && input.sha256().size() != 32) {
-        w.problem = fmt::format("header input {} ({}) has a {}-byte SHA-256, not 32", input.path(), input.role(),
+        w.problem = fmt::format("header input {} ({}) has a {}-byte SHA-256, not 32", printable(input.path()), printable(input.role()),
                                 input.sha256().size());
         break;
       }

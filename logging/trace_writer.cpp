@@ -32,15 +32,14 @@ void append_varint(std::string& out, uint64_t v) {
 
 }  // namespace
 
-TraceWriter::TraceWriter(int fd, std::string path)
-    : fd_(fd), path_(std::move(path)), last_seal_(std::chrono::steady_clock::now()), cctx_(ZSTD_createCCtx()),
+TraceWriter::TraceWriter(std::unique_ptr<ProductFile> file)
+    : file_(std::move(file)), last_seal_(std::chrono::steady_clock::now()), cctx_(ZSTD_createCCtx()),
       file_sha_(std::make_unique<Sha256Stream>()) {}
 
 TraceWriter::~TraceWriter() {
   // An abandoned writer (error unwinding in the caller) still leaves every appended event readable:
   // the result is a valid truncated trace, exactly as if the recorder had been killed after this chunk.
-  if (fd_ >= 0 && !finished_ && !failed_) (void)seal();
-  if (fd_ >= 0) ::close(fd_);
+  if (!finished_ && !failed_) (void)seal();
   ZSTD_freeCCtx(cctx_);
 }
 
@@ -70,13 +69,14 @@ Result<std::string> serialize_header(const std::string& path, const trace::Heade
 Result<std::unique_ptr<TraceWriter>> TraceWriter::create(const std::string& path, const trace::Header& header) {
   auto header_bytes = serialize_header(path, header);
   if (!header_bytes) return std::unexpected(header_bytes.error());
-  auto fd = create_new_file(path, "trace");
-  if (!fd) return std::unexpected(fd.error());
-  return start(*fd, path, *header_bytes);
+  auto file = ProductFile::create_new(path, "trace");
+  if (!file) return std::unexpected(file.error());
+  return start(std::move(*file), *header_bytes);
 }
 
-Result<std::unique_ptr<TraceWriter>> TraceWriter::start(int fd, const std::string& path, const std::string& header_bytes) {
-  std::unique_ptr<TraceWriter> writer(new TraceWriter(fd, path));
+Result<std::unique_ptr<TraceWriter>> TraceWriter::start(std::unique_ptr<ProductFile> file,
+                                                        const std::string& header_bytes) {
+  std::unique_ptr<TraceWriter> writer(new TraceWriter(std::move(file)));
   if (writer->cctx_ == nullptr) return fail(ErrorKind::kHost, "cannot allocate a zstd compression context");
 
   std::string preamble(kFileMagic);
@@ -97,34 +97,23 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::start(int fd, const std::strin
 Result<std::unique_ptr<TraceWriter>> TraceWriter::create_replacing(const std::string& path, const trace::Header& header) {
   auto header_bytes = serialize_header(path, header);
   if (!header_bytes) return std::unexpected(header_bytes.error());
-  auto fd = create_partial_file(path, "trace");
-  if (!fd) return std::unexpected(fd.error());
-  auto writer = start(*fd, partial_path(path), *header_bytes);
-  if (writer) (*writer)->final_path_ = path;
-  return writer;
+  // A trace cut short keeps its prefix in the .partial file: it replays up to there.
+  auto file = ProductFile::create_replacing(path, "trace", ProductFile::Unfinished::kKeep);
+  if (!file) return std::unexpected(file.error());
+  return start(std::move(*file), *header_bytes);
 }
 
 Result<> TraceWriter::write_all(const void* data, size_t size) {
   // Every byte of the file passes here: its SHA-256 for a signature costs no second read (about 1.6 GB/s here).
   file_sha_->update(data, size);
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd_, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      failed_ = true;
-      return fail(ErrorKind::kHost, "cannot write trace file {} at byte {}: {}", path_, offset_, std::strerror(errno));
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-    offset_ += static_cast<uint64_t>(n);
-  }
-  return {};
+  auto r = file_->write(std::span(static_cast<const uint8_t*>(data), size));
+  if (!r) failed_ = true;
+  return r;
 }
 
 Result<> TraceWriter::append(const trace::Event& event) {
-  if (finished_) return fail(ErrorKind::kInvalidArgument, "trace {} is already finished; cannot append", path_);
-  if (failed_) return fail(ErrorKind::kHost, "trace {} had a write error earlier; cannot append", path_);
+  if (finished_) return fail(ErrorKind::kInvalidArgument, "trace {} is already finished; cannot append", path());
+  if (failed_) return fail(ErrorKind::kHost, "trace {} had a write error earlier; cannot append", path());
   size_t size = event.ByteSizeLong();
   if (size + 10 > kMaxChunkRawBytes)
     return fail(ErrorKind::kInvalidArgument, "{} event of {} bytes is too large for a trace chunk (limit {})",
@@ -176,7 +165,7 @@ Result<> TraceWriter::seal() {
                                compression_level_);
   if (ZSTD_isError(n)) {
     failed_ = true;
-    return fail(ErrorKind::kHost, "zstd compression of a trace chunk for {} failed: {}", path_, ZSTD_getErrorName(n));
+    return fail(ErrorKind::kHost, "zstd compression of a trace chunk for {} failed: {}", path(), ZSTD_getErrorName(n));
   }
   uint8_t frame[kFrameHeaderBytes];
   put_u32(frame + 0, kChunkFrameMagic);
@@ -187,16 +176,18 @@ Result<> TraceWriter::seal() {
   std::memcpy(frame + kFrameFieldBytes, chain_.data(), chain_.size());
 
   trace::ChunkIndex& entry = index_.back();
-  entry.set_offset(offset_);
+  entry.set_offset(file_->bytes_written());
   entry.set_events(chunk_events_);
   entry.set_chain(chain_.data(), chain_.size());
   if (chunk_has_coordinate_) *entry.mutable_first_at() = chunk_first_at_;
 
   if (auto r = write_all(frame, sizeof frame); !r) return r;
   if (auto r = write_all(compressed_.data(), n); !r) return r;
-  if (sync_ && ::fdatasync(fd_) != 0) {
-    failed_ = true;
-    return fail(ErrorKind::kHost, "cannot fdatasync trace file {}: {}", path_, std::strerror(errno));
+  if (sync_) {
+    if (auto r = file_->sync(); !r) {
+      failed_ = true;
+      return r;
+    }
   }
   raw_.clear();
   // A huge event once must not pin a huge buffer for the rest of the recording.
@@ -221,7 +212,7 @@ Result<> TraceWriter::seal() {
 Result<> TraceWriter::set_sealing(std::shared_ptr<const SigningKey> key, SealPolicy policy) {
   if (!key || key->id() != signer_key_id_)
     return fail(ErrorKind::kInvalidArgument, "trace {}: the header names signer {} but the seals would be signed by {}",
-                path_, signer_key_id_.empty() ? "none" : signer_key_id_, key ? key->id() : "no key");
+                path(), signer_key_id_.empty() ? "none" : signer_key_id_, key ? key->id() : "no key");
   seal_key_ = std::move(key);
   seal_policy_ = policy;
   last_seal_frame_ = std::chrono::steady_clock::now();
@@ -234,7 +225,7 @@ Result<> TraceWriter::write_seal_frame() {
   claims.sequence = seals_.size();
   claims.chunks = index_.size();
   claims.events = events_written_ - chunk_events_;
-  claims.end_offset = offset_;
+  claims.end_offset = file_->bytes_written();
   claims.chain = chain_;
   claims.header_sha256 = header_sha256_;
   claims.sealed_at_unix_ns = now_unix_ns();
@@ -248,7 +239,7 @@ Result<> TraceWriter::write_seal_frame() {
   put_u32(frame + 12, static_cast<uint32_t>(index_.size()));
   std::memcpy(frame + kFrameFieldBytes, chain_.data(), chain_.size());
   trace::SealIndex entry;
-  entry.set_offset(offset_);
+  entry.set_offset(file_->bytes_written());
   entry.set_chunks(index_.size());
   if (auto r = write_all(frame, sizeof frame); !r) return r;
   if (auto r = write_all(envelope.data(), envelope.size()); !r) return r;
@@ -257,8 +248,8 @@ Result<> TraceWriter::write_seal_frame() {
 }
 
 Result<> TraceWriter::finish(trace::Footer footer) {
-  if (finished_) return fail(ErrorKind::kInvalidArgument, "trace {} is already finished", path_);
-  if (failed_) return fail(ErrorKind::kHost, "trace {} had a write error earlier; cannot finish it", path_);
+  if (finished_) return fail(ErrorKind::kInvalidArgument, "trace {} is already finished", path());
+  if (failed_) return fail(ErrorKind::kHost, "trace {} had a write error earlier; cannot finish it", path());
   if (auto r = seal(); !r) return r;
   // The last chunks are sealed too, so the seals alone authenticate every event.
   if (seal_key_ && !index_.empty() && (seals_.empty() || seals_.back().chunks() != index_.size())) {
@@ -286,13 +277,13 @@ Result<> TraceWriter::finish(trace::Footer footer) {
     google::protobuf::io::CodedOutputStream coded(&stream);
     coded.SetSerializationDeterministic(true);
     if (!footer.SerializeToCodedStream(&coded))
-      return fail(ErrorKind::kInvalidArgument, "cannot serialize the trace footer for {}", path_);
+      return fail(ErrorKind::kInvalidArgument, "cannot serialize the trace footer for {}", path());
   }
   if (bytes.size() > kMaxFooterBytes)
-    return fail(ErrorKind::kInvalidArgument, "trace footer for {} is {} bytes, over the {} byte limit", path_,
+    return fail(ErrorKind::kInvalidArgument, "trace footer for {} is {} bytes, over the {} byte limit", path(),
                 bytes.size(), kMaxFooterBytes);
 
-  uint64_t footer_offset = offset_;
+  uint64_t footer_offset = file_->bytes_written();
   uint8_t frame[kFrameHeaderBytes];
   put_u32(frame + 0, kFooterFrameMagic);
   put_u32(frame + 4, static_cast<uint32_t>(bytes.size()));
@@ -312,23 +303,10 @@ Result<> TraceWriter::finish(trace::Footer footer) {
   file_sha256_ = file_sha_->finish();
 
   finished_ = true;
-  if (sync_ && ::fdatasync(fd_) != 0)
-    return fail(ErrorKind::kHost, "cannot fdatasync trace file {}: {}", path_, std::strerror(errno));
-  int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) return fail(ErrorKind::kHost, "cannot close trace file {}: {}", path_, std::strerror(errno));
-  if (!final_path_.empty()) {
-    // Checked again right before: the target may have been replaced by a symlink or device meanwhile.
-    if (auto ok = check_replaceable(final_path_, "trace"); !ok) {
-      return fail(ErrorKind::kInvalidArgument, "{}; the complete trace is in {}", ok.error().message, path_);
-    }
-    if (::rename(path_.c_str(), final_path_.c_str()) != 0) {
-      return fail(ErrorKind::kHost, "cannot rename {} to {}: {}; the complete trace is in {}", path_, final_path_,
-                  std::strerror(errno), path_);
-    }
-    path_ = final_path_;
+  if (sync_) {
+    if (auto r = file_->sync(); !r) return r;
   }
-  return {};
+  return file_->commit();
 }
 
 }  // namespace deja

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "logging/output_file.h"
 #include "logging/trace_format.h"
 
 typedef struct ZSTD_CCtx_s ZSTD_CCtx;
@@ -37,6 +38,9 @@ class TraceWriter {
   // file. `path`, when it exists, must be a regular file.
   static Result<std::unique_ptr<TraceWriter>> create_replacing(const std::string& path, const trace::Header& header);
   static std::string partial_path(const std::string& path) { return path + ".partial"; }
+  // Whether the file being written is still the one this writer created, whole; the error says what became of it
+  // (removed, replaced by another file, changed, its directory removed or moved).
+  Result<> check_intact() const { return file_->check_intact(); }
   ~TraceWriter();
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
@@ -51,7 +55,7 @@ class TraceWriter {
 
   uint64_t events_written() const { return events_written_; }
   // The file being written (the .partial one until finish() renamed it).
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_->path(); }
   uint64_t chunks_written() const { return index_.size() - (chunk_events_ > 0 ? 1 : 0); }
   void set_chunk_bytes(size_t n) { chunk_bytes_ = n == 0 ? 1 : n; }
   void set_flush_interval(std::chrono::nanoseconds interval) { flush_interval_ = interval; }
@@ -65,23 +69,20 @@ class TraceWriter {
   // What a signature of the finished file states, without reading it again.
   const Sha256& header_sha256() const { return header_sha256_; }
   const Sha256& chain_value() const { return chain_; }
-  uint64_t bytes_written() const { return offset_; }
+  uint64_t bytes_written() const { return file_->bytes_written(); }
   uint64_t seals_written() const { return seals_.size(); }
   // SHA-256 of every byte written; with sealing only, after finish().
   std::optional<Sha256> file_sha256() const { return file_sha256_; }
 
  private:
-  TraceWriter(int fd, std::string path);
-  // Writes magic and header to `fd`, a file just created at `path`.
-  static Result<std::unique_ptr<TraceWriter>> start(int fd, const std::string& path, const std::string& header_bytes);
+  explicit TraceWriter(std::unique_ptr<ProductFile> file);
+  // Writes magic and header to `file`, just created.
+  static Result<std::unique_ptr<TraceWriter>> start(std::unique_ptr<ProductFile> file, const std::string& header_bytes);
   Result<> write_all(const void* data, size_t size);
   Result<> seal();
   Result<> write_seal_frame();
 
-  int fd_ = -1;
-  std::string path_;
-  std::string final_path_;  // create_replacing(): renamed to this when finished
-  uint64_t offset_ = 0;
+  std::unique_ptr<ProductFile> file_;  // logging/output_file.h: how deja writes a product
   Sha256 chain_{};
   Sha256 header_sha256_{};
   std::string signer_key_id_;  // from the header

@@ -74,9 +74,7 @@ void hash_ram(XXH3_state_t* h, const GuestMemory& memory, std::vector<uint64_t>*
   }
 }
 
-XXH3_state_t* start_cpu_ram(const CpuState& s, const GuestMemory& memory, DigestParts* parts) {
-  XXH3_state_t* h = XXH3_createState();
-  XXH3_128bits_reset(h);
+void hash_registers(XXH3_state_t* h, const CpuState& s, DigestParts* parts) {
   uint64_t regs[DigestParts::kRegisterCount];
   for (int i = 0; i < kGprCount; ++i) regs[i] = s.gpr[i];
   regs[kGprCount + 0] = s.rip;
@@ -87,7 +85,25 @@ XXH3_state_t* start_cpu_ram(const CpuState& s, const GuestMemory& memory, Digest
   regs[kGprCount + 5] = s.cr4;
   regs[kGprCount + 6] = s.efer;
   XXH3_128bits_update(h, regs, sizeof(regs));
-  if (parts) parts->registers.assign(std::begin(regs), std::end(regs));
+  if (parts) parts->registers.insert(parts->registers.end(), std::begin(regs), std::end(regs));
+  // XCR0 only once XSETBV moved it from its reset value, so that the digests of traces from before it existed
+  // (whose guests could not execute XSETBV) stay what they were.
+  const bool with_xcr0 = s.xcr0 != xcr0::kX87;
+  if (with_xcr0) {
+    XXH3_128bits_update(h, &s.xcr0, sizeof(s.xcr0));
+    if (parts) parts->registers.push_back(s.xcr0);
+  }
+  if (parts) parts->with_xcr0.push_back(with_xcr0);
+}
+
+XXH3_state_t* start_cpu_ram(const CpuState& s, const GuestMemory& memory, DigestParts* parts) {
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_128bits_reset(h);
+  if (parts) {
+    parts->registers.clear();
+    parts->with_xcr0.clear();
+  }
+  hash_registers(h, s, parts);
   hash_ram(h, memory, parts ? &parts->ram_regions : nullptr);
   return h;
 }
@@ -104,19 +120,25 @@ Digest finish(XXH3_state_t* h) {
 
 }  // namespace
 
-std::string_view DigestParts::register_name(int index) {
-  static constexpr std::string_view kNames[kRegisterCount] = {
+std::string DigestParts::register_name(size_t index) const {
+  static constexpr std::string_view kNames[kRegisterCount + 1] = {
       "rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi", "r8",  "r9",  "r10", "r11",
-      "r12", "r13", "r14", "r15", "rip", "rflags", "cr0", "cr2", "cr3", "cr4", "efer"};
-  return index >= 0 && index < kRegisterCount ? kNames[index] : "?";
+      "r12", "r13", "r14", "r15", "rip", "rflags", "cr0", "cr2", "cr3", "cr4", "efer", "xcr0"};
+  for (size_t vcpu = 0; vcpu < with_xcr0.size(); ++vcpu) {
+    const size_t count = kRegisterCount + (with_xcr0[vcpu] ? 1 : 0);
+    if (index < count) return vcpu == 0 ? std::string(kNames[index]) : fmt::format("vcpu{} {}", vcpu, kNames[index]);
+    index -= count;
+  }
+  return "?";
 }
 
 Digest cpu_ram_digest(const CpuState& state, const GuestMemory& memory) {
   return finish(start_cpu_ram(state, memory, nullptr));
 }
 
-Digest machine_digest(const CpuState& state, const GuestMemory& memory, std::span<const std::vector<uint8_t>> devices,
-                      DigestParts* parts) {
+namespace {
+XXH3_state_t* start_machine(const CpuState& state, const GuestMemory& memory,
+                            std::span<const std::vector<uint8_t>> devices, DigestParts* parts) {
   XXH3_state_t* h = start_cpu_ram(state, memory, parts);
   if (parts) parts->devices.clear();
   for (const auto& d : devices) {
@@ -125,6 +147,19 @@ Digest machine_digest(const CpuState& state, const GuestMemory& memory, std::spa
     XXH3_128bits_update(h, d.data(), d.size());
     if (parts) parts->devices.push_back(XXH3_64bits(d.data(), d.size()));
   }
+  return h;
+}
+}  // namespace
+
+Digest machine_digest(const CpuState& state, const GuestMemory& memory, std::span<const std::vector<uint8_t>> devices,
+                      DigestParts* parts) {
+  return finish(start_machine(state, memory, devices, parts));
+}
+
+Digest machine_digest(std::span<const CpuState> states, const GuestMemory& memory,
+                      std::span<const std::vector<uint8_t>> devices, DigestParts* parts) {
+  XXH3_state_t* h = start_machine(states.empty() ? CpuState{} : states.front(), memory, devices, parts);
+  for (size_t i = 1; i < states.size(); ++i) hash_registers(h, states[i], parts);
   return finish(h);
 }
 

@@ -17,7 +17,8 @@ namespace deja {
 uint64_t gpr_digest(const CpuState& state);
 
 // 128-bit digest of what both backends must agree on at the end of a deterministic run: GPRs, RIP,
-// RFLAGS (RF masked), CR0, CR2, CR3, CR4, EFER and all of RAM. Device state is added separately
+// RFLAGS (RF masked), CR0, CR2, CR3, CR4, EFER, XCR0 when it is not its reset value (1), and all of RAM. The x87,
+// XMM and YMM registers are not in it (their effects reach RAM or the GPRs soon enough). Device state is added separately
 // (machine_digest) because a digest must mean the same on KVM and interp.
 struct Digest {
   std::array<uint8_t, 16> bytes{};
@@ -31,15 +32,21 @@ struct Digest {
 struct DigestParts {
   static constexpr uint64_t kRamRegionBytes = 4ull << 20;
   static constexpr int kRegisterCount = kGprCount + 7;  // GPRs, RIP, RFLAGS (RF masked), CR0, CR2, CR3, CR4, EFER
+  // Per vCPU (vCPU 0's first): kRegisterCount of them, then XCR0 when it is in the digest (see with_xcr0).
   std::vector<uint64_t> registers;
+  std::vector<bool> with_xcr0;        // per vCPU: whether its XCR0 follows its registers
   std::vector<uint64_t> ram_regions;  // region i covers [i * kRamRegionBytes, (i + 1) * kRamRegionBytes)
   std::vector<uint64_t> devices;      // in Machine::device_states() order
-  static std::string_view register_name(int index);
+  // registers[index]'s name: "rax", ..., "xcr0"; past the first vCPU's "vcpu1 rax", ...
+  std::string register_name(size_t index) const;
 };
 
 Digest cpu_ram_digest(const CpuState& state, const GuestMemory& memory);
 // cpu_ram_digest extended with the concatenated device states; fills `parts` too when given (same single pass).
 Digest machine_digest(const CpuState& state, const GuestMemory& memory, std::span<const std::vector<uint8_t>> devices,
                       DigestParts* parts = nullptr);
+// Every vCPU's state (vCPU 0's first): the same digest as above for one, the others' registers hashed after the devices.
+Digest machine_digest(std::span<const CpuState> states, const GuestMemory& memory,
+                      std::span<const std::vector<uint8_t>> devices, DigestParts* parts = nullptr);
 
 }  // namespace deja

@@ -42,6 +42,12 @@ uint64_t Engine::host_now_ns() {
   return t;
 }
 
+uint64_t Engine::idle_now_ns(std::optional<uint64_t> deadline) {
+  const uint64_t running = running_now_ns();
+  const uint64_t host = host_clock_.elapsed_ns();
+  return std::max(running, deadline ? std::min(host, *deadline) : host);
+}
+
 void Engine::remember(const trace::Event& e) {
   recent_.push_back(fmt::format("#{} {}", events_, describe_event(e)));
   if (recent_.size() > kRecentEvents) recent_.pop_front();
@@ -59,6 +65,7 @@ void Engine::flush_output() {
 // compares it as a byte stream, so its exact place among the other events does not matter, and a
 // per-character event would double the size of an output-heavy trace.
 void Engine::append(trace::Event event) {
+  if (vcpu_ != 0) event.set_vcpu(vcpu_);
   remember(event);
   ++events_;
   if (writer_) {
@@ -107,6 +114,11 @@ const trace::Event* Engine::expect(trace::Event::KindCase kind, const std::strin
   if (!e) return nullptr;  // exhausted: the session reports where the trace ends
   if (e->kind_case() != kind) {
     diverge(fmt::format("the guest did: {}", what), describe_event(*e), what);
+    return nullptr;
+  }
+  if (e->vcpu() != vcpu_) {
+    diverge(fmt::format("vCPU {} did: {}", vcpu_, what), fmt::format("{} on vCPU {}", describe_event(*e), e->vcpu()),
+            what);
     return nullptr;
   }
   current_ = std::move(*lookahead_);
@@ -491,7 +503,7 @@ std::string differing_parts(const trace::DigestParts& recorded, const DigestPart
   if (recorded.registers_size() == int(now.registers.size())) {
     for (int i = 0; i < recorded.registers_size(); ++i) {
       if (recorded.registers(i) != now.registers[i]) {
-        found.push_back(fmt::format("{} recorded {:#x} replayed {:#x}", DigestParts::register_name(i),
+        found.push_back(fmt::format("{} recorded {:#x} replayed {:#x}", now.register_name(i),
                                     recorded.registers(i), now.registers[i]));
       }
     }

@@ -138,6 +138,12 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   // ---- asynchronous events (time advancing, host input arriving) ------------------------------
   // Record/run: what host time says now (virtual ns), without logging.
   uint64_t host_now_ns();
+  // Record/run, while the guest waits in HLT: the time its wait has reached, host time but never past `deadline`
+  // (the machine's next device deadline) and never before the time already handed out. Where the guest's derived
+  // time lags host time (the software CPU runs slower than derived time's 1 G instructions/s), the guest catches up
+  // through its timers, each firing at its own deadline, not in one jump past all of them (which Linux reports as
+  // a CPU stall: "rcu_preempt kthread timer wakeup didn't happen").
+  uint64_t idle_now_ns(std::optional<uint64_t> deadline);
   // Host monotonic time at which virtual time 0 was (virtual time follows host time when recording).
   uint64_t host_origin_ns() const { return host_clock_.origin_ns(); }
   // Record: log an async event at `where` (the session brackets the device work with begin/end_async).
@@ -171,6 +177,9 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
 
   // Where the guest is now (for divergence reports); set by the session.
   void set_position_source(std::function<Position()> where) { where_ = std::move(where); }
+  // The vCPU whose exits the choke points serve now (several vCPUs: docs/smp.md). Recorded in each event's
+  // `vcpu` (absent for vCPU 0, so one-vCPU traces are what they were) and checked in replay.
+  void set_vcpu(uint32_t vcpu) { vcpu_ = vcpu; }
 
   // Set when replay diverged (the session stops at the next opportunity).
   const std::optional<Divergence>& divergence() const { return divergence_; }
@@ -188,6 +197,9 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   const std::string& write_error() const { return write_error_; }
   // Record: the file the trace is being written to (the .partial one until it is complete).
   std::string trace_file() const { return writer_ ? writer_->path() : std::string(); }
+  // Record, before the trace is complete: whether that file is still the one deja wrote (not removed, replaced or
+  // changed by another program: logging/output_file.h), so that its prefix can be offered to the user.
+  bool trace_intact() const { return writer_ && writer_->check_intact().has_value(); }
 
   // Replay: serial output the trace and the replay disagree on at the very end.
   void check_output_complete();
@@ -237,6 +249,7 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
 
   Mode mode_;
   ProgressMode progress_;
+  uint32_t vcpu_ = 0;
   HostClock host_clock_;
   uint64_t last_now_ = 0;
   std::optional<uint64_t> frozen_now_;

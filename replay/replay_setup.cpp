@@ -17,6 +17,7 @@
 #include "vmm/disk_image.h"
 #include "boot/linux_boot.h"
 #include "core/messages.h"
+#include "core/text.h"
 
 namespace deja {
 namespace {
@@ -49,9 +50,8 @@ Result<> check_rdtsc_replayable(const trace::Header& header, const Backend& back
               path, trapped, header.config().backend(), backend.name(), backend.rdtsc_untrapped_reason());
 }
 
-}  // namespace
-
-Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
+// open_replay, with messages as they come.
+Result<ReplaySetup> open_replay_as_recorded(const ReplaySetupOptions& options) {
   auto reader = TraceReader::open(options.trace_path);
   if (!reader) {
     // A trace that cannot be opened is a bad argument, not a host failure.
@@ -223,12 +223,17 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
     disk_names.push_back(path);
     disks.push_back(std::move(*disk));
   }
-  setup.inputs = {options.trace_path, image_path};
-  if (!load.initrd_path.empty()) setup.inputs.push_back(load.initrd_path);
-  for (const RecordedInput& f : rc.inputs)
-    if (f.role == "module") setup.inputs.push_back(f.path);
-  setup.inputs.insert(setup.inputs.end(), disk_names.begin(), disk_names.end());
   session.adopt_disks(std::move(disks));
+  // The one output rule: the serial output and the caller's files are none of the replay's inputs.
+  OutputPlan files = options.files;
+  files.add_input("the trace", options.trace_path);
+  files.add_input(load.linux_kernel ? "the Linux kernel" : "the guest image", image_path);
+  files.add_input("the initrd", load.initrd_path);
+  for (const auto& m : load.modules) files.add_input("a boot module", m.path);
+  for (const auto& d : disk_names) files.add_input("a disk image", d);
+  files.add_output("the serial output", options.serial_out, OutputKind::kConsole);
+  if (auto ok = files.check(); !ok) return std::unexpected(ok.error());
+  for (auto& name : disk_names) name = printable(name);  // named in messages: as the trace's other strings
   session.engine().set_disk_names(std::move(disk_names));
   if (auto built = session.build(config, options.serial_out, inputs.image, image_path, load, inputs.modules,
                                  inputs.initrd);
@@ -250,6 +255,15 @@ Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
       sha256_bytes(std::span(reinterpret_cast<const uint8_t*>(serialized.data()), serialized.size()));
   setup.identity.ram_bytes = config.memory_bytes;
   setup.identity.backend = backend;
+  return setup;
+}
+
+}  // namespace
+
+Result<ReplaySetup> open_replay(const ReplaySetupOptions& options) {
+  auto setup = open_replay_as_recorded(options);
+  // Its refusals name what the trace holds (paths, model names): escaped, so that a trace cannot forge a line.
+  if (!setup) return std::unexpected(Error{setup.error().kind, printable(setup.error().message)});
   return setup;
 }
 

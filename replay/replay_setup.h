@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "logging/output_file.h"
 #include "logging/trace.pb.h"
 #include "snapshot/checkpoint.h"
 #include "replay/session.h"
@@ -23,13 +24,15 @@ struct ReplaySetupOptions {
   std::string test_device_semantics;  // test-only: replay with perturbed device semantics
   bool rewind = false;  // keep the trace in memory so that checkpoints can move the replay back (debug, query)
   std::string interp_mode;  // "" = the software CPU's default executor
+  // What the command writes besides the serial output (debug: checkpoint files); open_replay adds the trace's inputs
+  // and the serial output and checks them all before opening any (logging/output_file.h).
+  OutputPlan files;
 };
 
 struct ReplaySetup {
   std::unique_ptr<Session> session;
   trace::Header header;
   CheckpointIdentity identity;  // what checkpoint files of this trace and machine must match
-  std::vector<std::string> inputs;  // every file the replay reads (trace, image, initrd, modules, disks): never an output
 };
 
 // Everything a replay checks before running (CPU and device model versions, progress mode, backend, the inputs'

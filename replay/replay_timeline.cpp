@@ -356,7 +356,11 @@ Result<uint64_t> ReplayTimeline::save_files(const std::string& prefix, const Che
 uint64_t ReplayTimeline::load_files(const std::string& prefix, const CheckpointIdentity& identity,
                                     std::vector<std::string>& warnings,
                                     const std::function<Result<>(const std::string&)>& accept) {
+  if (options_.memory_limit == 0) return 0;  // no automatic checkpoints
   uint64_t loaded = 0;
+  // Each image shares the pages it has in common with the one before it (files are saved in time order), and
+  // checkpoints are thinned out as they come in: loading stays within --checkpoint-memory as replaying does.
+  std::shared_ptr<const MemoryImage> previous = automatic_.empty() ? nullptr : automatic_.begin()->second.memory;
   for (uint64_t n = 0;; ++n) {
     std::string path = fmt::format("{}.{}.ckpt", prefix, n);
     if (::access(path.c_str(), F_OK) != 0) break;
@@ -367,15 +371,17 @@ uint64_t ReplayTimeline::load_files(const std::string& prefix, const CheckpointI
         continue;
       }
     }
-    auto cp = read_checkpoint_file(path, identity, *memory_);
+    auto cp = read_checkpoint_file(path, identity, *memory_, previous);
     if (!cp) {
       warnings.push_back(cp.error().message + "; ignored (the replay uses the trace instead)");
       continue;
     }
+    previous = cp->memory;
     uint64_t t = time_of(cp->at);
     if (!automatic_.contains(t)) {
       automatic_[t] = std::move(*cp);
       ++loaded;
+      thin_out();
     }
   }
   return loaded;

@@ -68,8 +68,10 @@ class ReplayTimeline {
 
   // Checkpoint files beside the trace: writes every named checkpoint and the automatic ones to
   // PREFIX.N.ckpt; loads those that match (a damaged or mismatched file is refused with a warning
-  // naming it, and the replay uses the trace instead). `accept`, when given, must pass each file first (a signed
-  // trace's checkpoints must be signed by its signer: logging/trace_signature.h).
+  // naming it, and the replay uses the trace instead), within the memory limit: pages shared between
+  // consecutive files are held once, and checkpoints beyond the limit are thinned out as they are loaded.
+  // `accept`, when given, must pass each file first (a signed trace's checkpoints must be signed by its signer:
+  // logging/trace_signature.h).
   Result<uint64_t> save_files(const std::string& prefix, const CheckpointIdentity& identity);
   uint64_t load_files(const std::string& prefix, const CheckpointIdentity& identity,
                       std::vector<std::string>& warnings,

@@ -90,7 +90,19 @@ Result<> Session::build(const MachineConfig& config, const std::string& serial_o
   auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, options, modules, initrd);
   if (!loaded) return std::unexpected(loaded.error());
   image_format_ = loaded->format;
+  vcpus_.clear();
+  for (size_t i = 0; i < machine_->vcpu_count(); ++i) vcpus_.push_back(Vcpu{.cpu = &machine_->backend(i)});
+  current_ = 0;
   if (auto s = machine_->backend().set_state(loaded->initial_state); !s) return std::unexpected(s.error());
+  // Application processors wait for STARTUP (docs/smp.md) in the state INIT leaves.
+  for (size_t i = 1; i < vcpus_.size(); ++i) {
+    if (auto s = vcpus_[i].cpu->set_state(cpu_state_after_init(cpu_signature())); !s) return std::unexpected(s.error());
+    // A spin-wait yields to the other vCPUs: every PAUSE is an exit the schedule sees.
+    if (auto r = vcpus_[i].cpu->set_pause_exits(true); !r) return r;
+  }
+  if (vcpus_.size() > 1) {
+    if (auto r = machine_->backend().set_pause_exits(true); !r) return r;
+  }
   engine_.set_position_source([this] { return position(); });
   has_budget_ = machine_->backend().set_instruction_budget(0).has_value();
   return {};
@@ -112,6 +124,7 @@ bool Session::guest_caused(ExitKind kind) const {
     case ExitKind::kHlt:
     case ExitKind::kMsrRead:
     case ExitKind::kMsrWrite:
+    case ExitKind::kPause:  // (only with several vCPUs, which stop at every PAUSE on every backend)
       return true;
     case ExitKind::kRdtsc:
     case ExitKind::kRdrand:
@@ -123,20 +136,28 @@ bool Session::guest_caused(ExitKind kind) const {
 
 Result<> Session::setup_progress(const ProgressChoice& choice) {
   if (choice.mode != ProgressMode::kExact) return {};
-  Backend& cpu = machine_->backend();
-  if (choice.emulated_skid) {
-    uint64_t seed = choice.emulated_seed ? *choice.emulated_seed : std::random_device{}();
-    if (auto r = cpu.emulate_pmu_skid(*choice.emulated_skid, seed); !r) {
-      return fail(ErrorKind::kInvalidArgument, "--progress emulated-pmu needs the software CPU (--backend interp): {}",
-                  r.error().message);
+  const uint64_t seed =
+      choice.emulated_skid ? (choice.emulated_seed ? *choice.emulated_seed : std::random_device{}()) : 0;
+  for (size_t i = 0; i < vcpus_.size(); ++i) {
+    Backend& cpu = *vcpus_[i].cpu;
+    if (choice.emulated_skid) {
+      // (each vCPU's counter draws its own lateness, from its own generator)
+      if (auto r = cpu.emulate_pmu_skid(*choice.emulated_skid, seed + i); !r) {
+        return fail(ErrorKind::kInvalidArgument,
+                    "--progress emulated-pmu needs the software CPU (--backend interp): {}", r.error().message);
+      }
+    } else if (!cpu.progress_counter()) {
+      if (auto r = attach_pmu_counter(cpu); !r) return r;
     }
+    if (engine_.mode() == Mode::kReplay) {
+      vcpus_[i].seeker = std::make_unique<CoordinateSeeker>(cpu, *cpu.progress_counter());
+    }
+  }
+  if (choice.emulated_skid) {
     say("note: emulating a PMU whose overflow lands up to {} branches late (repeat with --progress "
         "emulated-pmu:{}:{})",
         *choice.emulated_skid, *choice.emulated_skid, seed);
-  } else if (!cpu.progress_counter()) {
-    if (auto r = attach_pmu_counter(cpu); !r) return r;
   }
-  if (engine_.mode() == Mode::kReplay) seeker_ = std::make_unique<CoordinateSeeker>(cpu, *cpu.progress_counter());
   return {};
 }
 
@@ -146,35 +167,52 @@ Result<> Session::derive_time(Engine::TimeRates rates) {
     return fail(ErrorKind::kUnsupported, "the {} backend does not count instructions, from which this time follows",
                 cpu.name());
   }
-  engine_.derive_time(rates, [&cpu] { return cpu.instruction_count(); });
+  // One clock for every vCPU: it advances by all their instructions (docs/smp.md, "Time").
+  engine_.derive_time(rates, [this]() -> std::optional<uint64_t> {
+    uint64_t sum = 0;
+    for (const Vcpu& v : vcpus_) sum += v.cpu->instruction_count().value_or(0);
+    return sum;
+  });
   derived_budget_ = has_budget_;
   return {};
 }
 
-Result<CpuState> Session::comparable_state() {
-  auto st = machine_->backend().get_state();
+Result<CpuState> Session::comparable_state(uint32_t vcpu) {
+  const Vcpu& v = vcpus_[vcpu];
+  auto st = v.cpu->get_state();
   // KVM has finished an MMIO-writing instruction when it exits, the software CPU finishes it when it runs again.
   // For a plain store (what MMIO writes are) the RIP is all that differs: take the exit's, the next instruction.
-  if (st && mmio_write_exits_complete_ && after_mmio_write_) st->rip = last_exit_rip_;
+  if (st && mmio_write_exits_complete_ && v.after_mmio_write) st->rip = v.last_exit_rip;
   return st;
 }
 
+std::vector<CpuState> Session::comparable_states() {
+  std::vector<CpuState> states;
+  for (uint32_t i = 0; i < vcpus_.size(); ++i) {
+    auto st = comparable_state(i);
+    states.push_back(st ? *st : CpuState{});
+  }
+  return states;
+}
+
+// The running vCPU's coordinate: its own counts and registers (docs/smp.md, "Coordinates and events").
 Position Session::position() {
   Position p;
-  p.guest_exits = guest_exits_;
-  p.instructions = machine_->backend().instruction_count();
+  p.at.vcpu = current_;
+  p.guest_exits = now().guest_exits;
+  p.instructions = cpu().instruction_count();
   if (engine_.progress() == ProgressMode::kExitSync) {
     // Exit-synchronous coordinates: the n-th guest-caused exit and the instruction that caused it.
-    p.at.rip = last_exit_rip_;
+    p.at.rip = now().last_exit_rip;
     return p;
   }
-  auto st = comparable_state();
+  auto st = comparable_state(current_);
   if (st) {
     p.at.rip = st->rip;
     p.at.rcx = st->gpr[kRcx];
     p.gpr_digest = gpr_digest(*st);
   }
-  p.at.branches = machine_->backend().branch_count().value_or(0);
+  p.at.branches = cpu().branch_count().value_or(0);
   return p;
 }
 
@@ -230,8 +268,8 @@ bool Session::async_work_due() {
 
 // Run / record: let host time and host input into the machine, if anything is due.
 void Session::poll_async(bool idle) {
-  uint64_t now = idle ? engine_.host_now_ns() : engine_.running_now_ns();
   auto deadline = machine_->next_deadline_ns();
+  uint64_t now = idle ? engine_.idle_now_ns(deadline) : engine_.running_now_ns();
   bool due = deadline && *deadline <= now;
   uint8_t buf[256];
   size_t n = 0;
@@ -254,6 +292,7 @@ void Session::replay_async() {
     if (!engine_.positional_matches(*e, here)) {
       // In exact mode the backend stops on the coordinate, so being past it means divergence.
       const trace::Coordinate& at = engine_.positional_at(*e);
+      if (at.vcpu() != current_) return;  // another vCPU's: the schedule gets there
       // Branches and guest exits only grow: past either (or, at equal counts, past the recorded
       // instruction count of a heartbeat) means the guest went by the event's place.
       bool passed = engine_.progress() == ProgressMode::kExact
@@ -288,8 +327,9 @@ void Session::replay_async() {
 }
 
 Result<> Session::deliver_interrupts() {
-  Backend& cpu = machine_->backend();
-  if (!machine_->interrupts().interrupt_pending()) {
+  Backend& cpu = this->cpu();
+  InterruptController& interrupts = machine_->interrupts(current_);
+  if (!interrupts.interrupt_pending()) {
     cpu.request_interrupt_window(false);
     return {};
   }
@@ -298,27 +338,27 @@ Result<> Session::deliver_interrupts() {
     // instruction), never through interrupt-window exits, whose timing an emulated CPU (nested KVM
     // under QEMU) does not reproduce exactly from run to run.
     cpu.request_interrupt_window(false);
-    if (!guest_caused(last_exit_kind_) || !cpu.can_inject_interrupt()) return {};
+    if (!guest_caused(now().last_exit_kind) || !cpu.can_inject_interrupt()) return {};
   } else if (!cpu.can_inject_interrupt()) {
     cpu.request_interrupt_window(true);
     return {};
   }
-  uint8_t vector = machine_->interrupts().acknowledge();
+  uint8_t vector = interrupts.acknowledge();
   engine_.interrupt(vector, position());
   cpu.request_interrupt_window(false);
-  last_exit_kind_ = ExitKind::kKicked;  // one injection per exit
+  now().last_exit_kind = ExitKind::kKicked;  // one injection per exit
+  now().halted = false;
   return cpu.inject_interrupt(vector);
 }
 
 void Session::maybe_digest() {
   if (engine_.mode() == Mode::kRun || engine_.events_processed() < next_digest_at_) return;
   next_digest_at_ = engine_.events_processed() + digest_interval_;
-  auto st = comparable_state();
   DigestParts parts;
-  Digest d = machine_digest(st ? *st : CpuState{}, machine_->memory(), machine_->device_states(), &parts);
+  Digest d = machine_digest(comparable_states(), machine_->memory(), machine_->device_states(), &parts);
   std::vector<std::string> names;
   for (const auto& part : machine_->stateful_parts()) names.push_back(part.name);
-  engine_.record_digest(position(), d, machine_->backend().instruction_count().value_or(0), parts, names);
+  engine_.record_digest(position(), d, cpu().instruction_count().value_or(0), parts, names);
 }
 
 Digest Session::final_cpu_ram_digest() {
@@ -327,16 +367,28 @@ Digest Session::final_cpu_ram_digest() {
 }
 
 Digest Session::final_machine_digest() {
-  auto st = machine_->backend().get_state();
+  std::vector<CpuState> states;
+  for (const Vcpu& v : vcpus_) {
+    auto st = v.cpu->get_state();
+    states.push_back(st ? *st : CpuState{});
+  }
   auto devices = machine_->device_states();
-  return machine_digest(st ? *st : CpuState{}, machine_->memory(), devices);
+  return machine_digest(states, machine_->memory(), devices);
+}
+
+Session::VcpuCounts Session::vcpu_counts(uint32_t vcpu) {
+  const Vcpu& v = vcpus_.at(vcpu);
+  return VcpuCounts{v.cpu->instruction_count().value_or(0), v.cpu->branch_count().value_or(0), v.guest_exits};
 }
 
 // HLT in run/record: sleep (in host time) until a device event, input or a network packet can wake the guest.
 Result<std::optional<Outcome>> Session::wait_for_wake() {
   auto& networks = engine_.networks();
   for (;;) {
-    if (machine_->interrupts().interrupt_pending()) return std::nullopt;
+    if (vcpus_.size() == 1 ? machine_->interrupts().interrupt_pending() : any_runnable()) return std::nullopt;
+    if (vcpus_.size() > 1) {
+      if (auto stuck = machine_stuck()) return Outcome{exit_status::kGuestStopped, *stuck, false};
+    }
     if (g_stop_requested.load()) return std::nullopt;
     if (!engine_.host_error().empty()) return std::nullopt;
     auto deadline = machine_->next_deadline_ns();
@@ -407,14 +459,16 @@ Digest Session::check_replay_end(const trace::End& end, const Outcome& outcome) 
 }
 
 Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
-  ++exit_counts_[exit.kind];
-  last_exit_kind_ = exit.kind;
-  after_mmio_write_ = exit.kind == ExitKind::kMmioWrite;
+  Vcpu& v = now();
+  ++v.exit_counts[exit.kind];
+  v.last_exit_kind = exit.kind;
+  v.after_mmio_write = exit.kind == ExitKind::kMmioWrite;
   if (guest_caused(exit.kind)) {
-    ++guest_exits_;
-    last_exit_rip_ = exit.rip;
+    ++v.guest_exits;
+    v.last_exit_rip = exit.rip;
     if (engine_.mode() == Mode::kRecord) last_guest_exit_host_ns_ = HostClock::monotonic_ns();
   }
+  machine_->select_vcpu(current_);  // the local APIC the buses and the APIC MSRs answer with
   switch (exit.kind) {
     case ExitKind::kIoIn:
       exit.value = engine_.port_read(exit.port, exit.size, bus_read(machine_->pio(), exit.port, exit.size), exit.rip);
@@ -440,12 +494,16 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
       break;
     }
     case ExitKind::kMsrRead:
-      // Outside the vCPU deja emulates the TSC and the MSRs of the machine's devices (the local
-      // APIC's on pc-apic); every other one is #GP, as on a CPU that lacks it.
-      if (exit.msr == msr::kTsc) {
+      // Outside the vCPU deja emulates the TSC, the MSRs of the machine's devices (the local APIC's on
+      // pc-apic) and the CPU model's own MSRs (a function of the model: not recorded); every other one is
+      // #GP, as on a CPU that lacks it.
+      if (const ModelMsr* model_msr = machine_->config().cpu_model->msr(exit.msr)) {
+        exit.value = model_msr->value;
+        exit.fault = false;
+      } else if (exit.msr == msr::kTsc) {
         exit.value = engine_.msr_read(exit.msr, exit.rip, engine_.mode() == Mode::kReplay ? 0 : engine_.tsc_now());
         exit.fault = false;
-      } else if (auto device = machine_->read_msr(exit.msr)) {
+      } else if (auto device = machine_->read_msr(exit.msr, current_)) {
         auto [value, fault] = engine_.device_msr_read(exit.msr, device->value, device->fault, exit.rip);
         exit.value = value;
         exit.fault = fault;
@@ -454,10 +512,17 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
       }
       break;
     case ExitKind::kMsrWrite:
-      exit.fault = !machine_->write_msr(exit.msr, exit.value).value_or(false);
+      if (const ModelMsr* model_msr = machine_->config().cpu_model->msr(exit.msr)) {
+        exit.fault = !model_msr->accepts(exit.value);
+      } else {
+        exit.fault = !machine_->write_msr(exit.msr, exit.value, current_).value_or(false);
+      }
       break;
     case ExitKind::kHlt: {
-      auto st = machine_->backend().get_state();
+      v.halted = true;
+      // Several vCPUs: another may still wake this one (schedule() stops the machine when none can run).
+      if (vcpus_.size() > 1) break;
+      auto st = cpu().get_state();
       if (!st) return std::unexpected(st.error());
       if (!(st->rflags & rflags::kIf) && !machine_->interrupts().interrupt_pending()) {
         return Outcome{exit_status::kGuestStopped,
@@ -468,6 +533,9 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
     case ExitKind::kInterruptWindow:
     case ExitKind::kCoordinateReached:
     case ExitKind::kDebug:
+      break;
+    case ExitKind::kPause:
+      if (pauses_left_ > 0) --pauses_left_;
       break;
     case ExitKind::kCoordinateMissed:
       if (engine_.mode() == Mode::kReplay && engine_.peek()) {
@@ -507,14 +575,13 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
 }
 
 void Session::start_kicker() {
-  Backend* backend = &machine_->backend();
-  g_kick_target.store(backend);
-  kicker_ = std::thread([this, backend] {
+  g_kick_target.store(&cpu());
+  kicker_ = std::thread([this] {
     while (!kicker_stop_.load()) {
       uint64_t now = HostClock::monotonic_ns();
       uint64_t at = kick_at_.load();
       if (now >= at) {
-        backend->kick();
+        if (Backend* running = g_kick_target.load()) running->kick();  // (switch_to() moves it)
         kick_at_.store(now + 50'000'000);  // until the vCPU thread publishes the next deadline
         continue;
       }
@@ -538,22 +605,139 @@ std::string Session::host_failure() const {
 
 Result<trace::Footer> Session::finish_recording(const Outcome& outcome) {
   Digest full = final_machine_digest();
-  Backend& cpu = machine_->backend();
   trace::End end;
   *end.mutable_at() = to_proto(position());
   end.set_exit_status(outcome.status);
   end.set_digest(full.bytes.data(), full.bytes.size());
-  end.set_instructions(cpu.instruction_count().value_or(0));
+  end.set_instructions(cpu().instruction_count().value_or(0));
   end.set_reason(outcome.reason);
   trace::Footer footer;
   footer.set_final_digest(full.bytes.data(), full.bytes.size());
-  footer.set_instructions(cpu.instruction_count().value_or(0));
-  footer.set_branches(cpu.branch_count().value_or(0));
+  uint64_t instructions = 0, branches = 0;
+  for (uint32_t i = 0; i < vcpus_.size(); ++i) {
+    const VcpuCounts counts = vcpu_counts(i);
+    instructions += counts.instructions;
+    branches += counts.branches;
+    if (vcpus_.size() > 1) {
+      trace::VcpuSummary* summary = footer.add_vcpus();
+      summary->set_instructions(counts.instructions);
+      summary->set_branches(counts.branches);
+      summary->set_guest_exits(counts.guest_exits);
+    }
+  }
+  footer.set_instructions(instructions);
+  footer.set_branches(branches);
   footer.set_wall_ns(wall_ns_);
   footer.set_exit_status(outcome.status);
   const trace::Footer stated = footer;
   if (auto r = engine_.finish_record(std::move(end), std::move(footer)); !r) return std::unexpected(r.error());
   return stated;
+}
+
+// ---- several vCPUs (docs/smp.md) ----------------------------------------------------------------------
+
+uint32_t Session::cpu_signature() const { return machine_->config().cpu_model->cpuid(1, 0).eax; }
+
+Result<> Session::set_schedule(const ScheduleConfig& config) {
+  if (vcpus_.size() < 2) return fail(ErrorKind::kInvalidArgument, "a schedule needs several vCPUs");
+  auto made = make_scheduler(config);
+  if (!made) return std::unexpected(made.error());
+  scheduler_ = std::move(*made);
+  switch_to(0);  // the bootstrap processor's first slice
+  return {};
+}
+
+uint64_t Session::total_steps() {
+  uint64_t sum = 0;
+  for (const Vcpu& v : vcpus_) sum += v.cpu->step_count().value_or(0);
+  return sum;
+}
+
+bool Session::runnable(uint32_t v) {
+  if (machine_->apic_bus()->activity(v) != ApicFabric::Activity::kRunning) return false;
+  if (!vcpus_[v].halted) return true;
+  // Halted: an interrupt it can take wakes it (an NMI was made pending in its backend, which cleared `halted`).
+  if (!machine_->interrupts(v).interrupt_pending()) return false;
+  auto st = vcpus_[v].cpu->get_state();
+  return st && (st->rflags & rflags::kIf);
+}
+
+bool Session::any_runnable() {
+  for (uint32_t v = 0; v < vcpus_.size(); ++v) {
+    if (runnable(v)) return true;
+  }
+  return false;
+}
+
+std::optional<std::string> Session::machine_stuck() {
+  for (uint32_t v = 0; v < vcpus_.size(); ++v) {
+    if (machine_->apic_bus()->activity(v) != ApicFabric::Activity::kRunning) continue;  // only an IPI starts it
+    if (!vcpus_[v].halted) return std::nullopt;
+    auto st = vcpus_[v].cpu->get_state();
+    if (st && (st->rflags & rflags::kIf)) return std::nullopt;  // a device interrupt can wake it
+  }
+  return std::string("every vCPU halted with interrupts disabled or waits for a STARTUP message: nothing can wake the "
+                     "machine");
+}
+
+void Session::switch_to(uint32_t v) {
+  current_ = v;
+  machine_->select_vcpu(v);
+  engine_.set_vcpu(v);
+  const Slice slice = scheduler_->slice(v);
+  slice_end_ = (scheduler_->config().unit == SliceUnit::kInstructions ? cpu().step_count().value_or(0)
+                                                                       : now().guest_exits) +
+               slice.length;
+  pauses_left_ = slice.pauses;
+  if (g_kick_target.load()) g_kick_target.store(&cpu());
+}
+
+Result<std::optional<Outcome>> Session::schedule() {
+  ApicFabric& bus = *machine_->apic_bus();
+  // What the APIC bus signalled since the last look, in vCPU order.
+  for (uint32_t v = 0; v < vcpus_.size(); ++v) {
+    const ApicFabric::Pending pending = bus.take_pending(v);
+    Backend& target = *vcpus_[v].cpu;
+    if (pending.reset) {
+      if (v == 0) {
+        return Outcome{exit_status::kGuestStopped,
+                       "INIT sent to the bootstrap processor (vCPU 0): it would restart the firmware at the reset "
+                       "vector, which deja's machine does not have",
+                       false};
+      }
+      if (auto r = target.set_state(cpu_state_after_init(cpu_signature())); !r) return std::unexpected(r.error());
+      vcpus_[v].halted = false;
+    }
+    if (pending.start_vector) {
+      if (auto r = target.set_state(cpu_state_at_startup(*pending.start_vector, cpu_signature())); !r) {
+        return std::unexpected(r.error());
+      }
+      vcpus_[v].halted = false;
+    }
+    if (pending.nmi) {
+      if (auto r = target.inject_nmi(); !r) return std::unexpected(r.error());
+      vcpus_[v].halted = false;
+    }
+  }
+  const bool can_run = runnable(current_);
+  const bool slice_over = scheduler_->config().unit == SliceUnit::kInstructions
+                              ? cpu().step_count().value_or(0) >= slice_end_
+                              : now().guest_exits >= slice_end_;
+  SwitchPoint why;
+  if (!can_run) why = SwitchPoint::kIdle;
+  else if (slice_over) why = SwitchPoint::kSliceEnd;
+  else if (pauses_left_ == 0) why = SwitchPoint::kPause;
+  else return std::nullopt;
+  std::array<bool, kMaxVcpus> ready{};
+  bool any = false;
+  for (uint32_t v = 0; v < vcpus_.size(); ++v) any |= ready[v] = runnable(v);
+  if (!any) {
+    // Nothing can run: the machine waits for an interrupt (the run loop's HLT handling), unless nothing can come.
+    if (auto stuck = machine_stuck()) return Outcome{exit_status::kGuestStopped, *stuck, false};
+    return std::nullopt;
+  }
+  switch_to(scheduler_->next(current_, why, std::span<const bool>(ready.data(), vcpus_.size())));
+  return std::nullopt;
 }
 
 // ---- the run loop ----------------------------------------------------------------------------------
@@ -565,7 +749,7 @@ Result<Outcome> Session::run() {
   next_digest_at_ = digest_interval_;
   next_heartbeat_ = started + kHeartbeatNs;
   if (engine_.mode() != Mode::kReplay) start_kicker();
-  else g_kick_target.store(&machine_->backend());  // SIGINT/SIGTERM stop a replay too, even one the seeker is stepping
+  else g_kick_target.store(&cpu());  // SIGINT/SIGTERM stop a replay too, even one the seeker is stepping
   struct KickerGuard {
     Session* s;
     ~KickerGuard() { s->stop_kicker(); }
@@ -582,7 +766,7 @@ Result<Outcome> Session::run() {
 Result<StopReason> Session::run_until(const StopRequest& stop) {
   if (ended_) return StopReason{StopReason::Kind::kEnd, 0, WatchKind::kWrite, 0, *ended_};
   Turn turn;
-  turn.start_step = machine_->backend().step_count().value_or(0);
+  turn.start_step = total_steps();
   for (;;) {
     tick_progress();
     auto stopped = step(stop, turn);
@@ -592,13 +776,13 @@ Result<StopReason> Session::run_until(const StopRequest& stop) {
 }
 
 std::optional<StopReason> Session::due_stop(const StopRequest& stop, Turn& turn) {
-  Backend& cpu = machine_->backend();
-  const uint64_t step = cpu.step_count().value_or(0);
+  Backend& cpu = this->cpu();
+  const uint64_t step = total_steps();
   turn.step_over = false;
   if (turn.watch_stop) return turn.watch_stop;
   if (stop.at_step && step >= *stop.at_step) return StopReason{StopReason::Kind::kStep};
   if (stop.at_event && engine_.events_processed() >= *stop.at_event) return StopReason{StopReason::Kind::kEvent};
-  if (!stop.breakpoints.empty() && !completes_on_next_run(last_exit_kind_)) {
+  if (!stop.breakpoints.empty() && !completes_on_next_run(now().last_exit_kind)) {
     auto st = cpu.get_state();
     if (st) {
       const bool code64 = (st->efer & efer::kLma) && st->cs.l;
@@ -628,22 +812,24 @@ std::optional<SeekTarget> Session::seek_target() {
     at = &end->at();
     instructions = end->instructions();
   }
-  if (!at) return std::nullopt;
+  // Another vCPU's event: this one runs its slice (the schedule is the recording's).
+  if (!at || at->vcpu() != current_) return std::nullopt;
   // The guest-exit and instruction counts tell apart the visits of a point that a loop without a conditional
   // branch, or an idle `sti; hlt`, makes at the same registers.
   return SeekTarget{Coordinate{at->vcpu(), at->branches(), at->rip(), at->rcx()}, at->gpr_digest(),
                     [this, exits = at->guest_exits(), instructions] {
-                      auto n = machine_->backend().instruction_count();
+                      auto n = cpu().instruction_count();
                       const bool counted = instructions != 0 && n;
-                      if (guest_exits_ > exits || (counted && *n > instructions)) return Visit::kLater;
-                      if (guest_exits_ < exits || (counted && *n < instructions)) return Visit::kEarlier;
+                      const uint64_t guest_exits = now().guest_exits;
+                      if (guest_exits > exits || (counted && *n > instructions)) return Visit::kLater;
+                      if (guest_exits < exits || (counted && *n < instructions)) return Visit::kEarlier;
                       return Visit::kTarget;
                     },
                     instructions};
 }
 
 Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
-  Backend& cpu = machine_->backend();
+  Backend& cpu = this->cpu();
   const Mode mode = engine_.mode();
   uint64_t budget = 0;  // instructions until the vCPU stops by itself; 0: no budget
   auto limit = [&budget](uint64_t n) { budget = budget == 0 ? n : std::min(budget, n); };
@@ -651,14 +837,14 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     DebugControl user;
     user.watchpoints = stop.watchpoints;
     user.breakpoints = turn.step_over || turn.finish_instruction ? std::vector<uint64_t>{} : stop.breakpoints;
-    user.stop_at_step = stop.at_step;
-    if (turn.step_over) {
-      user.stop_at_step = std::min(stop.at_step.value_or(UINT64_MAX), machine_->backend().step_count().value_or(0) + 1);
-    }
+    // The session's steps are every vCPU's (total_steps()); the backend counts its own.
+    const uint64_t own = cpu.step_count().value_or(0), others = total_steps() - own;
+    if (stop.at_step) user.stop_at_step = *stop.at_step > others ? *stop.at_step - others : 0;
+    if (turn.step_over) user.stop_at_step = std::min(user.stop_at_step.value_or(UINT64_MAX), own + 1);
     user.single_step = turn.finish_instruction;
     if (auto r = apply_debug(user); !r) return r;
-    if (seeker_) {
-      seeker_->set_target(seek_target());
+    if (now().seeker) {
+      now().seeker->set_target(seek_target());
     } else if (const trace::End* end = positional_end()) {
       // Exit-synchronous: the End lies between guest exits, where no coordinate but the instruction count places it.
       const Position here = position();
@@ -689,6 +875,11 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     if (mode == Mode::kRecord) kick = std::min(kick, next_heartbeat_);
     kick_at_.store(kick);
   }
+  // Several vCPUs: the slice ends at an instruction count.
+  if (scheduler_ && scheduler_->config().unit == SliceUnit::kInstructions) {
+    const uint64_t at = cpu.step_count().value_or(0);
+    limit(slice_end_ > at ? slice_end_ - at : 1);
+  }
   if (has_budget_) {
     if (auto r = cpu.set_instruction_budget(budget); !r) return r;
   }
@@ -696,7 +887,6 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
 }
 
 Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& turn) {
-  Backend& cpu = machine_->backend();
   const Mode mode = engine_.mode();
   const bool exact = engine_.progress() == ProgressMode::kExact;
   auto end = [this](Outcome o) -> std::optional<StopReason> {
@@ -711,7 +901,7 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
     // RDRAND exit the instruction is still to be completed by the next run(), so a stop due then takes one more
     // step first.
     if (auto due = due_stop(stop, turn)) {
-      if (!completes_on_next_run(last_exit_kind_)) return due;
+      if (!completes_on_next_run(now().last_exit_kind)) return due;
       turn.finish_instruction = true;
     }
     replay_async();
@@ -733,6 +923,18 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
       return end(Outcome{exit_status::kInterrupted, fmt::format("{}: {}", kHostFailureReason, host), false, false, true});
     }
   }
+  // Several vCPUs: the one to run now. (Not while an exit's instruction waits to be finished: a stop due there.)
+  if (scheduler_ && !turn.finish_instruction) {
+    auto stopped = schedule();
+    if (!stopped) return std::unexpected(stopped.error());
+    if (*stopped) return end(**stopped);
+    if (mode == Mode::kReplay) {
+      // What the recording let in where the new vCPU stands (its slice may start where it halted).
+      replay_async();
+      if (auto o = replay_end_here()) return end(*o);
+    }
+  }
+  Backend& cpu = this->cpu();
   if (auto r = deliver_interrupts(); !r) return std::unexpected(r.error());
   // A digest an interrupt event made due is taken here, before the vCPU runs: where the run after an injection
   // stops (a kick in recording, the next exit in replay) differs between the two.
@@ -740,7 +942,7 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
   if (engine_.divergence()) return std::nullopt;  // the next turn ends the replay
 
   if (auto r = aim(stop, turn); !r) return std::unexpected(r.error());
-  auto exit = seeker_ ? seeker_->run() : cpu.run();
+  auto exit = now().seeker ? now().seeker->run() : cpu.run();
   if (!exit) return std::unexpected(exit.error());
   auto done = handle_exit(**exit);
   if (!done) return std::unexpected(done.error());
@@ -757,7 +959,8 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
     replay_async();
     if ((*exit)->kind == ExitKind::kHlt) {
       if (auto o = replay_end_here()) return end(*o);
-      if (!machine_->interrupts().interrupt_pending() && !engine_.divergence() && engine_.peek()) {
+      const bool woken = vcpus_.size() == 1 ? machine_->interrupts().interrupt_pending() : any_runnable();
+      if (!woken && !engine_.divergence() && engine_.peek()) {
         engine_.report_divergence("the guest halted, but the recording has no event to wake it here",
                                   describe_event(*engine_.peek()), "HLT");
       }
@@ -777,7 +980,8 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
         engine_.record_heartbeat(position(), cpu.instruction_count().value_or(0));
       }
     }
-    if (kind == ExitKind::kHlt) {
+    // With several vCPUs the machine waits only when none can run.
+    if (kind == ExitKind::kHlt && (vcpus_.size() == 1 || !any_runnable())) {
       auto woke = wait_for_wake();
       if (!woke) return std::unexpected(woke.error());
       if (*woke) return end(**woke);
@@ -797,16 +1001,29 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
 
 void Session::print_stats() {
   say("backend {} with CPU model {}", machine_->backend().name(), machine_->config().cpu_model->name());
-  say("exits by kind:");
-  for (const auto& [kind, count] : exit_counts_) say("  {:<20} {}", exit_kind_name(kind), count);
-  if (auto n = machine_->backend().instruction_count()) say("instructions retired: {}", *n);
-  if (auto n = machine_->backend().branch_count()) say("conditional branches retired: {}", *n);
-  if (seeker_) {
-    const auto& st = seeker_->stats();
-    say("coordinate seeking ({}, skid {}): {} reached, {} counter overflows, {} breakpoint hits, {} single steps, "
-        "{} runs to an instruction count",
-        counter_description(), machine_->backend().progress_counter()->skid(), st.reached, st.overflows,
-        st.breakpoint_hits, st.single_steps, st.skips);
+  if (scheduler_) {
+    const ScheduleConfig& c = scheduler_->config();
+    say("{} vCPUs, schedule {} seed {} quantum {} {} PAUSEs up to {}", vcpus_.size(), c.policy, c.seed, c.quantum,
+        slice_unit_name(c.unit), c.pause_limit);
+  }
+  for (uint32_t i = 0; i < vcpus_.size(); ++i) {
+    const Vcpu& v = vcpus_[i];
+    if (vcpus_.size() > 1) {
+      const auto& counts = machine_->apic_bus()->counts(i);
+      say("vCPU {}: {} guest exits; INIT {}, STARTUP {}, NMI {} received", i, v.guest_exits, counts.inits,
+          counts.startups, counts.nmis);
+    }
+    say("exits by kind:");
+    for (const auto& [kind, count] : v.exit_counts) say("  {:<20} {}", exit_kind_name(kind), count);
+    if (auto n = v.cpu->instruction_count()) say("instructions retired: {}", *n);
+    if (auto n = v.cpu->branch_count()) say("conditional branches retired: {}", *n);
+    if (v.seeker) {
+      const auto& st = v.seeker->stats();
+      say("coordinate seeking ({}, skid {}): {} reached, {} counter overflows, {} breakpoint hits, {} single steps, "
+          "{} runs to an instruction count",
+          counter_description(), v.cpu->progress_counter()->skid(), st.reached, st.overflows, st.breakpoint_hits,
+          st.single_steps, st.skips);
+    }
   }
   const auto& unknown = machine_->pio().unknown_accesses();
   if (unknown.empty()) {
@@ -844,19 +1061,23 @@ void Session::print_stats() {
     }
     if (pci->refused_mappings()) say("  {} BAR placements overlapped other devices", pci->refused_mappings());
   }
-  for (const std::string& line : machine_->backend().statistics()) say("{}", line);
+  for (uint32_t i = 0; i < vcpus_.size(); ++i) {
+    if (vcpus_.size() > 1) say("vCPU {}:", i);
+    for (const std::string& line : vcpus_[i].cpu->statistics()) say("{}", line);
+  }
 }
 
 // ---- the steppable replay ------------------------------------------------------------------------
 
 Result<> Session::apply_debug(const DebugControl& control) {
-  if (seeker_) {
-    seeker_->set_user_debug(control);
+  Vcpu& v = now();
+  if (v.seeker) {
+    v.seeker->set_user_debug(control);
     return {};
   }
-  if (applied_debug_ && *applied_debug_ == control) return {};
-  if (auto r = machine_->backend().set_debug(control); !r) return r;
-  applied_debug_ = control;
+  if (v.applied_debug && *v.applied_debug == control) return {};
+  if (auto r = v.cpu->set_debug(control); !r) return r;
+  v.applied_debug = control;
   return {};
 }
 
@@ -876,14 +1097,17 @@ bool Session::completes_on_next_run(ExitKind kind) {
   }
 }
 
+// With several vCPUs the counts are every vCPU's together (each vCPU's own are in the loop state).
 CheckpointPosition Session::checkpoint_position() {
-  Backend& cpu = machine_->backend();
   CheckpointPosition at;
-  at.steps = cpu.step_count().value_or(0);
+  at.steps = total_steps();
   at.events = engine_.events_processed();
-  at.branches = cpu.branch_count().value_or(0);
-  at.guest_exits = guest_exits_;
-  at.instructions = cpu.instruction_count().value_or(0);
+  for (uint32_t i = 0; i < vcpus_.size(); ++i) {
+    const VcpuCounts counts = vcpu_counts(i);
+    at.branches += counts.branches;
+    at.guest_exits += counts.guest_exits;
+    at.instructions += counts.instructions;
+  }
   return at;
 }
 
@@ -904,16 +1128,13 @@ std::string get_string(StateReader& r) {
 }
 }  // namespace
 
-// The run loop's own state and the engine's trace cursor ("SESS" section of a checkpoint).
+// The run loop's own state and the engine's trace cursor ("SESS" section of a checkpoint). Version 4 holds each
+// vCPU's loop state and the schedule's; version 3 (one vCPU, before several) is still read.
 Result<std::vector<uint8_t>> Session::encode_loop_state() const {
   auto cursor = engine_.save_cursor();
   if (!cursor) return std::unexpected(cursor.error());
   const Engine::Cursor& c = *cursor;
-  StateWriter w("SESS", 3);
-  w.u64(guest_exits_);
-  w.u8(uint8_t(last_exit_kind_));
-  w.u64(last_exit_rip_);
-  w.boolean(after_mmio_write_);
+  StateWriter w("SESS", 4);
   w.u64(next_digest_at_);
   w.u64(c.raw_position);
   w.boolean(c.has_lookahead);
@@ -927,15 +1148,44 @@ Result<std::vector<uint8_t>> Session::encode_loop_state() const {
   }
   w.u32(uint32_t(c.recent.size()));
   for (const auto& line : c.recent) put_string(w, line);
+  w.u32(uint32_t(vcpus_.size()));
+  for (const Vcpu& v : vcpus_) {
+    w.u64(v.guest_exits);
+    w.u8(uint8_t(v.last_exit_kind));
+    w.u64(v.last_exit_rip);
+    w.boolean(v.after_mmio_write);
+    w.boolean(v.halted);
+    w.u64(v.cpu->branch_count().value_or(0));
+  }
+  w.u32(current_);
+  w.u64(slice_end_);
+  w.u32(pauses_left_);
+  const std::vector<uint8_t> schedule = scheduler_ ? scheduler_->save() : std::vector<uint8_t>{};
+  w.u32(uint32_t(schedule.size()));
+  w.bytes(schedule);
   return w.take();
 }
 
 Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
-  StateReader r(blob, "SESS", 3);
-  uint64_t guest_exits = r.u64();
-  uint8_t kind = r.u8();
-  uint64_t last_rip = r.u64();
-  bool after_mmio_write = r.boolean();
+  const uint8_t version = blob.size() > 4 && blob[4] == 3 ? 3 : 4;
+  StateReader r(blob, "SESS", version);
+  struct Saved {
+    uint64_t guest_exits = 0, last_rip = 0, branches = 0;
+    uint8_t kind = 0;
+    bool after_mmio_write = false, halted = false;
+  };
+  auto read_vcpu = [&r](Saved& v, bool full) {
+    v.guest_exits = r.u64();
+    v.kind = r.u8();
+    v.last_rip = r.u64();
+    v.after_mmio_write = r.boolean();
+    if (!full) return;
+    v.halted = r.boolean();
+    v.branches = r.u64();
+    if (v.kind > uint8_t(ExitKind::kPause)) r.invalid("exit kind out of range");
+  };
+  std::vector<Saved> saved(1);
+  if (version == 3) read_vcpu(saved[0], false);
   uint64_t next_digest = r.u64();
   Engine::Cursor c;
   c.raw_position = r.u64();
@@ -954,27 +1204,71 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
   uint32_t recent = r.u32();
   if (recent > 64) r.invalid("too many recent events");
   for (uint32_t i = 0; i < recent && r.ok(); ++i) c.recent.push_back(get_string(r));
-  if (kind > uint8_t(ExitKind::kFault)) r.invalid("exit kind out of range");
+  uint32_t current = 0;
+  uint64_t slice_end = 0;
+  uint32_t pauses_left = 0;
+  std::vector<uint8_t> schedule;
+  if (version == 3) {
+    saved[0].branches = vcpus_[0].cpu->branch_count().value_or(0);  // (restored with the backend's own state)
+    if (saved[0].kind > uint8_t(ExitKind::kPause)) r.invalid("exit kind out of range");
+  } else {
+    const uint32_t n = r.u32();
+    if (r.ok() && n != vcpus_.size()) r.invalid(fmt::format("{} vCPUs saved, this machine has {}", n, vcpus_.size()));
+    saved.assign(vcpus_.size(), Saved{});
+    for (Saved& v : saved) {
+      if (r.ok()) read_vcpu(v, true);
+    }
+    current = r.u32();
+    slice_end = r.u64();
+    pauses_left = r.u32();
+    const uint32_t size = r.u32();
+    if (size > 4096) r.invalid("schedule state too large");
+    if (r.ok()) schedule.resize(size);
+    r.bytes(schedule);
+    if (current >= vcpus_.size()) r.invalid(fmt::format("running vCPU {} out of range", current));
+  }
   if (auto done = r.finish(); !done) return done;
+  if (scheduler_ && !schedule.empty()) {
+    if (auto restored = scheduler_->restore(schedule); !restored) return restored;
+  } else if (scheduler_ || !schedule.empty()) {
+    return fail(ErrorKind::kInvalidArgument, "the checkpoint's schedule does not fit this session's");
+  }
   if (auto moved = engine_.restore_cursor(c); !moved) return moved;
-  guest_exits_ = guest_exits;
-  last_exit_kind_ = ExitKind(kind);
-  last_exit_rip_ = last_rip;
-  after_mmio_write_ = after_mmio_write;
+  for (size_t i = 0; i < vcpus_.size(); ++i) {
+    Vcpu& v = vcpus_[i];
+    v.guest_exits = saved[i].guest_exits;
+    v.last_exit_kind = ExitKind(saved[i].kind);
+    v.last_exit_rip = saved[i].last_rip;
+    v.after_mmio_write = saved[i].after_mmio_write;
+    v.halted = saved[i].halted;
+  }
+  current_ = current;
+  slice_end_ = slice_end;
+  pauses_left_ = pauses_left;
+  machine_->select_vcpu(current_);
+  engine_.set_vcpu(current_);
   next_digest_at_ = next_digest;
+  saved_branches_.clear();
+  for (const Saved& v : saved) saved_branches_.push_back(v.branches);
   return {};
 }
 
 Result<MachineCheckpoint> Session::capture_checkpoint(CheckpointMemory& memory) {
   if (engine_.divergence()) return fail(ErrorKind::kDivergence, "no checkpoint of a replay that diverged");
   if (ended_) return fail(ErrorKind::kInvalidArgument, "no checkpoint at the end of the replay ({})", ended_->reason);
-  Backend& cpu = machine_->backend();
   MachineCheckpoint cp;
   cp.at = checkpoint_position();
-  auto st = cpu.get_state();
-  if (!st) return std::unexpected(st.error());
-  cp.cpu = encode_cpu_state(*st);
-  cp.backend = cpu.save_internal();
+  for (size_t i = 0; i < vcpus_.size(); ++i) {
+    auto st = vcpus_[i].cpu->get_state();
+    if (!st) return std::unexpected(st.error());
+    MachineCheckpoint::Vcpu v{encode_cpu_state(*st), vcpus_[i].cpu->save_internal()};
+    if (i == 0) {
+      cp.cpu = std::move(v.cpu);
+      cp.backend = std::move(v.backend);
+    } else {
+      cp.more_vcpus.push_back(std::move(v));
+    }
+  }
   for (const auto& part : machine_->stateful_parts()) cp.devices.emplace_back(part.name, part.save());
   auto loop = encode_loop_state();
   if (!loop) return std::unexpected(loop.error());
@@ -986,9 +1280,16 @@ Result<MachineCheckpoint> Session::capture_checkpoint(CheckpointMemory& memory) 
 }
 
 Result<> Session::restore_checkpoint(const MachineCheckpoint& cp, CheckpointMemory& memory) {
-  Backend& cpu = machine_->backend();
-  auto st = decode_cpu_state(cp.cpu);
-  if (!st) return std::unexpected(st.error());
+  if (cp.more_vcpus.size() + 1 != vcpus_.size()) {
+    return fail(ErrorKind::kInvalidArgument, "the checkpoint holds {} vCPUs, this machine has {}",
+                cp.more_vcpus.size() + 1, vcpus_.size());
+  }
+  std::vector<CpuState> cpu_states;
+  for (size_t i = 0; i < vcpus_.size(); ++i) {
+    auto st = decode_cpu_state(i == 0 ? cp.cpu : cp.more_vcpus[i - 1].cpu);
+    if (!st) return std::unexpected(st.error());
+    cpu_states.push_back(*st);
+  }
   const auto& parts = machine_->stateful_parts();
   if (cp.devices.size() != parts.size()) {
     return fail(ErrorKind::kInvalidArgument, "the checkpoint holds {} devices, this machine has {}", cp.devices.size(),
@@ -1005,15 +1306,19 @@ Result<> Session::restore_checkpoint(const MachineCheckpoint& cp, CheckpointMemo
   if (auto r = decode_loop_state(cp.session); !r) return r;
   if (auto r = machine_->restore_device_states(states); !r) return r;
   if (auto r = memory.restore(cp.memory); !r) return std::unexpected(r.error());
-  if (auto r = cpu.set_state(*st); !r) return r;
-  if (auto r = cpu.restore_internal(cp.backend); !r) return r;
-  if (ProgressCounter* counter = cpu.progress_counter()) {
-    if (auto r = counter->rebase(cp.at.branches); !r) return r;
+  for (size_t i = 0; i < vcpus_.size(); ++i) {
+    Vcpu& v = vcpus_[i];
+    if (auto r = v.cpu->set_state(cpu_states[i]); !r) return r;
+    if (auto r = v.cpu->restore_internal(i == 0 ? cp.backend : cp.more_vcpus[i - 1].backend); !r) return r;
+    if (ProgressCounter* counter = v.cpu->progress_counter()) {
+      if (auto r = counter->rebase(vcpus_.size() == 1 ? cp.at.branches : saved_branches_[i]); !r) return r;
+    }
+    if (v.seeker) {
+      if (auto r = v.seeker->reset(); !r) return r;
+    }
+    v.applied_debug.reset();
   }
-  if (seeker_) {
-    if (auto r = seeker_->reset(); !r) return r;
-  }
-  applied_debug_.reset();
+  if (g_kick_target.load()) g_kick_target.store(&cpu());
   ended_.reset();
   return {};
 }

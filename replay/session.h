@@ -18,6 +18,7 @@
 #include "boot/loader.h"
 #include "vmm/machine.h"
 #include "replay/progress_choice.h"
+#include "replay/scheduler.h"
 #include "snapshot/checkpoint.h"
 
 namespace deja {
@@ -79,6 +80,11 @@ class Session {
   Result<> derive_time(Engine::TimeRates rates);
   // Exact mode: what counts progress (for the trace header and messages).
   std::string counter_description();
+  // Several vCPUs: how they take turns (docs/smp.md); the unit is the progress mode's. Call after build().
+  Result<> set_schedule(const ScheduleConfig& config);
+  const Scheduler* scheduler() const { return scheduler_.get(); }
+  // The vCPU running now (or that last ran).
+  uint32_t current_vcpu() const { return current_; }
 
   void attach_input(std::unique_ptr<FdInput> input) { input_ = std::move(input); }
   // RDTSC/RDRAND exits count as guest-caused exits (trace header rdtsc_exits_are_guest_exits): they are
@@ -118,6 +124,11 @@ class Session {
   void print_stats();
   Digest final_cpu_ram_digest();
   Digest final_machine_digest();
+  // Per vCPU, for statistics and inspect: instructions, branches and guest exits so far.
+  struct VcpuCounts {
+    uint64_t instructions = 0, branches = 0, guest_exits = 0;
+  };
+  VcpuCounts vcpu_counts(uint32_t vcpu);
   uint64_t wall_ns() const { return wall_ns_; }
   Position current_position() { return position(); }
 
@@ -142,8 +153,10 @@ class Session {
   class TeeSink;
 
   Position position();
-  // The vCPU state as coordinates and digests see it (the same on both backends at an MMIO-write exit).
-  Result<CpuState> comparable_state();
+  // A vCPU's state as coordinates and digests see it (the same on both backends at an MMIO-write exit).
+  Result<CpuState> comparable_state(uint32_t vcpu);
+  // Every vCPU's, vCPU 0's first.
+  std::vector<CpuState> comparable_states();
   bool guest_caused(ExitKind kind) const;
   // A received frame as apply_async hands it to its NIC (bytes owned by the caller).
   struct FrameIn {
@@ -163,6 +176,19 @@ class Session {
   void apply_async(uint64_t now_ns, std::span<const uint8_t> input, std::span<const FrameIn> frames = {});
   void replay_async();
   Result<> deliver_interrupts();
+  // Several vCPUs (docs/smp.md): applies the NMI, INIT and STARTUP signals the APIC bus holds, and switches to the
+  // next vCPU when the running one ran its slice, its PAUSEs, or cannot run. A value: the machine stops.
+  Result<std::optional<Outcome>> schedule();
+  // Whether vCPU `v` can run: started, and not halted unless something wakes it (an interrupt it can take, an NMI).
+  bool runnable(uint32_t v);
+  bool any_runnable();
+  // Why no vCPU can ever run again (each halted with interrupts disabled, or waiting for STARTUP), if so.
+  std::optional<std::string> machine_stuck();
+  uint32_t cpu_signature() const;
+  // Makes `v` the running vCPU, with a new slice.
+  void switch_to(uint32_t v);
+  // Sum of every vCPU's steps: the debugger's time axis with several vCPUs (one vCPU's step_count() with one).
+  uint64_t total_steps();
   Result<std::optional<Outcome>> handle_exit(VcpuExit& exit);
   Result<std::optional<Outcome>> wait_for_wake();
   void maybe_digest();
@@ -196,6 +222,21 @@ class Session {
   // The exit's instruction is completed by the next run() (its response is still to be delivered).
   static bool completes_on_next_run(ExitKind kind);
 
+  // One vCPU's place in the run loop: its counts, its last exit, its seeker and debug controls.
+  struct Vcpu {
+    Backend* cpu = nullptr;
+    uint64_t guest_exits = 0;
+    ExitKind last_exit_kind = ExitKind::kKicked;
+    uint64_t last_exit_rip = 0;
+    bool after_mmio_write = false;  // the last exit was an MMIO write and the vCPU has not run since
+    bool halted = false;            // its last exit was HLT, and nothing has woken it since
+    std::unique_ptr<CoordinateSeeker> seeker;  // replay in exact mode
+    std::optional<DebugControl> applied_debug;  // run_until without a seeker: what the backend has
+    std::map<ExitKind, uint64_t> exit_counts;
+  };
+  Vcpu& now() { return vcpus_[current_]; }
+  Backend& cpu() { return *vcpus_[current_].cpu; }
+
   Engine engine_;
   std::string image_format_;
   std::unique_ptr<FileSink> out_;
@@ -203,18 +244,20 @@ class Session {
   std::vector<std::unique_ptr<DiskImage>> disks_;  // before machine_: its disks refer to them
   std::unique_ptr<Machine> machine_;
   std::unique_ptr<FdInput> input_;
-  uint64_t guest_exits_ = 0;
-  ExitKind last_exit_kind_ = ExitKind::kKicked;
-  uint64_t last_exit_rip_ = 0;
+  std::vector<Vcpu> vcpus_;
+  uint32_t current_ = 0;
+  // Several vCPUs: the schedule, and where the running vCPU's slice ends (its step count, or its guest-exit count
+  // in exit-sync mode) and how many PAUSEs it has left.
+  std::unique_ptr<Scheduler> scheduler_;
+  uint64_t slice_end_ = 0;
+  uint32_t pauses_left_ = 0;
+  std::vector<uint64_t> saved_branches_;  // decode_loop_state(): each vCPU's branch count, for its counter
   uint64_t digest_interval_ = kDefaultDigestInterval;
   uint64_t next_digest_at_ = kDefaultDigestInterval;
-  std::map<ExitKind, uint64_t> exit_counts_;
-  std::unique_ptr<CoordinateSeeker> seeker_;  // replay in exact mode
   uint64_t wall_ns_ = 0;
   bool warned_spin_ = false;
   bool rdtsc_exits_are_guest_exits_ = false;
   bool mmio_write_exits_complete_ = false;
-  bool after_mmio_write_ = false;  // the last exit was an MMIO write and the vCPU has not run since
   uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
   static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
   static constexpr uint64_t kHeartbeatNs = 1'000'000'000;
@@ -235,7 +278,6 @@ class Session {
   uint64_t next_progress_ns_ = 0;
 
   std::optional<Outcome> ended_;     // the run ended here (replay: until a checkpoint is restored)
-  std::optional<DebugControl> applied_debug_;  // run_until without a seeker: what the backend has
 
   std::thread kicker_;
   std::atomic<bool> kicker_stop_{false};

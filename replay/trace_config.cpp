@@ -25,7 +25,7 @@ bool TraceConfig::operator==(const TraceConfig& o) const {
          host == o.host && start_unix_ns == o.start_unix_ns && libvirt_domain == o.libvirt_domain &&
          cpu_model == o.cpu_model &&
          device_model_version == o.device_model_version && backend == o.backend && machine == o.machine &&
-         vcpus == o.vcpus && memory_bytes == o.memory_bytes && cmdline == o.cmdline &&
+         vcpus == o.vcpus && schedule == o.schedule && memory_bytes == o.memory_bytes && cmdline == o.cmdline &&
          device_semantics == o.device_semantics && disks == o.disks && nics == o.nics && rng == o.rng &&
          inputs == o.inputs && module_args == o.module_args && serial_input == o.serial_input &&
          boot_protocol == o.boot_protocol && image_format == o.image_format && progress == o.progress &&
@@ -65,6 +65,14 @@ trace::Header to_header(const TraceConfig& t) {
   c->set_backend(t.backend);
   c->set_machine(t.machine);
   c->set_vcpus(t.vcpus);
+  if (t.schedule) {
+    auto* sc = c->mutable_schedule();
+    sc->set_policy(t.schedule->policy);
+    sc->set_seed(t.schedule->seed);
+    sc->set_unit(std::string(slice_unit_name(t.schedule->unit)));
+    sc->set_quantum(t.schedule->quantum);
+    sc->set_pause_limit(t.schedule->pause_limit);
+  }
   c->set_memory_bytes(t.memory_bytes);
   c->set_cmdline(t.cmdline);
   c->set_device_semantics(t.device_semantics);
@@ -134,6 +142,27 @@ Result<TraceConfig> from_header(const trace::Header& h) {
   t.backend = c.backend();
   t.machine = c.machine().empty() ? std::string(kMachinePc) : c.machine();
   t.vcpus = c.vcpus() ? c.vcpus() : 1;
+  if (t.vcpus > kMaxVcpus) return fail(ErrorKind::kBadTrace, "it has {} vCPUs; a machine has at most {}", t.vcpus, kMaxVcpus);
+  if (c.has_schedule()) {
+    const auto& sc = c.schedule();
+    ScheduleConfig schedule;
+    schedule.policy = sc.policy();
+    schedule.seed = sc.seed();
+    if (sc.unit() == slice_unit_name(SliceUnit::kInstructions)) {
+      schedule.unit = SliceUnit::kInstructions;
+    } else if (sc.unit() == slice_unit_name(SliceUnit::kGuestExits)) {
+      schedule.unit = SliceUnit::kGuestExits;
+    } else {
+      return fail(ErrorKind::kBadTrace, "its schedule counts slices in '{}'", sc.unit());
+    }
+    schedule.quantum = sc.quantum();
+    schedule.pause_limit = sc.pause_limit();
+    if (auto usable = make_scheduler(schedule); !usable) return fail(ErrorKind::kBadTrace, "{}", usable.error().message);
+    t.schedule = schedule;
+  }
+  if ((t.vcpus > 1) != t.schedule.has_value()) {
+    return fail(ErrorKind::kBadTrace, "it has {} vCPUs and {} schedule", t.vcpus, t.schedule ? "a" : "no");
+  }
   t.memory_bytes = c.memory_bytes();
   t.cmdline = c.cmdline();
   t.device_semantics = c.device_semantics();
@@ -200,6 +229,8 @@ TraceConfig recording_config(Session& session, const MachineConfig& machine, con
   t.device_model_version = kDeviceModelVersion;
   t.backend = machine.backend;
   t.machine = machine.machine;
+  t.vcpus = machine.vcpus;
+  if (const Scheduler* scheduler = session.scheduler()) t.schedule = scheduler->config();
   t.memory_bytes = machine.memory_bytes;
   t.cmdline = machine.cmdline;
   t.device_semantics = machine.device_semantics;
@@ -227,6 +258,7 @@ MachineConfig replay_machine(const TraceConfig& t, const std::string& backend) {
   m.cmdline = t.cmdline;
   m.backend = backend;
   m.machine = t.machine;
+  m.vcpus = t.vcpus;
   m.cpu_model = t.cpu_model;
   m.device_model_version = t.device_model_version;
   m.rtc_epoch_unix_seconds = t.start_unix_ns / 1'000'000'000;
@@ -260,7 +292,9 @@ LoadOptions replay_load(const TraceConfig& t) {
 }
 
 Result<> adopt_recording_ways(Session& session, const TraceConfig& t) {
-  Backend& cpu = session.machine().backend();
+  if (t.schedule) {
+    if (auto ok = session.set_schedule(*t.schedule); !ok) return ok;
+  }
   if (t.derived_time) {
     if (auto ok = session.derive_time(*t.derived_time); !ok) {
       return fail(ErrorKind::kUnsupported, "recorded on {} with time derived from the instruction count: {}; replay "
@@ -270,11 +304,17 @@ Result<> adopt_recording_ways(Session& session, const TraceConfig& t) {
   session.count_rdtsc_as_guest_exits(t.rdtsc_exits_are_guest_exits);
   session.set_digest_interval(t.digest_interval);
   session.complete_mmio_write_exits(t.mmio_write_exits_complete);
-  if (auto ok = cpu.adopt_software_tlb_entries(t.software_tlb_entries); !ok) return ok;
-  if (auto ok = cpu.adopt_cpu_quirks(t.cpu_quirks); !ok) {
-    // Not a refusal: many guests never see the difference, and one that does diverges, which replay reports.
-    say("warning: {}: the replay diverges where the guest sees the difference ({})", ok.error().message,
-        t.cpu_quirks.empty() ? "record it on interp or on this host" : "--backend interp reproduces the recorded CPU");
+  for (size_t i = 0; i < session.machine().vcpu_count(); ++i) {
+    Backend& cpu = session.machine().backend(i);
+    if (auto ok = cpu.adopt_software_tlb_entries(t.software_tlb_entries); !ok) return ok;
+    if (auto ok = cpu.adopt_cpu_quirks(t.cpu_quirks); !ok) {
+      // Not a refusal: many guests never see the difference, and one that does diverges, which replay reports.
+      if (i == 0) {
+        say("warning: {}: the replay diverges where the guest sees the difference ({})", ok.error().message,
+            t.cpu_quirks.empty() ? "record it on interp or on this host"
+                                 : "--backend interp reproduces the recorded CPU");
+      }
+    }
   }
   return {};
 }

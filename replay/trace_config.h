@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "logging/trace.pb.h"
 #include "replay/engine.h"
+#include "replay/scheduler.h"
 #include "vmm/disk_image.h"
 #include "vmm/machine.h"
 
@@ -77,6 +78,7 @@ struct TraceConfig {
   std::string backend;                             // "kvm" or "interp": the recording's
   std::string machine = std::string(kMachinePc);  // "" in traces before the field: pc
   uint32_t vcpus = 1;
+  std::optional<ScheduleConfig> schedule;  // several vCPUs: how they took turns
   uint64_t memory_bytes = 0;
   std::string cmdline;
   std::string device_semantics;  // tests only

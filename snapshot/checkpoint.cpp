@@ -2,22 +2,24 @@
 #include "snapshot/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 
 #include <fmt/format.h>
 
+#include "logging/output_file.h"
 #include "logging/trace_format.h"
 
 namespace deja {
 namespace {
 
 constexpr char kMagic[8] = {'D', 'E', 'J', 'A', 'C', 'K', 'P', 'T'};
-constexpr uint64_t kMaxSection = uint64_t{64} << 30;
+// Every section but the memory holds machine state (registers, devices, the session): well under this.
+constexpr uint64_t kMaxStateSection = uint64_t{64} << 20;
 
 void put_u32(std::vector<uint8_t>& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(uint8_t(v >> (8 * i)));
@@ -90,19 +92,137 @@ std::string hex_prefix(std::span<const uint8_t> b) {
 
 uint64_t MachineCheckpoint::state_bytes() const {
   uint64_t n = cpu.size() + backend.size() + session.size() + sizeof(*this);
+  for (const Vcpu& v : more_vcpus) n += v.cpu.size() + v.backend.size() + sizeof(v);
   for (const auto& [name, blob] : devices) n += name.size() + blob.size();
   return n;
 }
 
+namespace {
+
+// Writes a checkpoint file through a 1 MiB buffer, hashing every byte, so that saving costs no copy of the memory.
+class StreamWriter {
+ public:
+  explicit StreamWriter(ProductFile& file) : file_(file) { buffer_.reserve(kBuffer); }
+  void put(std::span<const uint8_t> bytes) {
+    sha_.update(bytes.data(), bytes.size());
+    if (!ok_) return;
+    if (buffer_.size() + bytes.size() > kBuffer) flush();
+    if (bytes.size() >= kBuffer) {
+      write(bytes);
+    } else {
+      buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
+    }
+  }
+  void put_le(uint64_t v, size_t n) {
+    uint8_t b[8];
+    for (size_t i = 0; i < n; ++i) b[i] = uint8_t(v >> (8 * i));
+    put(std::span(b, n));
+  }
+  void put_u32(uint32_t v) { put_le(v, 4); }
+  void put_u64(uint64_t v) { put_le(v, 8); }
+  void section(const char (&tag)[5], uint64_t length) {
+    put(std::span(reinterpret_cast<const uint8_t*>(tag), 4));
+    put_u64(length);
+  }
+  // Appends the SHA-256 of everything before it and flushes.
+  Result<> finish() {
+    const auto sum = sha_.finish();
+    buffer_.insert(buffer_.end(), sum.begin(), sum.end());
+    flush();
+    if (!ok_) return std::unexpected(error_);
+    return {};
+  }
+
+ private:
+  static constexpr size_t kBuffer = 1 << 20;
+  void flush() {
+    write(buffer_);
+    buffer_.clear();
+  }
+  void write(std::span<const uint8_t> bytes) {
+    if (!ok_ || bytes.empty()) return;
+    if (auto r = file_.write(bytes); !r) {
+      ok_ = false;
+      error_ = r.error();
+    }
+  }
+  ProductFile& file_;
+  std::vector<uint8_t> buffer_;
+  trace_detail::Sha256Stream sha_;
+  bool ok_ = true;
+  Error error_;
+};
+
+// Reads a checkpoint file through a 1 MiB buffer; the first failure sticks.
+class StreamReader {
+ public:
+  explicit StreamReader(int fd, uint64_t size) : fd_(fd), left_(size) {}
+  bool ok() const { return ok_; }
+  uint64_t left() const { return left_ + (buffer_.size() - pos_); }
+  std::span<const uint8_t> bytes(uint64_t n) {
+    out_.resize(n);
+    read(out_.data(), n);
+    return ok_ ? std::span<const uint8_t>(out_) : std::span<const uint8_t>();
+  }
+  void read(uint8_t* out, uint64_t n) {
+    while (ok_ && n > 0) {
+      if (pos_ == buffer_.size() && !fill()) {
+        ok_ = false;
+        return;
+      }
+      const uint64_t k = std::min<uint64_t>(n, buffer_.size() - pos_);
+      std::memcpy(out, buffer_.data() + pos_, k);
+      pos_ += k;
+      out += k;
+      n -= k;
+    }
+  }
+  uint64_t le(int n) {
+    uint8_t b[8] = {};
+    read(b, uint64_t(n));
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= uint64_t(b[i]) << (8 * i);
+    return v;
+  }
+  uint32_t u32() { return uint32_t(le(4)); }
+  uint64_t u64() { return le(8); }
+
+ private:
+  bool fill() {
+    buffer_.resize(size_t(std::min<uint64_t>(left_, 1 << 20)));
+    pos_ = 0;
+    size_t done = 0;
+    while (done < buffer_.size()) {
+      ssize_t n = ::read(fd_, buffer_.data() + done, buffer_.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      done += size_t(n);
+    }
+    left_ -= buffer_.size();
+    return !buffer_.empty();
+  }
+  int fd_;
+  uint64_t left_;
+  std::vector<uint8_t> buffer_;
+  size_t pos_ = 0;
+  std::vector<uint8_t> out_;
+  bool ok_ = true;
+};
+
+}  // namespace
+
 Result<> write_checkpoint_file(const std::string& path, const CheckpointIdentity& identity,
                                const MachineCheckpoint& cp) {
-  std::vector<uint8_t> out(std::begin(kMagic), std::end(kMagic));
-  put_u32(out, kCheckpointFileVersion);
-  put_u32(out, 6);
+  // A product (logging/output_file.h): written as PATH.partial, renamed over PATH once complete.
+  auto file = ProductFile::create_replacing(path, "checkpoint", ProductFile::Unfinished::kRemove);
+  if (!file) return std::unexpected(file.error());
+  StreamWriter out(**file);
+  out.put(std::span(reinterpret_cast<const uint8_t*>(kMagic), sizeof kMagic));
+  out.put_u32(kCheckpointFileVersion);
+  out.put_u32(cp.more_vcpus.empty() ? 6 : 7);
   auto section = [&](const char (&tag)[5], std::span<const uint8_t> body) {
-    out.insert(out.end(), tag, tag + 4);
-    put_u64(out, body.size());
-    put_bytes(out, body);
+    out.section(tag, body.size());
+    out.put(body);
   };
   section("META", meta_section(identity, cp.at));
   section("CPU0", cp.cpu);
@@ -116,65 +236,79 @@ Result<> write_checkpoint_file(const std::string& path, const CheckpointIdentity
   }
   section("DEVS", devs);
   section("SESS", cp.session);
-  std::vector<uint8_t> mem;
+  if (!cp.more_vcpus.empty()) {
+    std::vector<uint8_t> vcpus;
+    put_u32(vcpus, uint32_t(cp.more_vcpus.size()));
+    for (const auto& v : cp.more_vcpus) {
+      put_u64(vcpus, v.cpu.size());
+      put_bytes(vcpus, v.cpu);
+      put_u64(vcpus, v.backend.size());
+      put_bytes(vcpus, v.backend);
+    }
+    section("VCPU", vcpus);
+  }
+  // The pages go straight from the shared copies to the file.
   const MemoryImage& image = *cp.memory;
-  put_u64(mem, image.page_count());
-  put_u64(mem, image.stored_pages());
+  const uint64_t stored = image.stored_pages();
+  out.section("MEM0", 16 + stored * (8 + kPageSize));
+  out.put_u64(image.page_count());
+  out.put_u64(stored);
   for (uint64_t pfn = 0; pfn < image.page_count(); ++pfn) {
     if (const PageCopy* p = image.page(pfn)) {
-      put_u64(mem, pfn);
-      put_bytes(mem, p->bytes);
+      out.put_u64(pfn);
+      out.put(p->bytes);
     }
   }
-  section("MEM0", mem);
-  auto sum = sha256_bytes(out);
-  put_bytes(out, sum);
-
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return fail(ErrorKind::kHost, "cannot create checkpoint file {}: {}", tmp, std::strerror(errno));
-  size_t done = 0;
-  while (done < out.size()) {
-    ssize_t n = ::write(fd, out.data() + done, out.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return fail(ErrorKind::kHost, "writing checkpoint file {} failed: {}", tmp, std::strerror(e));
-    }
-    done += size_t(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    return fail(ErrorKind::kHost, "finishing checkpoint file {} failed: {}", path, std::strerror(e));
-  }
-  return {};
+  if (auto r = out.finish(); !r) return r;
+  if (auto r = (*file)->sync(); !r) return r;
+  return (*file)->commit();
 }
 
 Result<MachineCheckpoint> read_checkpoint_file(const std::string& path, const CheckpointIdentity& expected,
-                                               CheckpointMemory& memory) {
+                                               CheckpointMemory& memory,
+                                               const std::shared_ptr<const MemoryImage>& share_with) {
   auto bad = [&](std::string what) {
     return std::unexpected(Error{ErrorKind::kBadTrace, fmt::format("checkpoint file {}: {}", path, what)});
   };
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return fail(ErrorKind::kHost, "cannot open checkpoint file {}: {}", path, std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const auto size = uint64_t(in.tellg());
-  in.seekg(0);
+  // O_NONBLOCK: a FIFO in a checkpoint file's place must not hang the debugger (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return fail(ErrorKind::kHost, "cannot open checkpoint file {}: {}", path, std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return bad("not a regular file");
+  const auto size = uint64_t(st.st_size);
   const uint64_t limit = expected.ram_bytes + (uint64_t{64} << 20) + expected.ram_bytes / 256;
   if (size > limit) return bad(fmt::format("{} bytes, more than a checkpoint of this machine can hold", size));
-  std::vector<uint8_t> data(size);
-  if (!in.read(reinterpret_cast<char*>(data.data()), std::streamsize(size))) return bad("cannot read the whole file");
   if (size < sizeof(kMagic) + 8 + 32) return bad(fmt::format("truncated: {} bytes", size));
-  if (std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0) return bad("not a deja checkpoint (bad magic)");
-  auto body = std::span<const uint8_t>(data).first(size - 32);
-  auto sum = sha256_bytes(body);
-  if (std::memcmp(sum.data(), data.data() + size - 32, 32) != 0) {
-    return bad("checksum mismatch: the file is damaged or was cut short");
+  // First pass: the checksum, so that nothing of a damaged file is used (memory: one buffer).
+  {
+    StreamReader whole(fd, size);
+    trace_detail::Sha256Stream sha;
+    std::vector<uint8_t> chunk;
+    for (uint64_t left = size - 32; left > 0 && whole.ok();) {
+      const uint64_t n = std::min<uint64_t>(left, 1 << 20);
+      auto b = whole.bytes(n);
+      sha.update(b.data(), b.size());
+      left -= n;
+    }
+    auto recorded = whole.bytes(32);
+    if (!whole.ok()) return bad("cannot read the whole file");
+    const auto sum = sha.finish();
+    if (std::memcmp(sum.data(), recorded.data(), 32) != 0) {
+      uint8_t magic[sizeof kMagic] = {};
+      if (::pread(fd, magic, sizeof magic, 0) != ssize_t(sizeof magic) || std::memcmp(magic, kMagic, sizeof kMagic) != 0)
+        return bad("not a deja checkpoint (bad magic)");
+      return bad("checksum mismatch: the file is damaged or was cut short");
+    }
   }
-  Cursor c(body.subspan(sizeof(kMagic)));
+  if (::lseek(fd, 0, SEEK_SET) != 0) return bad("cannot read the whole file");
+  StreamReader c(fd, size - 32);
+  uint8_t magic[sizeof kMagic] = {};
+  c.read(magic, sizeof magic);
+  if (!c.ok() || std::memcmp(magic, kMagic, sizeof kMagic) != 0) return bad("not a deja checkpoint (bad magic)");
   uint32_t version = c.u32();
   if (version != kCheckpointFileVersion) {
     return bad(fmt::format("format version {}, this build reads version {}", version, kCheckpointFileVersion));
@@ -183,12 +317,37 @@ Result<MachineCheckpoint> read_checkpoint_file(const std::string& path, const Ch
   MachineCheckpoint cp;
   bool have_meta = false, have_mem = false;
   for (uint32_t i = 0; i < sections && c.ok(); ++i) {
-    auto tag_bytes = c.bytes(4);
+    std::string tag(4, '\0');
+    c.read(reinterpret_cast<uint8_t*>(tag.data()), 4);
     uint64_t length = c.u64();
-    if (!c.ok() || length > kMaxSection) return bad(fmt::format("section {} header is malformed", i));
+    if (!c.ok() || length > c.left()) return bad(fmt::format("section {} runs past the end of the file", i));
+    if (tag == "MEM0") {
+      uint64_t page_count = c.u64();
+      uint64_t stored = c.u64();
+      if (!c.ok() || page_count * kPageSize != expected.ram_bytes || stored > page_count ||
+          length != 16 + stored * (8 + kPageSize)) {
+        return bad("MEM0 section does not describe this machine's RAM");
+      }
+      // Page by page into the image, sharing every page that `share_with` holds unchanged.
+      CheckpointMemory::ImageBuilder builder = memory.build_image(share_with);
+      std::array<uint8_t, kPageSize> page{};
+      uint64_t previous = 0;
+      for (uint64_t p = 0; p < stored && c.ok(); ++p) {
+        uint64_t pfn = c.u64();
+        c.read(page.data(), page.size());
+        if (!c.ok() || pfn >= page_count || (p > 0 && pfn <= previous)) return bad("MEM0 section is malformed");
+        previous = pfn;
+        builder.add(pfn, page.data());
+      }
+      if (!c.ok()) return bad("MEM0 section is malformed");
+      cp.memory = builder.finish();
+      have_mem = true;
+      continue;
+    }
+    // Every other section is small: machine state, not memory.
+    if (length > kMaxStateSection) return bad(fmt::format("section {} header is malformed", i));
     auto payload = c.bytes(length);
     if (!c.ok()) return bad(fmt::format("section {} runs past the end of the file", i));
-    std::string tag(tag_bytes.begin(), tag_bytes.end());
     Cursor s(payload);
     if (tag == "META") {
       CheckpointIdentity got;
@@ -217,6 +376,15 @@ Result<MachineCheckpoint> read_checkpoint_file(const std::string& path, const Ch
       cp.backend.assign(payload.begin(), payload.end());
     } else if (tag == "SESS") {
       cp.session.assign(payload.begin(), payload.end());
+    } else if (tag == "VCPU") {
+      const uint32_t n = s.u32();
+      if (n >= 1024) return bad("VCPU section claims too many vCPUs");
+      for (uint32_t v = 0; v < n && s.ok(); ++v) {
+        auto state = s.bytes(s.u64());
+        auto backend = s.bytes(s.u64());
+        cp.more_vcpus.push_back({{state.begin(), state.end()}, {backend.begin(), backend.end()}});
+      }
+      if (!s.ok() || !s.at_end()) return bad("VCPU section is malformed");
     } else if (tag == "DEVS") {
       uint32_t n = s.u32();
       if (n > 1024) return bad("DEVS section claims too many devices");
@@ -227,30 +395,11 @@ Result<MachineCheckpoint> read_checkpoint_file(const std::string& path, const Ch
         cp.devices.emplace_back(std::move(name), std::vector<uint8_t>(blob.begin(), blob.end()));
       }
       if (!s.ok() || !s.at_end()) return bad("DEVS section is malformed");
-    } else if (tag == "MEM0") {
-      uint64_t page_count = s.u64();
-      uint64_t stored = s.u64();
-      if (!s.ok() || page_count * kPageSize != expected.ram_bytes || stored > page_count) {
-        return bad("MEM0 section does not describe this machine's RAM");
-      }
-      std::vector<std::pair<uint64_t, const uint8_t*>> pages;
-      pages.reserve(stored);
-      uint64_t previous = 0;
-      for (uint64_t p = 0; p < stored && s.ok(); ++p) {
-        uint64_t pfn = s.u64();
-        auto bytes = s.bytes(kPageSize);
-        if (!s.ok() || pfn >= page_count || (p > 0 && pfn <= previous)) return bad("MEM0 section is malformed");
-        previous = pfn;
-        pages.emplace_back(pfn, bytes.data());
-      }
-      if (!s.ok() || !s.at_end()) return bad("MEM0 section is malformed");
-      cp.memory = memory.image_from_pages(pages);
-      have_mem = true;
     } else {
       return bad(fmt::format("unknown section '{}'", tag));
     }
   }
-  if (!c.ok() || !c.at_end()) return bad("malformed section table");
+  if (!c.ok() || c.left() != 0) return bad("malformed section table");
   if (!have_meta || !have_mem || cp.cpu.empty()) return bad("a required section (META, CPU0 or MEM0) is missing");
   return cp;
 }

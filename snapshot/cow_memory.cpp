@@ -152,17 +152,49 @@ Result<uint64_t> CheckpointMemory::restore(const std::shared_ptr<const MemoryIma
   return pages.size();
 }
 
-std::shared_ptr<const MemoryImage> CheckpointMemory::image_from_pages(
-    std::span<const std::pair<uint64_t, const uint8_t*>> pages) {
-  auto image = std::make_shared<MemoryImage>(base_->page_count());
-  for (const auto& [pfn, bytes] : pages) {
-    DEJA_ASSERT(pfn < image->page_count(), "page {} outside RAM", pfn);
-    auto& leaf = image->leaves_[pfn / MemoryImage::kLeafPages];
-    if (!leaf) leaf = std::make_shared<MemoryImage::Leaf>();
-    auto mutable_leaf = std::const_pointer_cast<MemoryImage::Leaf>(leaf);
-    (*mutable_leaf)[pfn % MemoryImage::kLeafPages] = copy_page(bytes);
+CheckpointMemory::ImageBuilder CheckpointMemory::build_image(std::shared_ptr<const MemoryImage> share_with) {
+  return ImageBuilder(*this, std::move(share_with));
+}
+
+CheckpointMemory::ImageBuilder::ImageBuilder(CheckpointMemory& memory, std::shared_ptr<const MemoryImage> share_with)
+    : memory_(memory), share_with_(std::move(share_with)),
+      image_(std::make_shared<MemoryImage>(memory.base_->page_count())) {
+  if (share_with_ && share_with_->page_count() != image_->page_count()) share_with_.reset();
+}
+
+void CheckpointMemory::ImageBuilder::add(uint64_t pfn, const uint8_t* bytes) {
+  DEJA_ASSERT(pfn < image_->page_count(), "page {} outside RAM", pfn);
+  const size_t index = pfn / MemoryImage::kLeafPages;
+  DEJA_ASSERT(leaf_index_ == SIZE_MAX || index >= leaf_index_, "pages out of order at {}", pfn);
+  if (index != leaf_index_) {
+    close_leaf();
+    leaf_index_ = index;
+    leaf_ = std::make_shared<MemoryImage::Leaf>();
   }
-  return image;
+  auto& slot = (*leaf_)[pfn % MemoryImage::kLeafPages];
+  const PageCopy* shared = share_with_ ? share_with_->page(pfn) : nullptr;
+  if (shared && std::memcmp(shared->bytes.data(), bytes, kPageSize) == 0) {
+    slot = (*share_with_->leaves_[index])[pfn % MemoryImage::kLeafPages];
+  } else if (all_zero(bytes)) {
+    slot.reset();
+  } else {
+    slot = memory_.copy_page(bytes);
+  }
+}
+
+void CheckpointMemory::ImageBuilder::close_leaf() {
+  if (!leaf_) return;
+  // A leaf equal to the shared image's, page for page, is that leaf.
+  const auto& theirs = share_with_ ? share_with_->leaves_[leaf_index_] : nullptr;
+  const bool same = theirs ? *theirs == *leaf_
+                           : std::all_of(leaf_->begin(), leaf_->end(), [](const auto& p) { return p == nullptr; });
+  image_->leaves_[leaf_index_] = same ? theirs : std::shared_ptr<const MemoryImage::Leaf>(std::move(leaf_));
+  leaf_.reset();
+}
+
+std::shared_ptr<const MemoryImage> CheckpointMemory::ImageBuilder::finish() {
+  close_leaf();
+  return std::move(image_);
 }
 
 }  // namespace deja

@@ -67,8 +67,25 @@ class CheckpointMemory {
   // Bytes held by page copies that some image (or the base) still refers to.
   uint64_t stored_bytes() const { return live_pages_->load() * sizeof(PageCopy); }
   const std::shared_ptr<const MemoryImage>& base() const { return base_; }
-  // Builds an image from pages (a checkpoint file); pages not listed are zero.
-  std::shared_ptr<const MemoryImage> image_from_pages(std::span<const std::pair<uint64_t, const uint8_t*>> pages);
+  // Builds an image page by page, in ascending page order (a checkpoint file); pages not added are zero. A page whose
+  // bytes equal `share_with`'s at the same place shares its copy (and a leaf all of whose pages do, the leaf), as a
+  // captured image shares what did not change, so images loaded one after another cost what they differ by.
+  class ImageBuilder {
+   public:
+    void add(uint64_t pfn, const uint8_t* bytes);
+    std::shared_ptr<const MemoryImage> finish();
+
+   private:
+    friend class CheckpointMemory;
+    ImageBuilder(CheckpointMemory& memory, std::shared_ptr<const MemoryImage> share_with);
+    void close_leaf();
+    CheckpointMemory& memory_;
+    std::shared_ptr<const MemoryImage> share_with_;
+    std::shared_ptr<MemoryImage> image_;
+    std::shared_ptr<MemoryImage::Leaf> leaf_;
+    size_t leaf_index_ = SIZE_MAX;
+  };
+  ImageBuilder build_image(std::shared_ptr<const MemoryImage> share_with);
 
  private:
   CheckpointMemory(GuestMemory& ram, Backend& cpu);

@@ -1,4 +1,4 @@
-// CpuState encoding: tag "CPU0", fields in declaration order, little-endian.
+// CpuState encoding: tag "CPU0", fields in declaration order, little-endian (version 2 added the YMM upper halves).
 #include "snapshot/cpu_state_codec.h"
 
 #include "devices/state_codec.h"
@@ -6,7 +6,9 @@
 namespace deja {
 namespace {
 
-constexpr uint8_t kVersion = 1;
+// Version 1: up to the FXSAVE image. Version 2 adds the YMM upper halves after it; a version-1 state has them zero
+// (no CPU model of that time had AVX), so old checkpoints still load.
+constexpr uint8_t kVersion = 2;
 
 void put_segment(StateWriter& w, const SegmentReg& s) {
   w.u64(s.base);
@@ -56,13 +58,14 @@ std::vector<uint8_t> encode_cpu_state(const CpuState& st) {
                      m.sysenter_eip, m.pat, m.tsc_aux})
     w.u64(v);
   w.bytes(st.fxsave);
+  w.bytes(st.ymmh);
   w.boolean(st.interrupt_shadow);
   w.boolean(st.halted);
   return w.take();
 }
 
 Result<CpuState> decode_cpu_state(std::span<const uint8_t> blob) {
-  StateReader r(blob, "CPU0", kVersion);
+  StateReader r(blob, "CPU0", 1, kVersion);
   CpuState st;
   for (uint64_t& g : st.gpr) g = r.u64();
   st.rip = r.u64();
@@ -78,6 +81,7 @@ Result<CpuState> decode_cpu_state(std::span<const uint8_t> blob) {
                       &m.sysenter_eip, &m.pat, &m.tsc_aux})
     *v = r.u64();
   r.bytes(st.fxsave);
+  if (r.version() >= 2) r.bytes(st.ymmh);
   st.interrupt_shadow = r.boolean();
   st.halted = r.boolean();
   if (auto done = r.finish(); !done) return std::unexpected(done.error());

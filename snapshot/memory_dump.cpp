@@ -162,7 +162,7 @@ bool zero_page(const uint8_t* p) {
 // RAM from the guest's mapping into `out`, in runs: pages that read as zero (never written: a hole of the memfd,
 // found with SEEK_DATA without touching it; or written with zeros) are skipped as holes of the file, the rest is
 // written straight from the mapping. Returns the bytes skipped.
-Result<uint64_t> write_ram(const GuestMemory& ram, ReplacingFile& out) {
+Result<uint64_t> write_ram(const GuestMemory& ram, ProductFile& out) {
   const uint64_t size = ram.size();
   uint64_t holes = 0;
   auto skip = [&](uint64_t n) -> Result<> {
@@ -193,7 +193,7 @@ Result<uint64_t> write_ram(const GuestMemory& ram, ReplacingFile& out) {
 }  // namespace
 
 Result<DumpStats> write_memory_dump(const GuestMemory& ram, std::span<const CpuState> cpus, DumpFormat format,
-                                    ReplacingFile& out) {
+                                    ProductFile& out) {
   DumpStats stats;
   if (format == DumpFormat::kElf) {
     Bytes prefix = elf_prefix(ram.size(), cpus);

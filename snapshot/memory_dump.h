@@ -34,7 +34,7 @@ struct DumpStats {
 // left as holes of the file (the memfd's own holes found with lseek SEEK_DATA, without touching them), so the memory
 // of a mostly idle guest gives a sparse file quickly.
 Result<DumpStats> write_memory_dump(const GuestMemory& ram, std::span<const CpuState> cpus, DumpFormat format,
-                                    ReplacingFile& out);
+                                    ProductFile& out);
 
 namespace elf_dump {
 // Sizes of the structures the notes carry (x86-64 Linux's elf_prstatus, QEMU's QEMUCPUState v1).

@@ -14,6 +14,7 @@
 #include "logging/trace.pb.h"
 #include "core/cpu_model.h"
 #include "core/error.h"
+#include "core/text.h"
 #include "boot/loader.h"
 #include "replay/backend_choice.h"
 #include "replay/session.h"
@@ -53,8 +54,5 @@ Result<> write_timestamp_request(const std::string& path, const DsseEnvelope& si
 int report_error(const Error& e);
 // Prints why a run ended, unless the guest ended it itself or replay already reported it.
 void finish_outcome_message(const Outcome& o);
-
-// The offset of the first byte that is not part of valid UTF-8, or none.
-std::optional<size_t> first_invalid_utf8(std::string_view text);
 
 }  // namespace deja

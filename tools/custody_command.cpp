@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "logging/custody.h"
+#include "logging/output_file.h"
 #include "logging/trace_format.h"
 #include "tools/command_support.h"
 #include "core/exit_status.h"
@@ -31,6 +32,12 @@ Subcommand add_custody_command(CLI::App& app) {
   show->add_option("--keyring", a->keyring, "a directory of trusted *.pub keys, each named by its file");
   return {custody, [a, add, show] {
             if (add->parsed()) {
+              // The log is read and replaced; it is neither the trace nor the key (logging/output_file.h).
+              OutputPlan plan;
+              plan.add_input("the trace", a->trace);
+              plan.add_input("the key", a->key);
+              plan.add_output("the custody log", custody_path(a->trace), OutputKind::kProduct);
+              if (auto ok = plan.check(); !ok) return report_error(ok.error());
               auto key = SigningKey::load(a->key);
               if (!key) return report_error(key.error());
               auto record = add_custody_record(a->trace, a->by, a->action, *key);

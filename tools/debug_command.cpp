@@ -58,10 +58,12 @@ class ReplayTarget final : public gdb::Target {
  public:
   explicit ReplayTarget(ReplayTimeline& timeline) : timeline_(timeline), session_(timeline.session()) {}
 
-  Result<CpuState> registers() override { return session_.machine().backend().get_state(); }
+  uint32_t threads() override { return uint32_t(session_.machine().vcpu_count()); }
+  uint32_t stopped_vcpu() override { return session_.current_vcpu(); }
+  Result<CpuState> registers(uint32_t vcpu) override { return session_.machine().backend(vcpu).get_state(); }
 
-  size_t read_virtual(uint64_t gva, std::span<uint8_t> out) override {
-    auto st = registers();
+  size_t read_virtual(uint32_t vcpu, uint64_t gva, std::span<uint8_t> out) override {
+    auto st = registers(vcpu);
     if (!st) return 0;
     return read_gva(*st, session_.machine().memory(), gva, out);
   }
@@ -105,7 +107,7 @@ class ReplayTarget final : public gdb::Target {
           return {Why::kError, false, 0, WatchKind::kWrite, "divergence"};
         }
         say("debug: the replay reached the end of the trace ({}); reverse execution goes back from here",
-            r->outcome.reason);
+            printable(r->outcome.reason));
         return {Why::kHistoryEnd};
     }
     return {Why::kStep};
@@ -177,7 +179,7 @@ class ReplayTarget final : public gdb::Target {
  private:
   std::string read_bytes(uint64_t addr, uint64_t len) {
     std::vector<uint8_t> buf(len);
-    size_t got = read_virtual(addr, buf);
+    size_t got = read_virtual(session_.current_vcpu(), addr, buf);
     if (got != len) return "(unmapped)";
     std::string out = "0x";
     for (size_t i = len; i-- > 0;) out += fmt::format("{:02x}", buf[i]);  // little-endian value
@@ -186,9 +188,11 @@ class ReplayTarget final : public gdb::Target {
 
   std::string when() {
     CheckpointPosition at = session_.checkpoint_position();
-    auto st = session_.machine().backend().get_state();
-    return fmt::format("steps {} instructions {} events {} branches {} guest-exits {} rip {:#x}{}\n", at.steps,
-                       at.instructions, at.events, at.branches, at.guest_exits, st ? st->rip : 0,
+    auto st = session_.machine().backend(session_.current_vcpu()).get_state();
+    const std::string vcpu =
+        session_.machine().vcpu_count() > 1 ? fmt::format("vcpu {} ", session_.current_vcpu()) : std::string();
+    return fmt::format("steps {} instructions {} events {} branches {} guest-exits {} {}rip {:#x}{}\n", at.steps,
+                       at.instructions, at.events, at.branches, at.guest_exits, vcpu, st ? st->rip : 0,
                        session_.replay_ended() ? " (end of trace)" : "");
   }
 
@@ -299,7 +303,12 @@ int debug_trace(const DebugOptions& options) {
     if (!key) return report_error(key.error());
     signing_key = std::move(*key);
   }
-  auto setup = open_replay(options.replay);
+  ReplaySetupOptions replay = options.replay;
+  // The checkpoint files beside the trace (and their signatures): read, and replaced with --save-checkpoints.
+  replay.files.add_numbered_output("a checkpoint file", replay.trace_path + ".", ".ckpt");
+  if (signing_key) replay.files.add_numbered_output("a checkpoint signature", replay.trace_path + ".", ".ckpt.sig");
+  replay.files.add_input("the signing key", options.sign);
+  auto setup = open_replay(replay);
   if (!setup) return report_error(setup.error());
   Session& session = *setup->session;
   TimelineOptions topt;
@@ -324,7 +333,11 @@ int debug_trace(const DebugOptions& options) {
   std::vector<std::string> warnings;
   uint64_t loaded = (*timeline)->load_files(options.replay.trace_path, setup->identity, warnings, accept);
   for (const auto& w : warnings) say("warning: {}", w);
-  if (loaded) say("loaded {} checkpoints from {}.N.ckpt", loaded, options.replay.trace_path);
+  if (loaded) {
+    auto held = (*timeline)->stats();
+    say("loaded {} checkpoints from {}.N.ckpt; {} checkpoints ({:.1f} MiB) held under --checkpoint-memory {}", loaded,
+        options.replay.trace_path, held.checkpoints, double(held.memory_bytes) / (1 << 20), options.checkpoint_memory);
+  }
 
   size_t colon = options.gdb_address.rfind(':');
   auto port = colon == std::string::npos ? std::nullopt : parse_number(options.gdb_address.substr(colon + 1));

@@ -3,9 +3,7 @@
 
 #include "logging/trace_audit.h"
 #include "logging/trace_inspect.h"
-#include "logging/trace_reader.h"
 #include "tools/command_support.h"
-#include "tools/output_target.h"
 #include "core/exit_status.h"
 
 namespace deja {
@@ -29,8 +27,6 @@ Subcommand add_inspect_command(CLI::App& app) {
   struct Args {
     std::string path;
     InspectOptions options;
-    std::string html;
-    std::optional<uint64_t> divergence;
     bool audit = false;  // --audit: the auditor's page (logging/trace_audit.h)
     std::vector<std::string> keys;
     std::string keyring;
@@ -46,12 +42,12 @@ Subcommand add_inspect_command(CLI::App& app) {
                       "also write the network frames (received and sent) to FILE as a pcap, timestamped in guest time "
                       "(replaces a regular file, as record -o does)")
       ->type_name("FILE");
-  inspect->add_option("--html", a->html,
+  inspect->add_option("--html", a->options.html,
                       "also write the recording as one self-contained HTML page to FILE: a guest-time axis with "
                       "events, interrupts, disk, network, serial and digests, and a table with the `deja query` "
                       "command of each point (nothing fetched; written as FILE.partial, then renamed)")
       ->type_name("FILE");
-  inspect->add_option("--divergence", a->divergence,
+  inspect->add_option("--divergence", a->options.divergence_event,
                       "with --html: mark event N, where a replay of this trace said it diverged ('replay diverged at "
                       "event N')")
       ->type_name("N");
@@ -61,29 +57,9 @@ Subcommand add_inspect_command(CLI::App& app) {
   inspect->add_option("--keyring", a->keyring, "with --audit: a directory of trusted *.pub keys");
   return {inspect, [a] {
             if (a->audit) return audit_command(a->path, a->keys, a->keyring, a->options.json);
-            InspectOptions options = a->options;
-            std::unique_ptr<ReplacingFile> html;
-            if (a->divergence && a->html.empty())
+            if (a->options.divergence_event && a->options.html.empty())
               return report_error({ErrorKind::kInvalidArgument, "--divergence marks the --html page"});
-            if (!a->html.empty()) {
-              auto reader = TraceReader::open(a->path);
-              if (!reader) return report_error(reader.error());
-              if (!a->options.pcap.empty() && a->options.pcap == a->html)
-                return report_error({ErrorKind::kInvalidArgument, "--html and --pcap name the same file"});
-              std::vector<std::string> inputs{a->path};
-              for (const auto& f : (*reader)->header().inputs()) inputs.push_back(f.path());
-              auto file = create_output_file(a->html, "HTML timeline", inputs);
-              if (!file) return report_error(file.error());
-              html = std::move(*file);
-              options.html = html.get();
-              options.divergence_event = a->divergence;
-            }
-            auto r = inspect_trace(a->path, options, stdout);
-            // The page of a damaged trace shows it up to the damage, as the text does.
-            if (html && (r || r.error().kind == ErrorKind::kBadTrace)) {
-              if (auto c = html->commit(); !c) return report_error(c.error());
-            }
-            if (!r) return report_error(r.error());
+            if (auto r = inspect_trace(a->path, a->options, stdout); !r) return report_error(r.error());
             return 0;
           }};
 }

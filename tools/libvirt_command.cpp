@@ -5,7 +5,7 @@
 #include "logging/trace_reader.h"
 #include "tools/command_support.h"
 #include "tools/libvirt_options.h"
-#include "tools/output_target.h"
+#include "logging/evidence_file.h"
 #include "core/messages.h"
 
 namespace deja {
@@ -64,14 +64,12 @@ Subcommand add_export_libvirt_command(CLI::App& app) {
               std::fwrite(xml.data(), 1, xml.size(), stdout);
               return 0;
             }
-            std::vector<std::string> inputs{a->trace};
-            for (const auto& f : (*reader)->header().inputs()) inputs.push_back(f.path());
-            for (const auto& d : (*reader)->header().config().disks()) inputs.push_back(d.path());
-            auto file = create_output_file(a->output, "domain XML", inputs);
-            if (!file) return report_error(file.error());
-            if (auto r = (*file)->write(std::span(reinterpret_cast<const uint8_t*>(xml.data()), xml.size())); !r)
-              return report_error(r.error());
-            if (auto r = (*file)->commit(); !r) return report_error(r.error());
+            // The one output rule (logging/output_file.h); the files the domain names are kept apart too: a domain
+            // XML written over its disk image would destroy it.
+            EvidenceFileRules rules{.inputs = {a->trace}};
+            for (const auto& f : (*reader)->header().inputs()) rules.inputs.push_back(f.path());
+            for (const auto& d : (*reader)->header().config().disks()) rules.inputs.push_back(d.path());
+            if (auto r = write_evidence_file(a->output, xml, "domain XML", rules); !r) return report_error(r.error());
             return 0;
           }};
 }

@@ -11,7 +11,6 @@
 #include "core/page_walker.h"
 #include "replay/replay_timeline.h"
 #include "snapshot/memory_dump.h"
-#include "tools/output_target.h"
 #include "tools/progress_line.h"
 
 namespace deja {
@@ -27,6 +26,7 @@ struct QueryOptions {
   std::string writes;
   bool physical = false;
   bool json = false;
+  std::optional<uint32_t> cpu;  // --at: the vCPU to read (default: the one the schedule runs there)
   uint64_t interval = 0;
   std::string checkpoint_memory = "512M";
   ProgressDisplay display;
@@ -65,7 +65,8 @@ Result<When> parse_when(const std::string& text) {
   return fail(ErrorKind::kInvalidArgument, "--at '{}': expected a step count, event:N or end", text);
 }
 
-void print_registers(const CpuState& st, const CheckpointPosition& at, bool json) {
+// `vcpu`: the vCPU read, named when the machine has several (nullopt: one, output as before several).
+void print_registers(const CpuState& st, const CheckpointPosition& at, std::optional<uint32_t> vcpu, bool json) {
   static const char* const kNames[] = {"rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "rdi",
                                        "r8",  "r9",  "r10", "r11", "r12", "r13", "r14", "r15"};
   struct Named {
@@ -80,25 +81,33 @@ void print_registers(const CpuState& st, const CheckpointPosition& at, bool json
                   {"cr3", st.cr3}, {"cr4", st.cr4}, {"efer", st.efer}})
     regs.push_back(n);
   if (json) {
-    std::string out = fmt::format("{{\"steps\": {}, \"instructions\": {}, \"events\": {}, \"registers\": {{", at.steps,
-                                  at.instructions, at.events);
+    std::string out = fmt::format("{{\"steps\": {}, \"instructions\": {}, \"events\": {}, {}\"registers\": {{",
+                                  at.steps, at.instructions, at.events,
+                                  vcpu ? fmt::format("\"vcpu\": {}, ", *vcpu) : std::string());
     for (size_t i = 0; i < regs.size(); ++i)
       out += fmt::format("{}\"{}\": \"{:#x}\"", i ? ", " : "", regs[i].name, regs[i].value);
     std::printf("%s}}\n", out.c_str());
   } else {
-    std::printf("steps %llu instructions %llu events %llu\n", (unsigned long long)at.steps,
-                (unsigned long long)at.instructions, (unsigned long long)at.events);
+    std::printf("steps %llu instructions %llu events %llu%s\n", (unsigned long long)at.steps,
+                (unsigned long long)at.instructions, (unsigned long long)at.events,
+                vcpu ? fmt::format(" vcpu {}", *vcpu).c_str() : "");
     // 0x and 16 digits for every value (printf's %#x drops the 0x of a zero).
     for (const auto& r : regs) fmt::print("{:<8} 0x{:016x}\n", r.name, r.value);
   }
 }
 
 // --dump: RAM and every vCPU's registers into `file`, then the file is renamed into place.
-int write_dump(Session& session, const CpuState& cpu, const QueryOptions& o, ReplacingFile& file) {
+int write_dump(Session& session, const QueryOptions& o, ProductFile& file) {
   auto format = parse_dump_format(o.dump_format);
   if (!format) return report_error(format.error());
+  std::vector<CpuState> cpus;
+  for (uint32_t v = 0; v < session.machine().vcpu_count(); ++v) {
+    auto st = session.machine().backend(v).get_state();
+    if (!st) return report_error(st.error());
+    cpus.push_back(*st);
+  }
   const uint64_t started = HostClock::monotonic_ns();
-  auto stats = write_memory_dump(session.machine().memory(), std::span(&cpu, 1), *format, file);
+  auto stats = write_memory_dump(session.machine().memory(), cpus, *format, file);
   if (!stats) return report_error(stats.error());
   if (auto r = file.commit(); !r) return report_error(r.error());
   const double seconds = double(HostClock::monotonic_ns() - started) / 1e9;
@@ -109,7 +118,7 @@ int write_dump(Session& session, const CpuState& cpu, const QueryOptions& o, Rep
   return 0;
 }
 
-int query_at(ReplayTimeline& timeline, const QueryOptions& o, ReplacingFile* dump, ProgressLine& progress) {
+int query_at(ReplayTimeline& timeline, const QueryOptions& o, ProductFile* dump, ProgressLine& progress) {
   auto when = parse_when(o.at);
   if (!when) return report_error(when.error());
   Session& session = timeline.session();
@@ -129,14 +138,20 @@ int query_at(ReplayTimeline& timeline, const QueryOptions& o, ReplacingFile* dum
   if (!r) return report_error(r.error());
   if (r->kind == StopReason::Kind::kEnd && when->kind != When::Kind::kEnd) {
     return report_error({ErrorKind::kInvalidArgument,
-                         fmt::format("--at {}: the trace ends before it ({})", o.at, r->outcome.reason)});
+                         fmt::format("--at {}: the trace ends before it ({})", o.at, printable(r->outcome.reason))});
   }
   CheckpointPosition at = session.checkpoint_position();
-  auto st = session.machine().backend().get_state();
+  const uint32_t vcpus = uint32_t(session.machine().vcpu_count());
+  const uint32_t vcpu = o.cpu.value_or(session.current_vcpu());
+  if (vcpu >= vcpus) {
+    return report_error({ErrorKind::kInvalidArgument,
+                         fmt::format("--cpu {}: the trace's machine has {} vCPU{}", vcpu, vcpus, vcpus == 1 ? "" : "s")});
+  }
+  auto st = session.machine().backend(vcpu).get_state();
   if (!st) return report_error(st.error());
-  if (o.regs) print_registers(*st, at, o.json);
+  if (o.regs) print_registers(*st, at, vcpus > 1 ? std::optional(vcpu) : std::nullopt, o.json);
   if (dump) {
-    if (int status = write_dump(session, *st, o, *dump); status != 0) return status;
+    if (int status = write_dump(session, o, *dump); status != 0) return status;
   }
   if (!o.mem.empty()) {
     auto range = parse_range(o.mem, 1 << 20);
@@ -145,7 +160,8 @@ int query_at(ReplayTimeline& timeline, const QueryOptions& o, ReplacingFile* dum
     size_t got = 0;
     if (o.physical) {
       auto span = session.machine().memory().span(Gpa{range->first}, range->second);
-      if (!span) return report_error(span.error());
+      // A range the query names outside RAM is a bad argument, not a guest that stopped (kGuest).
+      if (!span) return report_error({ErrorKind::kInvalidArgument, fmt::format("--mem {}: {}", o.mem, span.error().message)});
       std::copy(span->begin(), span->end(), buf.begin());
       got = buf.size();
     } else {
@@ -178,8 +194,9 @@ int query_writes(ReplayTimeline& timeline, const QueryOptions& o, ProgressLine& 
   if (!timeline.counts_steps()) {
     return report_error({ErrorKind::kUnsupported, "--writes needs data watchpoints (--backend interp)"});
   }
+  const bool several = session.machine().vcpu_count() > 1;
   auto read_now = [&](std::vector<uint8_t>& out) {
-    auto st = session.machine().backend().get_state();
+    auto st = session.machine().backend(session.current_vcpu()).get_state();
     out.assign(range->second, 0);
     if (!st) return false;
     return read_gva(*st, session.machine().memory(), range->first, out) == out.size();
@@ -208,14 +225,16 @@ int query_writes(ReplayTimeline& timeline, const QueryOptions& o, ProgressLine& 
     std::string new_text = mapped_after ? value_hex(after) : "unmapped";
     // The write happened in the step that just ended: its point is the one before it.
     if (o.json) {
-      std::printf("%s\n  {\"step\": %llu, \"instructions\": %llu, \"events\": %llu, \"rip\": \"%#llx\", "
+      std::printf("%s\n  {\"step\": %llu, \"instructions\": %llu, \"events\": %llu, %s\"rip\": \"%#llx\", "
                   "\"address\": \"%#llx\", \"old\": \"%s\", \"new\": \"%s\"}",
                   count ? "," : "", (unsigned long long)(at.steps - 1), (unsigned long long)at.instructions,
-                  (unsigned long long)at.events, (unsigned long long)r->watch_rip,
+                  (unsigned long long)at.events,
+                  several ? fmt::format("\"vcpu\": {}, ", session.current_vcpu()).c_str() : "",
+                  (unsigned long long)r->watch_rip,
                   (unsigned long long)r->watch_address, old_text.c_str(), new_text.c_str());
     } else {
-      std::printf("step %llu  rip %#llx  %#llx: %s -> %s\n", (unsigned long long)(at.steps - 1),
-                  (unsigned long long)r->watch_rip, (unsigned long long)r->watch_address, old_text.c_str(),
+      std::printf("step %llu  %srip %#llx  %#llx: %s -> %s\n", (unsigned long long)(at.steps - 1),
+                  several ? fmt::format("vcpu {}  ", session.current_vcpu()).c_str() : "", (unsigned long long)r->watch_rip, (unsigned long long)r->watch_address, old_text.c_str(),
                   new_text.c_str());
     }
     ++count;
@@ -235,12 +254,14 @@ int run_query(const QueryOptions& o) {
     return report_error({ErrorKind::kInvalidArgument, "--at needs --regs, --mem ADDR:LEN or --dump FILE"});
   }
   if (auto format = parse_dump_format(o.dump_format); !format) return report_error(format.error());
-  auto setup = open_replay(o.replay);
+  ReplaySetupOptions replay = o.replay;
+  replay.files.add_output("the memory dump", o.dump, OutputKind::kProduct);
+  auto setup = open_replay(replay);
   if (!setup) return report_error(setup.error());
   // Created before the replay runs, so that a path that cannot be written is said at once, not after it.
-  std::unique_ptr<ReplacingFile> dump;
+  std::unique_ptr<ProductFile> dump;
   if (!o.dump.empty()) {
-    auto file = create_output_file(o.dump, "memory dump", setup->inputs);
+    auto file = ProductFile::create_replacing(o.dump, "memory dump", ProductFile::Unfinished::kRemove);
     if (!file) return report_error(file.error());
     dump = std::move(*file);
   }
@@ -275,6 +296,8 @@ Subcommand add_query_command(CLI::App& app) {
   cmd->add_option("TRACE", o->replay.trace_path, "trace file")->required();
   cmd->add_option("--at", o->at, "where: a step count (interp), event:N, or end");
   cmd->add_flag("--regs", o->regs, "print the registers there");
+  cmd->add_option("--cpu", o->cpu, "--at: the vCPU whose registers and page tables to read (default: the one running "
+                                    "there)");
   cmd->add_option("--mem", o->mem, "print guest-virtual memory ADDR:LEN there");
   cmd->add_flag("--phys", o->physical, "--mem reads guest-physical memory");
   cmd->add_option("--dump", o->dump,

@@ -94,7 +94,10 @@ int replay_trace(const ReplayOptions& options) {
         options.trace_path, engine.trace_error().empty() ? r->end_description() : engine.trace_error());
   }
   if (!options.display.quiet) {
-    auto instructions = session.machine().backend().instruction_count();
+    // Every vCPU's instructions (the sum), as record says.
+    std::optional<uint64_t> instructions = session.machine().backend().instruction_count();
+    for (size_t v = 1; instructions && v < session.machine().vcpu_count(); ++v)
+      *instructions += session.vcpu_counts(uint32_t(v)).instructions;
     // Every event of the trace, serial output included (the engine's own count leaves that out): the
     // number record, verify and inspect give.
     say("replay OK: {} events, {} instructions, {}, exit status {}",

@@ -3,11 +3,13 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "boot/multiboot.h"
 #include "kvm/pmu.h"
+#include "logging/output_file.h"
 #include "logging/signing.h"
 #include "logging/trace_format.h"
 #include "logging/trace_signature.h"
@@ -30,6 +32,9 @@ struct RunArgs {
   std::string backend;
   std::string interp_mode;
   std::string machine;  // "" = pc
+  int64_t cpus = 1;
+  std::optional<uint64_t> schedule_seed;
+  std::optional<uint64_t> schedule_quantum;
   std::string mem;      // "" = 256M
   std::string cmdline;
   std::string serial_in;
@@ -60,6 +65,8 @@ struct RunArgs {
 // What a run or a recording needs, resolved from the options.
 struct SessionOptions {
   MachineConfig machine;
+  std::optional<uint64_t> schedule_seed;     // several vCPUs: the schedule's seed (default: random)
+  std::optional<uint64_t> schedule_quantum;  // and its mean slice
   std::string image_path;
   LoadOptions load;
   std::string serial_in;         // "" = none, "-" = stdin, else a file
@@ -72,6 +79,7 @@ struct SessionOptions {
   bool rng = false;
   std::string trace_path;            // record: output file
   std::shared_ptr<const SigningKey> signing_key;  // record --sign
+  std::string signing_key_path;
   SealPolicy seals;
   std::string tsa_request;
   uint64_t digest_interval = Session::kDefaultDigestInterval;
@@ -91,6 +99,15 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
                   "machine type: pc (8259A PIC only, the default) or pc-apic (adds a local APIC, an I/O APIC and an "
                   "MP table; CPUID reports the APIC)")
       ->check(CLI::IsMember({std::string(kMachinePc), std::string(kMachinePcApic)}));
+  cmd->add_option("--cpus", a.cpus,
+                  fmt::format("vCPUs (1 to {}, default 1; more than one needs --machine pc-apic): serialized on one "
+                              "host thread in a schedule drawn from --schedule-seed (docs/smp.md)",
+                              kMaxVcpus));
+  cmd->add_option("--schedule-seed", a.schedule_seed,
+                  "several vCPUs: the seed of their schedule (default: random, printed); a recording keeps it");
+  cmd->add_option("--schedule-quantum", a.schedule_quantum,
+                  "several vCPUs: the mean slice a vCPU runs before the next takes over, in instructions (guest exits "
+                  "with exit-sync progress); default 200000 (32)");
   std::vector<std::string> models;
   for (const CpuModel* m : CpuModel::all()) models.emplace_back(m->name());
   cmd->add_option("--cpu", a.cpu,
@@ -198,6 +215,20 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   o.machine.cmdline = a.cmdline;
   o.machine.machine = a.machine.empty() ? std::string(kMachinePc) : a.machine;
   o.machine.interp_mode = a.interp_mode;
+  if (a.cpus < 1 || a.cpus > int64_t(kMaxVcpus)) {
+    return fail(ErrorKind::kInvalidArgument, "--cpus {}: a machine has 1 to {} vCPUs", a.cpus, kMaxVcpus);
+  }
+  if (a.cpus > 1 && o.machine.machine != kMachinePcApic) {
+    return fail(ErrorKind::kInvalidArgument,
+                "--cpus {} needs --machine {}: the PIC-only PC cannot start or interrupt another processor", a.cpus,
+                kMachinePcApic);
+  }
+  if (a.cpus == 1 && (a.schedule_seed || a.schedule_quantum)) {
+    return fail(ErrorKind::kInvalidArgument, "--schedule-seed and --schedule-quantum are for several vCPUs (--cpus)");
+  }
+  o.machine.vcpus = uint32_t(a.cpus);
+  o.schedule_seed = a.schedule_seed;
+  o.schedule_quantum = a.schedule_quantum;
   if (!a.progress.empty()) {
     auto progress = parse_progress(a.progress);
     if (!progress) return std::unexpected(progress.error());
@@ -268,20 +299,12 @@ Result<SessionOptions> to_session(const RunArgs& a) {
     auto key = SigningKey::load(a.sign);
     if (!key) return std::unexpected(key.error());
     o.signing_key = std::make_shared<const SigningKey>(std::move(*key));
+    o.signing_key_path = a.sign;
     o.seals.interval = std::chrono::nanoseconds(int64_t(a.seal_every * 1e9));
     o.seals.chunks = a.seal_chunks;
   }
   o.tsa_request = a.tsa_request;
   return o;
-}
-
-// A name for the file a path leads to: device and inode when it exists, else its directory's canonical path and
-// its name, so that two spellings of one new file are the same.
-std::string file_identity(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) return fmt::format("inode {}:{}", st.st_dev, st.st_ino);
-  std::error_code ec;
-  return "path " + std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec).string();
 }
 
 // The trace header stores these as text: refuse what would make the trace unreadable, naming it.
@@ -304,26 +327,33 @@ Result<> check_recording_options(const SessionOptions& o) {
   }
   if (auto r = check_text(fmt::format("the serial input path '{}'", o.serial_in), o.serial_in); !r) return r;
   if (auto r = check_text(fmt::format("the initrd path '{}'", o.load.initrd_path), o.load.initrd_path); !r) return r;
-  // The trace must be none of the files the recording reads or writes.
-  const std::string trace = file_identity(o.trace_path);
-  std::vector<std::pair<std::string, std::string>> others{{"the guest image", o.image_path}};
-  for (const auto& m : o.load.modules) others.emplace_back("a boot module", m.path);
-  if (!o.load.initrd_path.empty()) others.emplace_back("the initrd", o.load.initrd_path);
-  if (!o.serial_in.empty() && o.serial_in != "-") others.emplace_back("the serial input", o.serial_in);
-  if (o.serial_out != "-") others.emplace_back("the serial output", o.serial_out);
   for (const auto& d : o.disks) {
     if (auto r = check_text(fmt::format("the disk image path '{}'", d.path), d.path); !r) return r;
     if (auto r = check_text(fmt::format("the overlay path '{}'", d.overlay), d.overlay); !r) return r;
-    others.emplace_back("a disk image", d.path);
-    if (!d.overlay.empty()) others.emplace_back("a disk overlay", d.overlay);
-  }
-  for (const auto& [what, path] : others) {
-    if (file_identity(path) == trace) {
-      return fail(ErrorKind::kInvalidArgument, "-o {}: that is also {} ({}); the trace needs a file of its own",
-                  o.trace_path, what, path);
-    }
   }
   return {};
+}
+
+// Every file the run reads and writes, under the one output rule (logging/output_file.h): checked before any is
+// opened for writing.
+Result<> check_files(const SessionOptions& o, Mode mode) {
+  OutputPlan plan;
+  plan.add_input(o.load.linux_kernel ? "the Linux kernel" : "the guest image", o.image_path);
+  plan.add_input("the initrd", o.load.initrd_path);
+  for (const auto& m : o.load.modules) plan.add_input("a boot module", m.path);
+  plan.add_input("the serial input", o.serial_in);
+  for (const auto& d : o.disks) plan.add_input("a disk image", d.path);
+  for (const auto& d : o.disks) {
+    if (!d.overlay.empty()) plan.add_output("a disk overlay", d.overlay, OutputKind::kInPlace);
+  }
+  plan.add_output("the serial output", o.serial_out, OutputKind::kConsole);
+  if (mode == Mode::kRecord) plan.add_output("the trace", o.trace_path, OutputKind::kProduct);
+  if (mode == Mode::kRecord && o.signing_key) {
+    plan.add_input("the signing key", o.signing_key_path);
+    plan.add_output("the trace's signature", signature_path(o.trace_path), OutputKind::kProduct);
+    plan.add_output("the time-stamp request", o.tsa_request, OutputKind::kProduct);
+  }
+  return plan.check();
 }
 
 // record --sign: TRACE.sig, and the time-stamp request for it when asked.
@@ -348,6 +378,9 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   install_stop_signal_handlers();
   if (mode == Mode::kRecord) {
     if (auto ok = check_recording_options(options); !ok) return report_error(ok.error());
+  }
+  if (auto ok = check_files(options, mode); !ok) return report_error(ok.error());
+  if (mode == Mode::kRecord) {
     // A file-size limit (ulimit -f) makes write(2) fail with EFBIG instead of killing deja, so the
     // recording stops with a message and leaves its valid prefix.
     ::signal(SIGXFSZ, SIG_IGN);
@@ -376,21 +409,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
   }
   Session session(mode, progress.mode);
-  // Disks: the images opened read-only (and identified, for a recording), the overlays created or reopened. Two
-  // disks never share an overlay, and no overlay is an image.
-  for (size_t i = 0; i < options.disks.size(); ++i) {
-    if (options.disks[i].overlay.empty()) continue;
-    for (size_t j = 0; j < options.disks.size(); ++j) {
-      const bool same_overlay = j < i && options.disks[i].overlay == options.disks[j].overlay;
-      if (same_overlay || file_identity(options.disks[i].overlay) == file_identity(options.disks[j].path) ||
-          (j < i && !options.disks[j].overlay.empty() &&
-           file_identity(options.disks[i].overlay) == file_identity(options.disks[j].overlay))) {
-        return report_error(Error{ErrorKind::kInvalidArgument,
-                                  fmt::format("--disk: the overlay {} is also another disk's image or overlay",
-                                              options.disks[i].overlay)});
-      }
-    }
-  }
+  // Disks: the images opened read-only (and identified, for a recording), the overlays created or reopened.
   std::vector<std::unique_ptr<DiskImage>> disks;
   std::vector<DiskIdentity> identities;
   for (size_t i = 0; i < options.disks.size(); ++i) {
@@ -433,6 +452,18 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     return report_error(built.error());
   }
   if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
+  if (config.vcpus > 1) {
+    // The schedule: its seed drawn here when not given, and said, so that a run can be repeated.
+    const uint64_t seed = options.schedule_seed ? *options.schedule_seed : std::random_device{}();
+    ScheduleConfig schedule = default_schedule(
+        progress.mode == ProgressMode::kExact && session.machine().backend().instruction_count()
+            ? SliceUnit::kInstructions
+            : SliceUnit::kGuestExits,
+        seed);
+    if (options.schedule_quantum) schedule.quantum = *options.schedule_quantum;
+    if (auto r = session.set_schedule(schedule); !r) return report_error(r.error());
+    if (!options.schedule_seed) say("note: {} vCPUs, schedule seed {} (repeat with --schedule-seed {})", config.vcpus, seed, seed);
+  }
   session.set_digest_interval(options.digest_interval);
   session.count_rdtsc_as_guest_exits(session.machine().backend().traps_rdtsc());
   session.complete_mmio_write_exits(true);
@@ -504,7 +535,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       if (auto stated_footer = session.finish_recording(failed)) {
         say("the recording up to the failure is complete in {}", options.trace_path);
         if (options.signing_key) sign_recording(*session.engine().writer(), signed_header, *stated_footer, options);
-      } else {
+      } else if (session.engine().trace_intact()) {
         say("the recording up to the failure is in {} (a valid prefix: `deja replay {}` replays it)",
             session.engine().trace_file(), session.engine().trace_file());
       }
@@ -520,8 +551,10 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     if (!stated_footer) {
       const auto& r = stated_footer;
       int status = report_error(r.error());
-      say("the recording is in {} (a valid prefix: `deja replay {}` replays it)", session.engine().trace_file(),
-          session.engine().trace_file());
+      if (session.engine().trace_intact()) {  // else the error said what became of it
+        say("the recording is in {} (a valid prefix: `deja replay {}` replays it)", session.engine().trace_file(),
+            session.engine().trace_file());
+      }
       return status;
     }
     // The progress option as given (emulated-pmu:N is exact progress through an emulated counter).

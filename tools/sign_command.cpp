@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "logging/evidence_file.h"
+#include "logging/output_file.h"
 #include "logging/signing.h"
 #include "logging/timestamp.h"
 #include "logging/trace_reader.h"
@@ -62,6 +63,25 @@ Result<TraceFacts> facts_of(const std::string& path, trace::Header& header, trac
   return facts;
 }
 
+// Every file `deja sign` reads and writes, under the one output rule (logging/output_file.h): checked before any is
+// written, so `--key TRACE.sig` or `--tsa-request TRACE` is exit 2 with every file as it was.
+Result<> check_files(const SignArgs& a) {
+  OutputPlan plan;
+  plan.add_input("the trace", a.trace);
+  plan.add_input("the key", a.key);
+  plan.add_input("the time-stamp reply", a.tsa_response);
+  plan.add_input("the CA certificates", a.tsa_ca);
+  const std::string sig_path = signature_path(a.trace);
+  if (a.tsa_response.empty()) {
+    plan.add_output("the signature", sig_path, OutputKind::kProduct);
+  } else {
+    plan.add_input("the signature", sig_path);
+    plan.add_output("the time-stamp", timestamp_path(sig_path), OutputKind::kProduct);
+  }
+  plan.add_output("the time-stamp request", a.tsa_request, OutputKind::kProduct);
+  return plan.check();
+}
+
 int attach_response(const SignArgs& a) {
   const std::string sig_path = signature_path(a.trace);
   auto text = read_file(sig_path, "signature");
@@ -108,6 +128,7 @@ Subcommand add_sign_command(CLI::App& app) {
   sign->add_option("--tsa-ca", a->tsa_ca, "with --tsa-response: check the authority against these CA certificates")
       ->type_name("FILE");
   return {sign, [a] {
+            if (auto ok = check_files(*a); !ok) return report_error(ok.error());
             if (!a->tsa_response.empty()) {
               if (!a->key.empty() || !a->tsa_request.empty())
                 return report_error(Error{ErrorKind::kInvalidArgument, "--tsa-response attaches a reply to an existing "

@@ -8,19 +8,28 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <openssl/evp.h>
 #include <xxhash.h>
 
+#include "core/messages.h"
 #include "devices/state_codec.h"
 
 namespace deja {
 namespace {
 
 constexpr char kOverlayMagic[8] = {'D', 'E', 'J', 'A', 'O', 'V', 'L', '\0'};
-constexpr uint32_t kOverlayVersion = 1;
+// Version 2 records the base image (docs/devices.md, "The disk behind it"); version 1 overlays are adopted.
+constexpr uint32_t kOverlayVersion = 2;
 constexpr uint64_t kOverlayHeaderBytes = 4096;
+constexpr size_t kOverlayBaseSha256 = 48;  // [32] SHA-256 of the base image
+constexpr size_t kOverlayBaseStat = 80;    // u64 dev, inode, mtime ns, ctime ns of the base when last hashed
+constexpr size_t kOverlayBasePath = 112;   // u16 length, then the base image's path (for messages)
+constexpr size_t kOverlayBasePathMax = 1024;
 
 uint64_t get_u64(const uint8_t* p) {
   uint64_t v = 0;
@@ -103,6 +112,36 @@ Result<int> open_base(const std::string& path, uint64_t* size) {
   return fd;
 }
 
+// Disk image formats other than raw, by their magic numbers (QEMU's block drivers probe the same): used as raw, such
+// an image would show the guest its metadata instead of its disk.
+struct ImageFormat {
+  const char* name;         // for messages
+  const char* qemu_format;  // qemu-img's name for it
+};
+
+std::optional<ImageFormat> non_raw_format(int fd, uint64_t size) {
+  uint8_t head[512] = {}, tail[512] = {};
+  if (::pread(fd, head, sizeof head, 0) != ssize_t(sizeof head)) return std::nullopt;
+  auto at = [&](size_t offset, std::string_view magic) {
+    return std::memcmp(head + offset, magic.data(), magic.size()) == 0;
+  };
+  if (at(0, std::string_view("QFI\xfb", 4))) {
+    return head[7] == 1 ? ImageFormat{"qcow (version 1)", "qcow"} : ImageFormat{"qcow2", "qcow2"};
+  }
+  if (at(0, std::string_view("QED\0", 4))) return ImageFormat{"QED", "qed"};
+  if (at(0, "KDMV") || at(0, "COWD") || at(0, "# Disk DescriptorFile")) return ImageFormat{"VMDK", "vmdk"};
+  if (at(0x40, std::string_view("\x7f\x10\xda\xbe", 4))) return ImageFormat{"VirtualBox VDI", "vdi"};
+  if (at(0, "vhdxfile")) return ImageFormat{"VHDX", "vhdx"};
+  if (at(0, "WithoutFreeSpace") || at(0, "WithouFreSpacExt")) return ImageFormat{"Parallels", "parallels"};
+  // A dynamic VHD starts with its footer's copy; a fixed one is raw data with the footer in its last sector.
+  if (at(0, "conectix")) return ImageFormat{"VHD (dynamic)", "vpc"};
+  if (::pread(fd, tail, sizeof tail, off_t(size - sizeof tail)) == ssize_t(sizeof tail) &&
+      std::memcmp(tail, "conectix", 8) == 0) {
+    return ImageFormat{"VHD (fixed)", "vpc"};
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Result<DiskOptions> parse_disk_option(const std::string& text) {
@@ -150,6 +189,13 @@ Result<std::unique_ptr<DiskImage>> DiskImage::open(const DiskOptions& options, b
   auto fd = open_base(options.path, &d->size_);
   if (!fd) return std::unexpected(fd.error());
   d->base_fd_ = *fd;
+  // Replay does not ask: the recording decided how the image is read, and its hash says it is the same file.
+  if (auto format = non_raw_format(d->base_fd_, d->size_)) {
+    return fail(ErrorKind::kInvalidArgument,
+                "the disk image {} is a {} image, and deja reads raw images only: convert it with `qemu-img convert "
+                "-f {} -O raw {} IMAGE.raw` and give IMAGE.raw to --disk",
+                options.path, format->name, format->qemu_format, options.path);
+  }
   if (!options.overlay.empty()) {
     if (auto r = d->open_overlay_file(recording); !r) return std::unexpected(r.error());
   }
@@ -180,6 +226,15 @@ Result<std::unique_ptr<DiskImage>> DiskImage::open_for_replay(const std::string&
   return d;
 }
 
+Result<std::array<uint8_t, 32>> DiskImage::base_sha256() {
+  if (!base_sha256_) {
+    auto sha = sha256_fd(base_fd_, size_, path_);
+    if (!sha) return std::unexpected(sha.error());
+    base_sha256_ = *sha;
+  }
+  return *base_sha256_;
+}
+
 Result<DiskIdentity> DiskImage::identity(DiskHashMode mode) {
   DiskIdentity id;
   id.size = size_;
@@ -188,10 +243,37 @@ Result<DiskIdentity> DiskImage::identity(DiskHashMode mode) {
     id.hash_block = kHashBlock;
     return id;
   }
-  auto sha = sha256_fd(base_fd_, size_, path_);
+  auto sha = base_sha256();
   if (!sha) return std::unexpected(sha.error());
   id.sha256 = *sha;
   return id;
+}
+
+namespace {
+
+// The base image's file as an overlay last saw it with the recorded SHA-256: while it is unchanged, reopening the
+// overlay need not hash the image again.
+void put_base_stat(uint8_t* p, const struct stat& st) {
+  put_u64(p, st.st_dev);
+  put_u64(p + 8, st.st_ino);
+  put_u64(p + 16, uint64_t(st.st_mtim.tv_sec) * 1'000'000'000 + uint64_t(st.st_mtim.tv_nsec));
+  put_u64(p + 24, uint64_t(st.st_ctim.tv_sec) * 1'000'000'000 + uint64_t(st.st_ctim.tv_nsec));
+}
+
+}  // namespace
+
+Result<> DiskImage::record_base(int fd, uint8_t* header, const struct stat& base) {
+  auto sha = base_sha256();
+  if (!sha) return std::unexpected(sha.error());
+  std::memcpy(header + kOverlayBaseSha256, sha->data(), sha->size());
+  put_base_stat(header + kOverlayBaseStat, base);
+  std::string name = std::filesystem::absolute(path_).lexically_normal().string();
+  if (name.size() > kOverlayBasePathMax) name.resize(kOverlayBasePathMax);
+  header[kOverlayBasePath] = uint8_t(name.size());
+  header[kOverlayBasePath + 1] = uint8_t(name.size() >> 8);
+  std::memcpy(header + kOverlayBasePath + 2, name.data(), name.size());
+  put_u32(header + 8, kOverlayVersion);
+  return pwrite_all(fd, header, kOverlayHeaderBytes, 0, overlay_path_);
 }
 
 Result<> DiskImage::open_overlay_file(bool recording) {
@@ -202,7 +284,7 @@ Result<> DiskImage::open_overlay_file(bool recording) {
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     return fail(ErrorKind::kInvalidArgument, "the overlay {} is not a regular file", overlay_path_);
   }
-  if (::fstat(base_fd_, &base) == 0 && base.st_dev == st.st_dev && base.st_ino == st.st_ino) {
+  if (::fstat(base_fd_, &base) != 0 || (base.st_dev == st.st_dev && base.st_ino == st.st_ino)) {
     return fail(ErrorKind::kInvalidArgument, "the overlay {} is the disk image itself; the image is never written",
                 overlay_path_);
   }
@@ -211,34 +293,64 @@ Result<> DiskImage::open_overlay_file(bool recording) {
   bitmap_offset_ = kOverlayHeaderBytes;
   data_offset_ = kOverlayHeaderBytes + (bitmap_bytes + kBlockSize - 1) / kBlockSize * kBlockSize;
   bitmap_.assign(bitmap_bytes, 0);
+  std::vector<uint8_t> header(kOverlayHeaderBytes, 0);
   if (st.st_size == 0) {
-    uint8_t header[kOverlayHeaderBytes] = {};
-    std::memcpy(header, kOverlayMagic, 8);
-    put_u32(header + 8, kOverlayVersion);
-    put_u32(header + 12, uint32_t(kBlockSize));
-    put_u64(header + 16, size_);
-    put_u64(header + 24, bitmap_offset_);
-    put_u64(header + 32, bitmap_bytes);
-    put_u64(header + 40, data_offset_);
-    if (auto r = pwrite_all(fd, header, sizeof header, 0, overlay_path_); !r) return r;
+    std::memcpy(header.data(), kOverlayMagic, 8);
+    put_u32(header.data() + 12, uint32_t(kBlockSize));
+    put_u64(header.data() + 16, size_);
+    put_u64(header.data() + 24, bitmap_offset_);
+    put_u64(header.data() + 32, bitmap_bytes);
+    put_u64(header.data() + 40, data_offset_);
+    if (auto r = record_base(fd, header.data(), base); !r) return r;
     if (::ftruncate(fd, off_t(data_offset_ + blocks * kBlockSize)) != 0) {
       return fail(ErrorKind::kHost, "cannot size the overlay {}: {}", overlay_path_, strerror(errno));
     }
     return {};
   }
-  uint8_t header[48] = {};
   if (st.st_size < off_t(kOverlayHeaderBytes) ||
-      !pread_all(fd, header, sizeof header, 0, overlay_path_) || std::memcmp(header, kOverlayMagic, 8) != 0) {
+      !pread_all(fd, header.data(), header.size(), 0, overlay_path_) ||
+      std::memcmp(header.data(), kOverlayMagic, 8) != 0) {
     return fail(ErrorKind::kInvalidArgument,
                 "{} exists and is not a deja overlay: refusing to overwrite it (give a new file, or an empty one)",
                 overlay_path_);
   }
-  if (get_u32(header + 8) != kOverlayVersion || get_u32(header + 12) != kBlockSize || get_u64(header + 16) != size_ ||
-      get_u64(header + 24) != bitmap_offset_ || get_u64(header + 32) != bitmap_bytes ||
-      get_u64(header + 40) != data_offset_) {
+  const uint32_t version = get_u32(header.data() + 8);
+  const size_t name_length = std::min<size_t>(header[kOverlayBasePath] | header[kOverlayBasePath + 1] << 8,
+                                              kOverlayBasePathMax);
+  const std::string base_name(reinterpret_cast<const char*>(header.data()) + kOverlayBasePath + 2, name_length);
+  if ((version != 1 && version != kOverlayVersion) || get_u32(header.data() + 12) != kBlockSize ||
+      get_u64(header.data() + 16) != size_ || get_u64(header.data() + 24) != bitmap_offset_ ||
+      get_u64(header.data() + 32) != bitmap_bytes || get_u64(header.data() + 40) != data_offset_) {
     return fail(ErrorKind::kInvalidArgument,
-                "the overlay {} belongs to a disk image of {} bytes (or another overlay version); {} is {} bytes",
-                overlay_path_, get_u64(header + 16), path_, size_);
+                "the overlay {} belongs to a disk image of {} bytes{} (or is of another overlay version: {}); {} is {} "
+                "bytes",
+                overlay_path_, get_u64(header.data() + 16), version >= 2 ? " (" + base_name + ")" : "", version,
+                path_, size_);
+  }
+  if (version == 1) {
+    // Made before overlays recorded their base: from now on it records this one.
+    say("warning: the overlay {} was made by an earlier deja and does not say which disk image it was made over; it "
+        "is used over {}, which it now records as its base",
+        overlay_path_, path_);
+    if (auto r = record_base(fd, header.data(), base); !r) return r;
+  } else {
+    uint8_t seen[32] = {};
+    put_base_stat(seen, base);
+    if (std::memcmp(seen, header.data() + kOverlayBaseStat, sizeof seen) != 0) {
+      // Another file, or the same one touched since: its contents decide.
+      auto sha = base_sha256();
+      if (!sha) return std::unexpected(sha.error());
+      std::array<uint8_t, 32> recorded{};
+      std::memcpy(recorded.data(), header.data() + kOverlayBaseSha256, recorded.size());
+      if (*sha != recorded) {
+        return fail(ErrorKind::kInvalidArgument,
+                    "the overlay {} was made over the disk image {} (SHA-256 {}); {} is another image of the same size "
+                    "(SHA-256 {}): the overlay holds only the blocks its guest wrote, so over another image the guest "
+                    "would see a mix of two disks. Give it the image it was made over, or give a new overlay file",
+                    overlay_path_, base_name, hex32(recorded), path_, hex32(*sha));
+      }
+      if (auto r = pwrite_all(fd, seen, sizeof seen, kOverlayBaseStat, overlay_path_); !r) return r;
+    }
   }
   if (auto r = pread_all(fd, bitmap_.data(), bitmap_bytes, bitmap_offset_, overlay_path_); !r) {
     return fail(ErrorKind::kInvalidArgument, "the overlay {} is damaged: {}", overlay_path_, r.error().message);

@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <sys/stat.h>
 #include <unordered_map>
 #include <vector>
 
@@ -50,11 +51,13 @@ class DiskBlockChecker {
 };
 
 // The guest sees the base image with its own writes on top, in kBlockSize blocks (a partial-block write reads the
-// rest of the block first). Overlay file layout (little-endian): a 4 KiB header ("DEJAOVL\0", u32 version 1,
-// u32 block size, u64 image size, u64 bitmap offset, u64 bitmap bytes, u64 data offset), a bitmap of the blocks
-// the overlay holds, then block i at data offset + i * kBlockSize (a sparse file). An existing overlay of an image
-// of the same size is reopened (a plain run continues from it); a recording must start from an empty one, since
-// replay starts from the base image alone. In replay the overlay is always in memory: deja never writes the user's
+// rest of the block first). Overlay file layout (little-endian): a 4 KiB header ("DEJAOVL\0", u32 version 2,
+// u32 block size, u64 image size, u64 bitmap offset, u64 bitmap bytes, u64 data offset, then the base image's
+// identity: its SHA-256, the dev/inode/mtime/ctime it had when last hashed, its path), a bitmap of the blocks the
+// overlay holds, then block i at data offset + i * kBlockSize (a sparse file). An existing overlay is reopened (a
+// plain run continues from it) only over the image it was made over (the same SHA-256; hashed again only when the
+// file's dev/inode/mtime/ctime changed); a recording must start from an empty one, since replay starts from the base
+// image alone. In replay the overlay is always in memory: deja never writes the user's
 // files then.
 //
 // State (save/restore, digests, checkpoints): the number of writes so far and a hash chained over every write
@@ -120,6 +123,11 @@ class DiskImage : public BlockStore {
   Result<> read_block(uint64_t block, std::span<uint8_t> out);  // the guest-visible block
   Result<> store_block(uint64_t block, std::span<const uint8_t> data);  // data empty: zeros
   Result<> open_overlay_file(bool recording);
+  // Writes `header` (kOverlayHeaderBytes) with the base image's identity and the current version.
+  Result<> record_base(int fd, uint8_t* header, const struct stat& base);
+  // The base image's SHA-256, computed once.
+  Result<std::array<uint8_t, 32>> base_sha256();
+  std::optional<std::array<uint8_t, 32>> base_sha256_;
   void chain_write(uint64_t offset, uint64_t length, std::span<const uint8_t> data);
 
   std::string path_;

@@ -1,6 +1,7 @@
 // Host clock, entropy, description and file-backed serial I/O.
 #include "vmm/host_io.h"
 
+#include "logging/output_file.h"
 #include "logging/trace_format.h"
 
 #include <fcntl.h>
@@ -100,15 +101,9 @@ size_t FdInput::read_available(std::span<uint8_t> out) {
 }
 
 Result<std::unique_ptr<FileSink>> FileSink::open(const std::string& path) {
-  if (path == "-") return std::unique_ptr<FileSink>(new FileSink(1, false, "standard output"));
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0644);
-  if (fd < 0) return fail(ErrorKind::kInvalidArgument, "cannot create serial output '{}': {}", path, strerror(errno));
-  struct stat st{};
-  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    close(fd);
-    return fail(ErrorKind::kInvalidArgument, "serial output '{}' is a directory", path);
-  }
-  return std::unique_ptr<FileSink>(new FileSink(fd, true, path));
+  auto file = open_console_file(path, "serial output");
+  if (!file) return std::unexpected(file.error());
+  return std::unique_ptr<FileSink>(new FileSink(file->fd, file->owned, file->name));
 }
 
 FileSink::~FileSink() {

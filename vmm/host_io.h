@@ -55,7 +55,9 @@ class FdInput : public HostInput {
 // Serial output to stdout or a file, unbuffered so output interleaves correctly with deja's messages.
 class FileSink : public ByteSink {
  public:
-  static Result<std::unique_ptr<FileSink>> open(const std::string& path);  // "-" = stdout
+  // As logging/output_file.h's rule for a console: "-" (or /dev/stdout) is stdout; the caller's OutputPlan has
+  // checked `path` against the command's other files.
+  static Result<std::unique_ptr<FileSink>> open(const std::string& path);
   ~FileSink() override;
   void write(std::span<const uint8_t> bytes) override;
   // The first write error other than a reader that went away (a full disk, /dev/full, a file-size

@@ -53,7 +53,25 @@ class IsaIrqRouter : public IrqSink {
   IrqSink& ioapic_;
 };
 
-constexpr uint8_t kIoApicId = 1;
+// The local APIC page at 0xFEE00000 is each processor's own: an access goes to the APIC of the vCPU that
+// made it (Machine::select_vcpu). Its state is each LocalApic's, saved as theirs.
+class LapicWindow : public Device {
+ public:
+  LapicWindow(const std::vector<std::unique_ptr<LocalApic>>& lapics, const size_t& current)
+      : lapics_(lapics), current_(current) {}
+  std::string_view name() const override { return "lapic"; }
+  void read(uint64_t offset, std::span<uint8_t> data) override { lapics_[current_]->read(offset, data); }
+  void write(uint64_t offset, std::span<const uint8_t> data) override { lapics_[current_]->write(offset, data); }
+  std::vector<uint8_t> save() const override { return {}; }
+  Result<> restore(std::span<const uint8_t>) override { return {}; }
+
+ private:
+  const std::vector<std::unique_ptr<LocalApic>>& lapics_;
+  const size_t& current_;
+};
+
+// The I/O APIC's ID follows the processors' (0 to N-1), as firmware numbers them: 1 with one vCPU.
+uint8_t ioapic_id(uint32_t vcpus) { return uint8_t(std::max<uint32_t>(vcpus, 1)); }
 
 }  // namespace
 
@@ -62,6 +80,27 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemo
   if (name == "kvm") return make_kvm_backend(memory, model, KvmOptions{.trap_rdtsc = trap_rdtsc});
   if (name == "interp") return make_interp_backend(memory, model);
   return fail(ErrorKind::kInvalidArgument, "unknown backend '{}' (use kvm or interp)", name);
+}
+
+Result<std::vector<std::unique_ptr<Backend>>> make_backends(const std::string& name, GuestMemory& memory,
+                                                            std::span<const CpuModel* const> models,
+                                                            bool trap_rdtsc) {
+  std::vector<std::unique_ptr<Backend>> vcpus;
+  if (models.size() > 1 && name == "kvm") {
+    return fail(ErrorKind::kUnsupported, "the KVM backend runs one vCPU (use --backend interp for --cpus {})",
+                models.size());
+  }
+  for (const CpuModel* model : models) {
+    auto backend = make_backend(name, memory, *model, trap_rdtsc);
+    if (!backend) return std::unexpected(backend.error());
+    vcpus.push_back(std::move(*backend));
+  }
+  if (name == "interp" && vcpus.size() > 1) {
+    std::vector<InterpBackend*> interp;
+    for (auto& v : vcpus) interp.push_back(static_cast<InterpBackend*>(v.get()));
+    InterpBackend::share_code(interp);
+  }
+  return vcpus;
 }
 
 std::array<uint8_t, 6> nic_mac(unsigned index) {
@@ -80,6 +119,13 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
     return fail(ErrorKind::kInvalidArgument, "unknown machine '{}' (use {} or {})", config.machine, kMachinePc,
                 kMachinePcApic);
   }
+  if (config.vcpus < 1 || config.vcpus > kMaxVcpus) {
+    return fail(ErrorKind::kInvalidArgument, "{} vCPUs: a machine has 1 to {}", config.vcpus, kMaxVcpus);
+  }
+  if (config.vcpus > 1 && !apic) {
+    return fail(ErrorKind::kInvalidArgument, "{} vCPUs need --machine {}: the PIC-only PC has no way to start or "
+                "interrupt a second processor", config.vcpus, kMachinePcApic);
+  }
   const CpuModel& cpu_model = apic ? config.cpu_model->with_local_apic() : *config.cpu_model;
   if (config.device_model_version < kOldestDeviceModelVersion || config.device_model_version > kDeviceModelVersion) {
     return fail(ErrorKind::kUnsupported, "device model v{} is not one this deja implements (v{} to v{})",
@@ -94,19 +140,32 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
   m->pic_input_ = std::make_unique<PicInput>(*m->pic_);
   m->isa_irqs_ = m->pic_.get();
   m->cpu_interrupts_ = m->pic_input_.get();
+  std::vector<const CpuModel*> vcpu_models;
+  for (uint32_t i = 0; i < config.vcpus; ++i) vcpu_models.push_back(&cpu_model.for_apic_id(uint8_t(i)));
   if (apic) {
-    CpuidResult leaf1 = cpu_model.cpuid(1, 0);
-    LocalApicConfig lapic_config;
-    lapic_config.apic_id = leaf1.ebx >> 24;
-    lapic_config.x2apic = leaf1.ecx & (1u << 21);
-    lapic_config.tsc_deadline = leaf1.ecx & (1u << 24);
-    lapic_config.tsc_hz = CpuModel::kTscHz;
-    m->lapic_ = std::make_unique<LocalApic>(clock, lapic_config, *m->pic_input_);
-    m->ioapic_ = std::make_unique<IoApic>(*m->lapic_, kIoApicId);
-    m->lapic_->set_eoi_listener(m->ioapic_.get());
+    // One local APIC per vCPU, its ID the vCPU's CPUID.1 APIC ID, all on one APIC bus with the I/O APIC.
+    std::vector<LocalApic*> lapics;
+    for (uint32_t i = 0; i < config.vcpus; ++i) {
+      CpuidResult leaf1 = vcpu_models[i]->cpuid(1, 0);
+      LocalApicConfig lapic_config;
+      lapic_config.apic_id = leaf1.ebx >> 24;
+      lapic_config.bsp = i == 0;
+      lapic_config.x2apic = leaf1.ecx & (1u << 21);
+      lapic_config.tsc_deadline = leaf1.ecx & (1u << 24);
+      lapic_config.tsc_hz = CpuModel::kTscHz;
+      m->lapics_.push_back(std::make_unique<LocalApic>(clock, lapic_config, *m->pic_input_));
+      lapics.push_back(m->lapics_.back().get());
+    }
+    m->apic_bus_ = std::make_unique<ApicFabric>(lapics);
+    // One vCPU keeps device model 3's APIC, which drops NMI, INIT and STARTUP messages (its traces replay as
+    // they were); with more, the vCPUs take them.
+    CpuSignalSink* signals = config.vcpus > 1 ? m->apic_bus_.get() : nullptr;
+    for (uint32_t i = 0; i < config.vcpus; ++i) m->lapics_[i]->attach_bus(m->apic_bus_.get(), signals, i);
+    m->ioapic_ = std::make_unique<IoApic>(*m->apic_bus_, ioapic_id(config.vcpus));
+    for (auto& lapic : m->lapics_) lapic->set_eoi_listener(m->ioapic_.get());
     m->isa_router_ = std::make_unique<IsaIrqRouter>(*m->pic_, *m->ioapic_);
     m->isa_irqs_ = m->isa_router_.get();
-    m->cpu_interrupts_ = m->lapic_.get();
+    m->lapic_window_ = std::make_unique<LapicWindow>(m->lapics_, m->current_vcpu_);
   }
   IrqSink* isa = m->isa_irqs_;
   if (config.device_model_version == 1) {
@@ -210,22 +269,25 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
     m->pic_->elcr_ports().write(1, std::span(elcr_bytes + 1, 1));
   }
   if (apic) {
-    if (auto added = m->mmio_.add(LocalApic::kBase, LocalApic::kMmioSize, m->lapic_.get()); !added) {
+    // Every vCPU's local APIC is at kBase: the bus sends each access to the APIC of the vCPU that made it
+    // (vmm/machine.cpp LapicWindow), as the page is each processor's own.
+    if (auto added = m->mmio_.add(LocalApic::kBase, LocalApic::kMmioSize, m->lapic_window_.get()); !added) {
       return std::unexpected(added.error());
     }
     if (auto added = m->mmio_.add(IoApic::kBase, IoApic::kMmioSize, m->ioapic_.get()); !added) {
       return std::unexpected(added.error());
     }
-    m->timed_.push_back(m->lapic_.get());
-    // The firmware's MP table: how the OS finds the I/O APIC and the ISA interrupt routing.
+    m->timed_.push_back(m->lapics_[0].get());
+    // The firmware's MP table: how the OS finds the processors, the I/O APIC and the ISA interrupt routing.
     MpTableConfig mp;
     CpuidResult leaf1 = cpu_model.cpuid(1, 0);
-    mp.apic_id = uint8_t(leaf1.ebx >> 24);
+    mp.apic_ids.clear();
+    for (const CpuModel* model : vcpu_models) mp.apic_ids.push_back(uint8_t(model->cpuid(1, 0).ebx >> 24));
     mp.apic_version = uint8_t(LocalApic::kVersion);
     mp.cpu_signature = leaf1.eax;
     mp.cpu_features = leaf1.edx;
     mp.lapic_address = uint32_t(LocalApic::kBase);
-    mp.ioapic_id = kIoApicId;
+    mp.ioapic_id = ioapic_id(config.vcpus);
     mp.ioapic_version = uint8_t(IoApic::kVersion);
     mp.ioapic_address = uint32_t(IoApic::kBase);
     mp.pci_bus = m->pci_ != nullptr;
@@ -245,22 +307,32 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
   m->add_stateful("debug-exit", *m->debug_exit_);
   m->add_stateful("fw-cfg", *m->fw_cfg_);
   if (apic) {
-    m->add_stateful("lapic", *m->lapic_);
+    m->add_stateful("lapic", *m->lapics_[0]);
     m->add_stateful("ioapic", *m->ioapic_);
   }
   if (m->pci_) m->add_stateful("pci-host", *m->pci_);
   for (auto& function : m->virtio_pci_) m->add_stateful(std::string(function->name()), *function);
+  // More vCPUs: their APICs and the APIC bus's vCPU states come last (a one-vCPU machine's list is as before).
+  if (config.vcpus > 1) {
+    for (uint32_t i = 1; i < config.vcpus; ++i) {
+      m->timed_.push_back(m->lapics_[i].get());
+      m->add_stateful(fmt::format("lapic{}", i), *m->lapics_[i]);
+    }
+    m->add_stateful("apic-bus", *m->apic_bus_);
+  }
 
-  auto backend = make_backend(config.backend, m->memory_, cpu_model, config.trap_rdtsc);
-  if (!backend) return std::unexpected(backend.error());
-  m->backend_ = std::move(*backend);
+  auto vcpus = make_backends(config.backend, m->memory_, vcpu_models, config.trap_rdtsc);
+  if (!vcpus) return std::unexpected(vcpus.error());
+  m->vcpus_ = std::move(*vcpus);
   if (!config.interp_mode.empty()) {
     auto mode = parse_interp_mode(config.interp_mode);
     if (!mode) {
       return fail(ErrorKind::kInvalidArgument, "unknown interp mode '{}' (use reference, threaded or jit)",
                   config.interp_mode);
     }
-    if (auto* interp = dynamic_cast<InterpBackend*>(m->backend_.get())) interp->set_mode(*mode);
+    for (auto& vcpu : m->vcpus_) {
+      if (auto* interp = dynamic_cast<InterpBackend*>(vcpu.get())) interp->set_mode(*mode);
+    }
   }
   return m;
 }
@@ -274,14 +346,16 @@ std::optional<uint64_t> Machine::next_deadline_ns() const {
   return earliest;
 }
 
-std::optional<LocalApic::MsrRead> Machine::read_msr(uint32_t index) {
-  if (!lapic_ || !lapic_->owns_msr(index)) return std::nullopt;
-  return lapic_->read_msr(index);
+std::optional<LocalApic::MsrRead> Machine::read_msr(uint32_t index, size_t vcpu) {
+  LocalApic* apic = lapic(vcpu);
+  if (!apic || !apic->owns_msr(index)) return std::nullopt;
+  return apic->read_msr(index);
 }
 
-std::optional<bool> Machine::write_msr(uint32_t index, uint64_t value) {
-  if (!lapic_ || !lapic_->owns_msr(index)) return std::nullopt;
-  return lapic_->write_msr(index, value);
+std::optional<bool> Machine::write_msr(uint32_t index, uint64_t value, size_t vcpu) {
+  LocalApic* apic = lapic(vcpu);
+  if (!apic || !apic->owns_msr(index)) return std::nullopt;
+  return apic->write_msr(index, value);
 }
 
 void Machine::advance_devices(uint64_t now_ns) {

@@ -1,4 +1,4 @@
-// The PC machine: RAM, buses, devices wired to their ports and IRQ lines, and one vCPU backend.
+// The PC machine: RAM, buses, devices wired to their ports and IRQ lines, and its vCPU backends.
 #pragma once
 
 #include <functional>
@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "devices/apic_fabric.h"
 #include "devices/bus.h"
 #include "devices/cmos_rtc.h"
 #include "devices/debug_exit.h"
@@ -45,6 +46,9 @@ constexpr uint32_t kOldestDeviceModelVersion = 1;
 //   pc-apic  the same PC plus a local APIC and an I/O APIC, found through an MP table
 constexpr std::string_view kMachinePc = "pc", kMachinePcApic = "pc-apic";
 
+// vCPUs a machine may have (`--cpus`): more than one needs pc-apic (docs/smp.md).
+constexpr uint32_t kMaxVcpus = 16;
+
 // A virtio-blk disk: what it serves (a DiskImage, owned by the caller) and its GET_ID serial.
 struct VirtioDiskSetup {
   BlockStore* store = nullptr;
@@ -59,6 +63,7 @@ constexpr uint8_t kPciIrqs[4] = {10, 11, 5, 9};
 struct MachineConfig {
   uint64_t memory_bytes = 256ull << 20;
   std::string cmdline;
+  uint32_t vcpus = 1;  // 1 to kMaxVcpus; more than one on pc-apic only
   std::string backend = "interp";  // "kvm" or "interp"
   std::string machine = std::string(kMachinePc);  // "pc" or "pc-apic"
   uint32_t device_model_version = kDeviceModelVersion;  // replay: the trace's
@@ -89,24 +94,33 @@ class Machine {
                                                  Entropy* entropy = nullptr, NetworkPort* network = nullptr);
 
   GuestMemory& memory() { return memory_; }
-  Backend& backend() { return *backend_; }
+  // The vCPUs, vCPU 0 the bootstrap processor.
+  size_t vcpu_count() const { return vcpus_.size(); }
+  // The vCPU whose exit the buses serve now: its local APIC answers at 0xFEE00000.
+  void select_vcpu(size_t vcpu) { current_vcpu_ = vcpu; }
+  size_t selected_vcpu() const { return current_vcpu_; }
+  Backend& backend(size_t vcpu = 0) { return *vcpus_[vcpu]; }
   Bus& pio() { return pio_; }
   Bus& mmio() { return mmio_; }
   PicPair& pic() { return *pic_; }
-  // The CPU's interrupt input: the 8259A pair (pc), or the local APIC with the 8259A behind it (pc-apic).
-  InterruptController& interrupts() { return *cpu_interrupts_; }
+  // A vCPU's interrupt input: the 8259A pair (pc), or its local APIC, the BSP's with the 8259A behind it (pc-apic).
+  InterruptController& interrupts(size_t vcpu = 0) {
+    return lapics_.empty() ? *cpu_interrupts_ : static_cast<InterruptController&>(*lapics_[vcpu]);
+  }
   // Where ISA devices (and PCI INTx, on the line its Interrupt Line names) raise IRQs 0-15: the
   // 8259A pair, and on pc-apic also the I/O APIC input of the same number (IRQ 0 -> input 2).
   IrqSink& isa_irqs() { return *isa_irqs_; }
-  // PCI MSI / MSI-X writes: the local APIC (pc-apic), nullptr on the PIC-only PC.
-  MsiSink* msi() { return lapic_.get(); }
-  LocalApic* lapic() { return lapic_.get(); }
+  // PCI MSI / MSI-X writes: the APIC bus (pc-apic), nullptr on the PIC-only PC.
+  MsiSink* msi() { return apic_bus_.get(); }
+  LocalApic* lapic(size_t vcpu = 0) { return vcpu < lapics_.size() ? lapics_[vcpu].get() : nullptr; }
   IoApic* ioapic() { return ioapic_.get(); }
+  // The APIC bus (pc-apic): its vCPUs' NMI, INIT and STARTUP signals and activity states; nullptr on pc.
+  ApicFabric* apic_bus() { return apic_bus_.get(); }
 
-  // MSRs the machine's devices answer (the local APIC's on pc-apic): nullopt when none does.
-  std::optional<LocalApic::MsrRead> read_msr(uint32_t index);
+  // MSRs the machine's devices answer (vCPU `vcpu`'s local APIC's on pc-apic): nullopt when none does.
+  std::optional<LocalApic::MsrRead> read_msr(uint32_t index, size_t vcpu = 0);
   // false: #GP; nullopt: no device has the MSR.
-  std::optional<bool> write_msr(uint32_t index, uint64_t value);
+  std::optional<bool> write_msr(uint32_t index, uint64_t value, size_t vcpu = 0);
   Uart16550& uart() { return *uart_; }
   // PCI (device model 3): the host bridge, and the virtio devices by kind.
   PciHost* pci() { return pci_.get(); }
@@ -145,7 +159,10 @@ class Machine {
   std::unique_ptr<IrqSink> isa_router_;             // pc-apic: ISA IRQs to both controllers
   IrqSink* isa_irqs_ = nullptr;
   InterruptController* cpu_interrupts_ = nullptr;
-  std::unique_ptr<LocalApic> lapic_;
+  std::vector<std::unique_ptr<LocalApic>> lapics_;  // pc-apic: one per vCPU
+  std::unique_ptr<ApicFabric> apic_bus_;
+  std::unique_ptr<Device> lapic_window_;
+  size_t current_vcpu_ = 0;
   std::unique_ptr<IoApic> ioapic_;
   std::unique_ptr<PitChannels> pit_;
   std::unique_ptr<SystemControlPortB> port61_;
@@ -167,11 +184,15 @@ class Machine {
     stateful_.push_back(StatefulPart{std::move(name), [&part] { return part.save(); },
                                      [&part](std::span<const uint8_t> state) { return part.restore(state); }});
   }
-  std::unique_ptr<Backend> backend_;
+  std::vector<std::unique_ptr<Backend>> vcpus_;
 };
 
 // Creates the backend named `name` ("kvm" or "interp") over `memory`, presenting CPU model `model`.
 Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemory& memory, const CpuModel& model,
                                               bool trap_rdtsc = true);
+// The same for the `models.size()` vCPUs of one machine, vCPU i presenting models[i].
+Result<std::vector<std::unique_ptr<Backend>>> make_backends(const std::string& name, GuestMemory& memory,
+                                                            std::span<const CpuModel* const> models,
+                                                            bool trap_rdtsc = true);
 
 }  // namespace deja

@@ -81,15 +81,17 @@ std::vector<uint8_t> build_mp_tables(const MpTableConfig& config, uint32_t addre
   t.u8(0);
   uint16_t entries = 0;
 
-  // Processor: enabled, bootstrap.
-  t.u8(kProcessor);
-  t.u8(config.apic_id);
-  t.u8(config.apic_version);
-  t.u8(0x3);  // EN | BP
-  t.u32(config.cpu_signature);
-  t.u32(config.cpu_features);
-  t.zeros(8);
-  ++entries;
+  // Processors: enabled, the first the bootstrap processor.
+  for (size_t i = 0; i < config.apic_ids.size(); ++i) {
+    t.u8(kProcessor);
+    t.u8(config.apic_ids[i]);
+    t.u8(config.apic_version);
+    t.u8(i == 0 ? 0x3 : 0x1);  // EN, and BP for the first
+    t.u32(config.cpu_signature);
+    t.u32(config.cpu_features);
+    t.zeros(8);
+    ++entries;
+  }
 
   // Buses: PCI (when present) is bus 0, ISA the next.
   uint8_t isa_bus = config.pci_bus ? 1 : 0;
@@ -131,7 +133,7 @@ std::vector<uint8_t> build_mp_tables(const MpTableConfig& config, uint32_t addre
     ++entries;
   }
   // Local interrupts: the 8259A's INTR on the BSP's LINT0, NMI on every LINT1.
-  interrupt_entry(t, kLocalInterrupt, kExtInt, kConforming, isa_bus, 0, config.apic_id, 0);
+  interrupt_entry(t, kLocalInterrupt, kExtInt, kConforming, isa_bus, 0, config.apic_ids.at(0), 0);
   interrupt_entry(t, kLocalInterrupt, kNmi, kConforming, isa_bus, 0, 0xff, 1);
   entries += 2;
 

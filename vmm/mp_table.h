@@ -14,7 +14,8 @@ struct MpPciInterrupt {
 };
 
 struct MpTableConfig {
-  uint8_t apic_id = 0;
+  // The processors' local APIC IDs, the bootstrap processor's first.
+  std::vector<uint8_t> apic_ids = {0};
   uint8_t apic_version = 0x14;
   uint32_t cpu_signature = 0;  // CPUID.1:EAX
   uint32_t cpu_features = 0;   // CPUID.1:EDX
@@ -32,8 +33,8 @@ struct MpTableConfig {
 constexpr uint32_t kMpFloatingPointerAddress = 0xf0000;
 
 // The floating pointer (16 bytes) followed by the configuration table, for placement at `address`
-// (16-byte aligned, below 1 MiB), with both checksums. The table says: one processor (the BSP, its
-// LAPIC at lapic_address), the buses, one I/O APIC, the ISA interrupts (conforming: edge, active
+// (16-byte aligned, below 1 MiB), with both checksums. The table says: the processors (the BSP first, their
+// LAPICs at lapic_address), the buses, one I/O APIC, the ISA interrupts (conforming: edge, active
 // high) and PCI ones (level, active high), and the 8259A's INTR on LINT0 as ExtINT and NMI on
 // LINT1, in virtual-wire mode (no IMCR).
 std::vector<uint8_t> build_mp_tables(const MpTableConfig& config, uint32_t address);

@@ -54,14 +54,18 @@ static void set_gate(int vector, uint64_t target, int dpl, int ist) {
   g->reserved = 0;
 }
 
-static void idt_init(void) {
-  for (int v = 0; v < 256; ++v) set_gate(v, isr_stub_table[v], 0, v == 8 ? 1 : 0);
-  set_gate(3, isr_stub_table[3], 3, 0); /* INT3 works from ring 3 as on every OS */
+void idt_load(void) {
   struct {
     uint16_t limit;
     uint64_t base;
   } __attribute__((packed)) pointer = {sizeof idt - 1, (uint64_t)idt};
   __asm__ volatile("lidt %0" ::"m"(pointer));
+}
+
+static void idt_init(void) {
+  for (int v = 0; v < 256; ++v) set_gate(v, isr_stub_table[v], 0, v == 8 ? 1 : 0);
+  set_gate(3, isr_stub_table[3], 3, 0); /* INT3 works from ring 3 as on every OS */
+  idt_load();
 }
 
 void set_gate_user_callable(uint8_t vector, int user_callable) {

@@ -127,6 +127,30 @@ const struct boot_info *boot_info(void);
 /* Looks up "key=NUMBER" in the arguments; returns `fallback` when absent or malformed. */
 uint64_t boot_arg_u64(const char *key, uint64_t fallback);
 
+/* ---- multiprocessor (runtime/smp.c): the MP table's processors, started by INIT-SIPI-SIPI ---- */
+#define SMP_MAX_CPUS 16
+#define LAPIC_BASE 0xfee00000ul
+/* The processors the MP table lists (1 without a table), and their local APIC IDs, the BSP's first. */
+int smp_cpu_count(void);
+uint8_t smp_apic_id(int cpu);
+/* Starts the application processors: each runs ap_main(cpu) (cpu = 1 .. count-1) in long mode on a stack of its
+   own, with the BSP's GDT, IDT and page tables and its local APIC software-enabled, interrupts off. Returns the
+   number of processors running (the BSP included) once every one has started, or fails the guest. */
+int smp_start(void (*ap_main)(int cpu));
+/* This processor's index (0 on the BSP), from its local APIC ID. */
+int smp_cpu_index(void);
+/* A spinlock (XCHG, PAUSE while waiting) for output and shared state. */
+void smp_lock(volatile int *lock);
+void smp_unlock(volatile int *lock);
+/* printf under one lock, so that lines from several processors do not mix. */
+int smp_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline uint32_t lapic_read32(uint32_t reg) { return *(volatile uint32_t *)(LAPIC_BASE + reg); }
+static inline void lapic_write32(uint32_t reg, uint32_t v) { *(volatile uint32_t *)(LAPIC_BASE + reg) = v; }
+/* Sends an IPI (xAPIC): `icr_low` (vector, delivery mode, destination mode, shorthand) to `destination`. */
+void lapic_send_ipi(uint8_t destination, uint32_t icr_low);
+/* Loads the runtime's IDT on this processor. */
+void idt_load(void);
+
 /* ---- exit ---- */
 #define DEBUG_EXIT_PORT 0xf4
 /* 0 = success (QEMU exit status 1), anything else = failure (status 3); HLT forever if no device. */

@@ -11,8 +11,13 @@ Python script (gdb's own API) that prints one JSON line per fact checked here. S
   hostile:   malformed, oversized and unknown packets on a raw socket get errors or empty replies, and the
              server still answers afterwards
   interrupt: Ctrl-C interrupts a long continue and a long reverse-continue
+  smp:       smp-counter with 2 vCPUs and tiny slices: both vCPUs are threads (info threads, thread N, each its own
+             registers); a breakpoint in ap_main stops on thread 2; stepi across schedule switches and reverse-stepi
+             back give the same thread and registers at every point; a watchpoint fires on whichever vCPU writes
   damaged:   a checkpoint file saved beside the trace, then damaged, is refused naming the file; the session
              falls back to the trace; checkpoints past the end of a trace cut short are dropped when used
+  memory:    `dump binary memory` of 8 KiB is one m packet and equals `deja query --mem`; 100 packets with
+             acknowledgements cost about what they cost without (no delayed ACK per packet)
 """
 import argparse
 import json
@@ -72,7 +77,7 @@ class Debug:
         return self.proc.returncode, "".join(self.lines)
 
 
-def run_gdb(gdb, elf, port, body, timeout=600):
+def run_gdb(gdb, elf, port, body, timeout=600, setup=""):
     script = f"""
 import gdb, json
 def emit(**kw):
@@ -86,6 +91,7 @@ def mon(cmd):
 gdb.execute("set pagination off")
 gdb.execute("set confirm off")
 gdb.execute("file {elf}")
+{setup}
 gdb.execute("target remote 127.0.0.1:{port}")
 {body}
 gdb.execute("detach")
@@ -241,15 +247,78 @@ emit(bad_restart=mon("restart 99"))
         print(out[-3000:], log[-2000:])
 
 
+def scenario_smp(args, work):
+    trace = os.path.join(work, "smp.trace")
+    # Slices of 50 to 150 instructions: a few hundred steps cross several switches between the vCPUs.
+    record(args.deja, os.path.join(args.guests, "smp-counter.elf"), trace,
+           ["--machine", "pc-apic", "--cpus", "2", "--schedule-seed", "3", "--schedule-quantum", "100",
+            "--append", "increments=3000"])
+    d = Debug(args.deja, trace, ["--checkpoint-interval", "200"])
+    body = """
+gdb.execute("break ap_main")
+gdb.execute("continue")
+emit(ap_thread=gdb.selected_thread().num, at_ap_main=reg("rip") == int(gdb.parse_and_eval("(long)&ap_main")))
+emit(threads=sorted(t.num for t in gdb.selected_inferior().threads()))
+emit(info_threads=gdb.execute("info threads", to_string=True))
+ap_rip = reg("rip")
+gdb.execute("thread 1")
+emit(bsp_rip_differs=reg("rip") != ap_rip)
+gdb.execute("thread 2")
+emit(ap_rip_again=reg("rip") == ap_rip)
+gdb.execute("delete")
+def here():
+    return (gdb.selected_thread().num, regs())
+forward = []
+for i in range(400):
+    forward.append(here())
+    gdb.execute("stepi", to_string=True)
+emit(step_threads=sorted(set(t for t, _ in forward)))
+back_ok, first_bad = True, None
+for i in range(399, -1, -1):
+    gdb.execute("reverse-stepi", to_string=True)
+    if here() != forward[i]:
+        back_ok = False
+        first_bad = i if first_bad is None else first_bad
+emit(reverse_stepi=back_ok, first_bad=first_bad)
+gdb.execute("watch unlocked_counter")
+writers = []
+for i in range(300):  # the BSP prints a line before it starts writing: the AP writes first
+    gdb.execute("continue", to_string=True)
+    writers.append(gdb.selected_thread().num)
+    if len(set(writers)) == 2 and writers[-1] != writers[0]:
+        break
+emit(writers=sorted(set(writers)))
+steps_after = int(mon("when").split()[1])
+gdb.execute("reverse-continue", to_string=True)
+emit(back_steps=int(mon("when").split()[1]), steps_after=steps_after, back_thread=gdb.selected_thread().num,
+     last_writer=writers[-1])
+"""
+    facts, out = run_gdb(args.gdb, os.path.join(args.guests, "smp-counter.elf64"), d.port, body)
+    rc, log = d.finish()
+    check(fact(facts, "at_ap_main") is True and fact(facts, "ap_thread") == 2,
+          f"smp: break ap_main stops there on thread 2 (thread {fact(facts, 'ap_thread')})")
+    check(fact(facts, "threads") == [1, 2], f"smp: gdb sees threads {fact(facts, 'threads')}")
+    check("vCPU 1" in (fact(facts, "info_threads") or ""), "smp: info threads names the vCPUs")
+    check(fact(facts, "bsp_rip_differs") is True and fact(facts, "ap_rip_again") is True,
+          "smp: thread 1 and thread 2 show their own registers")
+    check(fact(facts, "step_threads") == [1, 2], f"smp: 400 stepi ran on threads {fact(facts, 'step_threads')}")
+    check(fact(facts, "reverse_stepi") is True,
+          f"smp: reverse-stepi gives the forward thread and registers at every point (first bad "
+          f"{fact(facts, 'first_bad')})")
+    check(fact(facts, "writers") == [1, 2], f"smp: the watchpoint fired on threads {fact(facts, 'writers')}")
+    check(fact(facts, "back_steps") is not None and fact(facts, "back_steps") == fact(facts, "steps_after") - 1
+          and fact(facts, "back_thread") == fact(facts, "last_writer"),
+          "smp: reverse-continue stops just before the last write, on the thread that made it")
+    if FAILURES:
+        print(out[-3000:], log[-2000:])
+
+
 def frame(payload):
     return b"$" + payload + b"#" + b"%02x" % (sum(payload) & 0xff)
 
 
-def scenario_hostile(args, work):
-    trace = os.path.join(work, "hello3.trace")
-    record(args.deja, os.path.join(args.guests, "hello.elf"), trace)
-    d = Debug(args.deja, trace)
-    s = socket.create_connection(("127.0.0.1", d.port), timeout=30)
+def replies(s):
+    """A function returning the payload of the next packet arriving on socket s (None once it closes)."""
     buf = b""
 
     def reply():
@@ -263,6 +332,16 @@ def scenario_hostile(args, work):
             if not data:
                 return None
             buf += data
+
+    return reply
+
+
+def scenario_hostile(args, work):
+    trace = os.path.join(work, "hello3.trace")
+    record(args.deja, os.path.join(args.guests, "hello.elf"), trace)
+    d = Debug(args.deja, trace)
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=30)
+    reply = replies(s)
 
     hostile = [
         b"m" + b"f" * 40 + b",4",              # address too long
@@ -307,19 +386,7 @@ def scenario_interrupt(args, work):
     # The reference executor: the JIT replays this whole trace backwards in less than the 0.3 s the Ctrl-C waits.
     d = Debug(args.deja, trace, ["--interp-mode", "reference"])
     s = socket.create_connection(("127.0.0.1", d.port), timeout=120)
-    buf = b""
-
-    def reply():
-        nonlocal buf
-        while True:
-            m = re.search(rb"\$([^#]*)#[0-9a-f]{2}", buf)
-            if m:
-                buf = buf[m.end():]
-                return m.group(1)
-            data = s.recv(65536)
-            if not data:
-                return None
-            buf += data
+    reply = replies(s)
 
     def when():
         s.sendall(frame(b"qRcmd," + b"when".hex().encode()))
@@ -416,12 +483,79 @@ emit(back=mon("when"))
           "damaged: and the truncated trace still debugs to its end and back")
 
 
+def scenario_memory(args, work):
+    """gdb reads 8 KiB in one packet (`dump binary memory`); packets in acknowledgement mode wait for no delayed ACK."""
+    trace = os.path.join(work, "hello4.trace")
+    record(args.deja, os.path.join(args.guests, "hello.elf"), trace)
+    q = subprocess.run([args.deja, "query", trace, "--at", "0", "--mem", "0x100000:8192", "--phys", "--json"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    expected = bytes.fromhex(json.loads(q.stdout)["bytes"]) if q.returncode == 0 else None
+    check(expected is not None and len(expected) == 8192, f"memory: deja query reads 8 KiB ({q.stderr.strip()})")
+    dump = os.path.join(work, "dump.bin")
+    timing = """
+import time
+start = time.time()
+for i in range(100):
+    gdb.execute("maintenance packet qC", to_string=True)
+emit(seconds=time.time() - start)
+"""
+    d = Debug(args.deja, trace)
+    body = f"""
+gdb.execute("set debug remote 1")
+gdb.execute("dump binary memory {dump} 0x100000 0x102000")
+gdb.execute("set debug remote 0")
+""" + timing
+    facts, out = run_gdb(args.gdb, os.path.join(args.guests, "hello.elf64"), d.port, body)
+    rc, log = d.finish()
+    got = open(dump, "rb").read() if os.path.exists(dump) else b""
+    check(got == expected, f"memory: gdb's dump binary memory of 8 KiB equals the memory ({len(got)} bytes)")
+    check(re.search(r"m100000,2000", out) is not None,
+          "memory: gdb asked for all 8 KiB in one m packet" + ("" if "m100000,2000" in out else f"\n{out[-1500:]}"))
+    no_ack = fact(facts, "seconds")
+    # The same 100 packets with acknowledgements (gdb's '+' after every reply, the server's '+' before it).
+    d = Debug(args.deja, trace)
+    facts, out = run_gdb(args.gdb, os.path.join(args.guests, "hello.elf64"), d.port, timing,
+                         setup='gdb.execute("set remote noack-packet off")')
+    d.finish()
+    ack = fact(facts, "seconds")
+    check(no_ack is not None and ack is not None and ack < 10 * no_ack + 1.0,
+          f"memory: 100 packets take {ack} s with acknowledgements, {no_ack} s without (a delayed ACK per packet "
+          f"would be 4 s)")
+    # A client that leaves Nagle's algorithm on (gdb turns it off) and acknowledges each reply in its own write:
+    # its next packet waits for deja's ACK of the '+', which must not be a delayed one (~40 ms).
+    d = Debug(args.deja, trace)
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=60)
+    reply = replies(s)
+
+    def round_trips(ack):
+        start = time.time()
+        for _ in range(50):
+            s.sendall(frame(b"qC"))
+            reply()
+            if ack:
+                s.sendall(b"+")
+        return time.time() - start
+
+    acked = round_trips(True)
+    s.sendall(frame(b"QStartNoAckMode"))
+    reply()
+    s.sendall(b"+")
+    unacked = round_trips(False)
+    s.sendall(frame(b"D"))
+    reply()
+    s.close()
+    d.finish()
+    check(acked < 10 * unacked + 0.5, f"memory: a client with Nagle on: 50 packets in {acked:.3f} s acknowledged, "
+                                      f"{unacked:.3f} s not (a delayed ACK per packet would be 2 s)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--deja", required=True)
     ap.add_argument("--guests", required=True)
     ap.add_argument("--gdb", default=shutil.which("gdb") or "gdb")
-    ap.add_argument("scenarios", nargs="*", default=["step", "watch", "begin", "hostile", "interrupt", "damaged"])
+    ap.add_argument("scenarios", nargs="*",
+                    default=["step", "watch", "begin", "hostile", "interrupt", "damaged", "memory", "smp"])
     args = ap.parse_args()
     if not shutil.which(args.gdb):
         sys.exit("gdb is not installed (scripts/setup.sh installs it)")

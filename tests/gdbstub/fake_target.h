@@ -20,8 +20,15 @@ class FakeTarget : public Target {
     memory.resize(0x2000);
     for (size_t i = 0; i < memory.size(); ++i) memory[i] = uint8_t(i);
   }
-  Result<CpuState> registers() override { return state; }
-  size_t read_virtual(uint64_t gva, std::span<uint8_t> out) override {
+  uint32_t threads() override { return vcpus; }
+  uint32_t stopped_vcpu() override { return stopped; }
+  Result<CpuState> registers(uint32_t vcpu) override {
+    CpuState st = state;
+    st.rip += vcpu;  // each vCPU tells itself apart by its RIP
+    return st;
+  }
+  size_t read_virtual(uint32_t vcpu, uint64_t gva, std::span<uint8_t> out) override {
+    reads_by.push_back(vcpu);
     if (gva >= memory.size()) return 0;
     size_t n = std::min<size_t>(out.size(), memory.size() - gva);
     std::memcpy(out.data(), memory.data() + gva, n);
@@ -38,6 +45,8 @@ class FakeTarget : public Target {
   }
 
   CpuState state;
+  uint32_t vcpus = 1, stopped = 0;
+  std::vector<uint32_t> reads_by;
   std::vector<uint8_t> memory;
   std::vector<ResumeRequest> requests;
   std::vector<std::string> monitors;

@@ -445,8 +445,10 @@ def consistent_reports():
     print(f"record and verify both count {recorded} events; serial-in size stored; --image suggested")
 
 
-def main():
-    global DEJA, HOSTILE, GUESTS, FORGE, SOURCES, TMP
+def main(cases=None):
+    """Runs the cases named on the command line from `cases` (default: this file's; hostile_files.py has more)."""
+    global DEJA, HOSTILE, GUESTS, FORGE, SOURCES, TMP, CASES
+    CASES = cases if cases is not None else CASES
     ap = argparse.ArgumentParser()
     ap.add_argument("--deja", required=True)
     ap.add_argument("--hostile", required=True, help="directory of the hostile guest images")

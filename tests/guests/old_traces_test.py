@@ -17,7 +17,10 @@ with tempfile.TemporaryDirectory() as tmp:
     for name in sorted(os.listdir(args.traces)):
         if not name.endswith(".trace"):
             continue
-        guest = name[: -len(".trace")].removesuffix("-exit-sync")
+        # A trace is named after its guest, with what distinguishes it after a dash (cpuid-x86-64-v1.trace).
+        stem = name[: -len(".trace")]
+        guest = max((g[: -len(".elf.xz")] for g in os.listdir(args.traces) if g.endswith(".elf.xz")
+                     and (stem == g[: -len(".elf.xz")] or stem.startswith(g[: -len(".elf.xz")] + "-"))), key=len)
         image = os.path.join(tmp, guest + ".elf")
         with lzma.open(os.path.join(args.traces, guest + ".elf.xz")) as src, open(image, "wb") as dst:
             dst.write(src.read())

@@ -69,7 +69,7 @@ SegmentReg flat(uint16_t selector, uint8_t type, unsigned dpl, bool l, bool db) 
   return s;
 }
 
-TestVm make_vm(uint64_t ram) {
+TestVm make_vm(uint64_t ram, const CpuModel& model) {
   auto memory = GuestMemory::create(ram);
   EXPECT_TRUE(memory.has_value());
   TestVm vm{std::make_unique<GuestMemory>(std::move(*memory)), nullptr};
@@ -87,14 +87,14 @@ TestVm make_vm(uint64_t ram) {
   uint64_t tss_lo = 0x67 | ((kTss & 0xffffff) << 16) | (0x9ull << 40) | (1ull << 47) | (((kTss >> 24) & 0xff) << 56);
   vm.write64(kGdt + 0x30, tss_lo);
   vm.write64(kGdt + 0x38, kTss >> 32);
-  vm.cpu = std::make_unique<InterpBackend>(*vm.memory, CpuModel::deja_v1());
+  vm.cpu = std::make_unique<InterpBackend>(*vm.memory, model);
   return vm;
 }
 
 }  // namespace
 
-TestVm TestVm::long_mode(uint64_t ram) {
-  TestVm vm = make_vm(ram);
+TestVm TestVm::long_mode(uint64_t ram, const CpuModel& model) {
+  TestVm vm = make_vm(ram, model);
   CpuState s = vm.state();
   s.cr0 = cr0::kPe | cr0::kPg | cr0::kEt | cr0::kWp | cr0::kNe | cr0::kMp;
   s.cr3 = kPml4;
@@ -115,7 +115,7 @@ TestVm TestVm::long_mode(uint64_t ram) {
 }
 
 TestVm TestVm::protected_mode(uint64_t ram) {
-  TestVm vm = make_vm(ram);
+  TestVm vm = make_vm(ram, CpuModel::deja_v1());
   CpuState s = vm.state();
   s.cr0 = cr0::kPe | cr0::kEt;
   s.cs = flat(kCode32, 0xb, 0, false, true);

@@ -27,7 +27,7 @@ struct TestVm {
 
   // RAM of `ram` bytes with identity-mapped 4-level paging (first 1 GiB; the first 2 MiB in 4K pages),
   // a GDT, a 64-bit TSS and an empty IDT; the CPU in 64-bit ring 0 at kCode.
-  static TestVm long_mode(uint64_t ram = 16 << 20);
+  static TestVm long_mode(uint64_t ram = 16 << 20, const CpuModel& model = CpuModel::deja_v1());
   // The same tables, but the CPU in 32-bit protected mode with paging off (the Multiboot entry state).
   static TestVm protected_mode(uint64_t ram = 16 << 20);
 

@@ -236,6 +236,56 @@ TEST(InterpSystem, SyscallSysretRoundTrip) {
   EXPECT_EQ(s.ss.selector, 0x10);
 }
 
+// SYSCALL in compatibility mode: AMD's CPUs enter the 64-bit kernel at CSTAR (what Linux's 32-bit programs do on
+// AMD); Intel's, and the models under deja's own vendor, raise #UD.
+TEST(InterpSystem, CompatibilityModeSyscallFollowsTheVendor) {
+  const std::string program = R"(
+    mov ecx, 0xc0000080
+    rdmsr
+    or eax, 1
+    wrmsr
+    mov ecx, 0xc0000081
+    xor eax, eax
+    mov edx, 0x00180008
+    wrmsr
+    mov ecx, 0xc0000083
+    lea rax, [rip + entry]
+    mov rdx, rax
+    shr rdx, 32
+    wrmsr
+    lea rax, [rip + compat]
+    mov dword ptr [rip + compat_ptr], eax
+    jmp fword ptr [rip + compat_ptr]
+  compat_ptr:
+    .long 0
+    .word 0x18
+  .code32
+  compat:
+    mov edi, 7
+    syscall
+  .code64
+  entry:
+    mov r8, rcx
+    mov r10, cs
+    hlt
+  )";
+  TestVm amd = TestVm::long_mode(16 << 20, CpuModel::x86_64_v1());
+  amd.code(program);
+  ASSERT_EQ(amd.run().kind, ExitKind::kHlt);
+  CpuState s = amd.state();
+  EXPECT_EQ(s.gpr[kR10], 0x08u);
+  EXPECT_TRUE(s.cs.l);
+  EXPECT_EQ(s.gpr[kRdi], 7u);
+  EXPECT_NE(s.gpr[kR8], 0u) << "RCX holds the return address in the 32-bit code";
+
+  TestVm other = TestVm::long_mode(16 << 20, *CpuModel::for_trace("x86-64-v1", 2));
+  other.idt_gate(6, kHandler);
+  handler(other, kHandler, "mov r15, 6\n hlt\n");
+  other.code(program);
+  ASSERT_EQ(other.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(other.state().gpr[kR15], 6u) << "#UD under DejaVuReplay";
+}
+
 TEST(InterpSystem, DoubleFaultThenTripleFaultShutdown) {
   TestVm vm = TestVm::long_mode();
   vm.idt_gate(8, kHandler);

@@ -59,7 +59,10 @@ class KvmTest : public ::testing::Test {
     auto backend = make_kvm_backend(*memory_, kvm_test_model());
     ASSERT_TRUE(backend) << backend.error().message;
     backend_ = std::move(*backend);
+    write_tables();
+  }
 
+  void write_tables() {
     // GDT: null, 64-bit code, flat data, 32-bit code (the Multiboot entry's).
     const uint64_t gdt[] = {0, 0x00af9b000000ffffull, 0x00cf93000000ffffull, 0x00cf9b000000ffffull};
     write(kGdt, gdt, sizeof(gdt));
@@ -746,6 +749,43 @@ TEST_F(KvmTest, StateRoundTrips) {
   uint64_t xmm0_low = 0;
   std::memcpy(&xmm0_low, &s.fxsave[160], 8);
   EXPECT_EQ(after.gpr[kRcx], xmm0_low);
+}
+
+// The AVX state (the upper halves of the YMM registers) and XCR0 go in and come out, and are what the guest
+// computes with: on the x86-64-v3 model, where this host's KVM has it.
+TEST_F(KvmTest, YmmStateAndXcr0RoundTrip) {
+  auto v3 = make_kvm_backend(*memory_, CpuModel::x86_64_v3());
+  if (!v3) GTEST_SKIP() << "no x86-64-v3 on this host's KVM: " << v3.error().message;
+  backend_ = std::move(*v3);
+  CpuState s = long_mode(kCode);
+  s.cr4 |= cr4::kOsxsave;
+  s.xcr0 = 7;
+  for (int i = 0; i < 256; ++i) s.ymmh[size_t(i)] = static_cast<uint8_t>(i * 5 + 1);
+  for (int i = 0; i < 256; ++i) s.fxsave[160 + i] = static_cast<uint8_t>(i * 7);
+  uint32_t mxcsr = 0x1f80;
+  std::memcpy(&s.fxsave[24], &mxcsr, 4);
+  start(s);
+  CpuState got = state();
+  EXPECT_EQ(got.xcr0, 7u);
+  EXPECT_EQ(got.ymmh, s.ymmh);
+  EXPECT_EQ(got.fxsave, s.fxsave);
+  // vextracti128 xmm1, ymm0, 1; vmovq rcx, xmm1; xor ecx... : RCX = YMM0 bits 128-191; xgetbv: RAX = XCR0; then
+  // vpcmpeqb ymm2, ymm2, ymm2 (all ones); hlt.
+  load(kCode, {0xc4, 0xe3, 0x7d, 0x39, 0xc1, 0x01,  // vextracti128 xmm1, ymm0, 1
+               0xc4, 0xe1, 0xf9, 0x7e, 0xc9,        // vmovq rcx, xmm1
+               0x48, 0x89, 0xcb,                    // mov rbx, rcx
+               0x31, 0xc9,                          // xor ecx, ecx
+               0x0f, 0x01, 0xd0,                    // xgetbv
+               0xc5, 0xed, 0x74, 0xd2,              // vpcmpeqb ymm2, ymm2, ymm2
+               0xf4});
+  VcpuExit* exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kHlt);
+  CpuState after = state();
+  uint64_t ymm0_high = 0;
+  std::memcpy(&ymm0_high, &s.ymmh[0], 8);
+  EXPECT_EQ(after.gpr[kRbx], ymm0_high);
+  EXPECT_EQ(after.gpr[kRax], 7u);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(after.ymmh[32 + i], 0xff) << i;
 }
 
 TEST_F(KvmTest, ProtectedModeMultibootEntryRuns) {

@@ -265,6 +265,49 @@ def record_replay(args, workdir, results):
                    + rec.stderr.strip().splitlines()[-1].removeprefix("deja: "))
 
 
+def record_replay_smp(args, workdir, results):
+    """Records boots of an SMP machine (--cpus, pc-apic) under each --schedule-seed, running /scripts/smp: Linux
+    must bring up every CPU through INIT-SIPI-SIPI and its real-mode trampoline, and smp-race's threads (one per CPU)
+    race on shared counters, futexes and pipes. Each recording replays exactly (--replay variants); the unlocked
+    counter's total, which depends on the schedule, is reported per seed."""
+    totals = {}
+    for seed in args.schedule_seed or [1]:
+        name = f"smp{args.cpus}-seed{seed}"
+        trace = os.path.join(workdir, f"{name}.trace")
+        recorded = os.path.join(workdir, f"{name}.out")
+        t0 = time.monotonic()
+        rec = subprocess.run([args.deja, "record", "--backend", args.backend, "--machine", "pc-apic", "--linux",
+                              "--cpus", str(args.cpus), "--schedule-seed", str(seed),
+                              "--append", "deja.script=smp", "-o", trace, "--serial-out", recorded,
+                              *progress_option(args), *digest_option(args)],
+                             capture_output=True, text=True, timeout=args.timeout)
+        record_s = time.monotonic() - t0
+        with open(os.path.join(workdir, f"{name}-record.err"), "w") as f:
+            f.write(rec.stderr)
+        out = open(recorded, "rb").read().decode(errors="replace")
+        if rec.returncode != 1 or "deja-linux: ready" not in out:
+            raise linux_guest.GuestError(f"record ({name}) ended with status {rec.returncode}:\n"
+                                         f"{out[-2000:]}\n{rec.stderr[-2000:]}")
+        brought_up = f"smp: Brought up 1 node, {args.cpus} CPUs"
+        online = f"cpus online: 0-{args.cpus - 1} ({args.cpus})"
+        race = re.search(r"smp-race: .*", out)
+        if brought_up not in out or online not in out or not race:
+            raise linux_guest.GuestError(f"{name}: the guest did not report '{brought_up}', '{online}' and "
+                                         f"smp-race's line:\n{out[-3000:]}")
+        if f"smp-race: {args.cpus} threads" not in race.group(0):
+            raise linux_guest.GuestError(f"{name}: smp-race did not run {args.cpus} threads: {race.group(0)}")
+        replay_s = replay_each(args, trace, open(recorded, "rb").read(), workdir, name, results, args.timeout)
+        inspect = subprocess.run([args.deja, "inspect", trace], capture_output=True, text=True).stdout
+        if f"seed {seed}" not in inspect:
+            raise linux_guest.GuestError(f"{name}: inspect does not show the schedule's seed:\n{inspect}")
+        totals[seed] = race.group(0)
+        results.append(f"{name}: {brought_up}; {race.group(0)}; record {record_s:.1f} s, replays "
+                       f"{', '.join(f'{s:.1f}' for s in replay_s)} s, {os.path.getsize(trace)} bytes")
+    if len(totals) > 1:
+        lost = {seed: re.search(r"\((\d+) lost\)", line).group(1) for seed, line in totals.items()}
+        results.append(f"lost updates by seed: {lost}")
+
+
 def record_replay_workload(args, workdir, results):
     """Records a boot and a shell session typed in over serial that uses the virtio disk (read a file, write a
     sector, sync, drop the page cache, read it back), the hwrng and an HTTP download of --download-mib MiB through
@@ -516,6 +559,11 @@ def main():
     parser.add_argument("--machine", default="pc", choices=["pc", "pc-apic"], help="--record-replay: the machine")
     parser.add_argument("--keep", help="keep logs and the overlay in this directory")
     parser.add_argument("--artifacts", help="--record-replay-workload: where the HTML page's screenshot is kept")
+    parser.add_argument("--record-replay-smp", action="store_true",
+                        help="instead: record boots with --cpus vCPUs running /scripts/smp, one per --schedule-seed, "
+                             "and replay each exactly")
+    parser.add_argument("--cpus", type=int, default=2, help="--record-replay-smp: vCPUs")
+    parser.add_argument("--schedule-seed", type=int, action="append", help="--record-replay-smp: a seed (repeatable)")
     args = parser.parse_args()
     if not os.path.exists(os.path.join(args.guest_dir, "initramfs.cpio")):
         print(f"SKIP: no bundled Linux guest in {args.guest_dir}")
@@ -535,6 +583,11 @@ def main():
             if not checked_pcap:
                 print(f"SKIP: everything else passed, but without tshark the pcap was not read back ({workdir})")
                 return 77
+            print(f"PASS in {time.monotonic() - t0:.1f} s (logs in {workdir})")
+            return 0
+        if args.record_replay_smp:
+            record_replay_smp(args, workdir, results)
+            print("\n".join(results))
             print(f"PASS in {time.monotonic() - t0:.1f} s (logs in {workdir})")
             return 0
         if args.record_replay:

@@ -317,7 +317,8 @@ TEST(PcapWriter, WritesTheWayTracesAreWritten) {
   for (const std::string& refused : {link, dir.file(""), std::string("/dev/null")}) {
     auto r = PcapWriter::create(refused);
     ASSERT_FALSE(r) << refused;
-    EXPECT_NE(r.error().message.find("deja writes a packet capture only as a new or regular file"), std::string::npos)
+    EXPECT_NE(r.error().message.find("deja writes the packet capture only as a new or regular file"),
+              std::string::npos)
         << r.error().message;
   }
   EXPECT_NE(::access(dir.file("target").c_str(), F_OK), 0);

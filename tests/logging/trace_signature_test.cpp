@@ -432,6 +432,9 @@ TEST(EvidenceFile, NeverThroughSymlinksNeverOverAnInputKeysNeverReplaced) {
   ASSERT_EQ(::stat(dir.file("new").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_FALSE(std::filesystem::exists(dir.file("new.partial")));
+  ASSERT_TRUE(write_evidence_file(dir.file("new.pub"), "public", "public key", EvidenceFileRules{.mode = 0644}));
+  ASSERT_EQ(::stat(dir.file("new.pub").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
 }
 
 }  // namespace

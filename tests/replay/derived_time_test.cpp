@@ -2,6 +2,9 @@
 // instruction count and device reads between asynchronous events, with no event, the same in every mode.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "replay/engine.h"
 
 namespace deja {
@@ -67,6 +70,21 @@ TEST(DerivedTime, AsynchronousEventsCarryTheirInstructionCount) {
   other.instructions = 76;
   EXPECT_FALSE(engine.positional_matches(e, other));  // an earlier visit of the same coordinate is not the event
   EXPECT_TRUE(engine.positional_matches(e, where));
+}
+
+// A halted guest's wait ends at host time, but never past its next deadline: a guest whose derived time lags host
+// time catches up one timer at a time, each firing when due by its own clock.
+TEST(DerivedTime, IdleTimeStopsAtTheNextDeadline) {
+  DerivedEngine d(Mode::kRecord);
+  d.engine.begin_async(1'000'000);  // derived time 1 ms, instruction 0
+  d.engine.end_async();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // host time passes; the guest retires nothing
+  EXPECT_EQ(d.engine.idle_now_ns(5'000'000), 5'000'000u) << "the timer due at 5 ms fires at 5 ms";
+  const uint64_t no_timer = d.engine.idle_now_ns(std::nullopt);
+  EXPECT_GE(no_timer, 50'000'000u) << "nothing due before host time: the wait reaches host time";
+  EXPECT_LT(d.engine.idle_now_ns(3'600'000'000'000), 3'600'000'000'000u) << "a far deadline: host time";
+  d.instructions = 9'000'000;  // derived time 10 ms: the wait never goes back before it
+  EXPECT_EQ(d.engine.idle_now_ns(5'000'000), 10'000'000u);
 }
 
 }  // namespace

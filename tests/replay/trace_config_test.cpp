@@ -20,6 +20,7 @@ TraceConfig everything() {
   t.backend = "kvm";
   t.machine = std::string(kMachinePcApic);
   t.vcpus = 2;
+  t.schedule = ScheduleConfig{"quantum", 0x1234'5678'9abc'def0ull, SliceUnit::kGuestExits, 48, 9};
   t.memory_bytes = 512ull << 20;
   t.cmdline = "console=ttyS0 café";
   t.device_semantics = "test:uart-lsr-temt";
@@ -102,7 +103,13 @@ TEST(TraceConfig, EachFieldMatters) {
       [](TraceConfig& t) { t.mmio_write_exits_complete = false; }, [](TraceConfig& t) { t.tsc_hz++; },
       [](TraceConfig& t) { t.digest_interval++; }, [](TraceConfig& t) { t.software_tlb_entries = 2048; },
       [](TraceConfig& t) { t.cpu_quirks.pop_back(); }, [](TraceConfig& t) { t.derived_time->ns_per_device_read++; },
-      [](TraceConfig& t) { t.derived_time.reset(); },
+      [](TraceConfig& t) { t.derived_time.reset(); }, [](TraceConfig& t) { t.schedule->seed++; },
+      [](TraceConfig& t) { t.schedule->unit = SliceUnit::kInstructions; }, [](TraceConfig& t) { t.schedule->quantum++; },
+      [](TraceConfig& t) { t.schedule->pause_limit++; },
+      [](TraceConfig& t) {
+        t.vcpus = 1;
+        t.schedule.reset();
+      },
   };
   for (size_t i = 0; i < changes.size(); ++i) {
     TraceConfig t = base;
@@ -117,12 +124,12 @@ TEST(TraceConfig, EachFieldMatters) {
 TEST(TraceConfig, OldTracesReadAsRecorded) {
   // A header from before machine, digest_interval, software_tlb_entries and vcpus were written.
   trace::Header h;
-  h.set_cpu_model_version(CpuModel::x86_64_v1().version());
+  h.set_cpu_model_version(1);  // unnamed: deja-v1, the only model then
   h.set_device_model_version(kOldestDeviceModelVersion);
   h.mutable_config()->set_progress_mode("exact");
   auto t = from_header(h);
   ASSERT_TRUE(t.has_value()) << t.error().message;
-  EXPECT_EQ(t->cpu_model, CpuModel::for_trace("", CpuModel::x86_64_v1().version()));
+  EXPECT_EQ(t->cpu_model, &CpuModel::deja_v1());
   EXPECT_EQ(t->machine, kMachinePc);
   EXPECT_EQ(t->digest_interval, 16384u);
   EXPECT_EQ(t->software_tlb_entries, kSoftwareTlbEntriesBeforeRecorded);
@@ -160,6 +167,18 @@ TEST(TraceConfig, RefusesWhatItCannotReplay) {
   h = good;
   h.mutable_config()->mutable_derived_time()->set_picoseconds_per_instruction(0);
   refused(h, ErrorKind::kBadTrace, "derived time");
+  h = good;
+  h.mutable_config()->clear_schedule();
+  refused(h, ErrorKind::kBadTrace, "2 vCPUs and no schedule");
+  h = good;
+  h.mutable_config()->mutable_schedule()->set_unit("fortnights");
+  refused(h, ErrorKind::kBadTrace, "fortnights");
+  h = good;
+  h.mutable_config()->mutable_schedule()->set_policy("lottery");
+  refused(h, ErrorKind::kBadTrace, "lottery");
+  h = good;
+  h.mutable_config()->set_vcpus(kMaxVcpus + 1);
+  refused(h, ErrorKind::kBadTrace, "vCPUs");
 }
 
 TEST(TraceConfig, ReplayMachineAndLoad) {

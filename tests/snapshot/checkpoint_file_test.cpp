@@ -1,6 +1,7 @@
 // Checkpoint files: round trip, and refusal (naming the file and the problem) of damaged or mismatched ones.
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -68,6 +69,35 @@ TEST_F(CheckpointFile, RoundTrips) {
   ASSERT_NE(back->memory->page(5), nullptr);
   EXPECT_EQ(back->memory->page(5)->bytes[0], 1);
   EXPECT_EQ(back->memory->stored_pages(), 1u);
+}
+
+TEST_F(CheckpointFile, ImagesLoadedOneAfterAnotherShareTheirUnchangedPages) {
+  // Many pages, then one of them changed: the second file, loaded sharing with the first, costs one page.
+  std::vector<uint8_t> page(kPageSize, 0x11);
+  for (uint64_t pfn = 16; pfn < 300; ++pfn) ASSERT_TRUE(ram_.write(Gpa{pfn * kPageSize}, page).has_value());
+  MachineCheckpoint first = cp_;
+  first.memory = *mem_->capture();
+  page[7] = 0x22;
+  ASSERT_TRUE(ram_.write(Gpa{100 * kPageSize}, page).has_value());
+  MachineCheckpoint second = cp_;
+  second.memory = *mem_->capture();
+  const std::string second_path = dir_ + "/t.1.ckpt";
+  ASSERT_TRUE(write_checkpoint_file(path_, id_, first).has_value());
+  ASSERT_TRUE(write_checkpoint_file(second_path, id_, second).has_value());
+  EXPECT_FALSE(std::filesystem::exists(path_ + ".partial"));
+
+  auto loader_cpu = std::move(*make_interp_backend(ram_, CpuModel::x86_64_v1()));
+  auto loader = std::move(*CheckpointMemory::create(ram_, *loader_cpu));
+  auto a = read_checkpoint_file(path_, id_, *loader);
+  ASSERT_TRUE(a.has_value()) << a.error().message;
+  const uint64_t after_first = loader->stored_bytes();
+  auto b = read_checkpoint_file(second_path, id_, *loader, a->memory);
+  ASSERT_TRUE(b.has_value()) << b.error().message;
+  EXPECT_EQ(loader->stored_bytes() - after_first, sizeof(PageCopy)) << "only the changed page is new";
+  EXPECT_EQ(MemoryImage::differing_pages(*a->memory, *b->memory), std::vector<uint64_t>{100});
+  EXPECT_EQ(b->memory->page(100)->bytes[7], 0x22);
+  EXPECT_EQ(b->memory->page(101)->bytes[7], 0x11);
+  ::unlink(second_path.c_str());
 }
 
 TEST_F(CheckpointFile, EveryDamageIsRefusedNamingTheFile) {

@@ -51,7 +51,7 @@ TEST(MemoryDump, ElfCoreAsQemuWritesIt) {
   cpu.cs.s = cpu.cs.present = cpu.cs.l = true;
   cpu.idt.base = 0xfffffe0000000000;
   cpu.msrs.kernel_gs_base = 0x4242;
-  auto file = ReplacingFile::create(dir.file("core.elf"), "memory dump");
+  auto file = ProductFile::create_replacing(dir.file("core.elf"), "memory dump", ProductFile::Unfinished::kRemove);
   ASSERT_TRUE(file);
   auto stats = write_memory_dump(*ram, std::span(&cpu, 1), DumpFormat::kElf, **file);
   ASSERT_TRUE(stats) << stats.error().message;
@@ -122,7 +122,7 @@ TEST(MemoryDump, RawIsRamAlone) {
   auto ram = GuestMemory::create(1 << 20);
   ASSERT_TRUE(ram);
   for (size_t i = 0; i < (1 << 20); i += 4096) ram->host_base()[i + 7] = uint8_t(i >> 12);
-  auto file = ReplacingFile::create(dir.file("ram.raw"), "memory dump");
+  auto file = ProductFile::create_replacing(dir.file("ram.raw"), "memory dump", ProductFile::Unfinished::kRemove);
   ASSERT_TRUE(file);
   CpuState cpu;
   ASSERT_TRUE(write_memory_dump(*ram, std::span(&cpu, 1), DumpFormat::kRaw, **file));
@@ -138,7 +138,7 @@ TEST(MemoryDump, AnUncommittedDumpLeavesNothing) {
   ASSERT_TRUE(ram);
   {
     std::ofstream(dir.file("old.elf")) << "earlier";
-    auto file = ReplacingFile::create(dir.file("old.elf"), "memory dump");
+    auto file = ProductFile::create_replacing(dir.file("old.elf"), "memory dump", ProductFile::Unfinished::kRemove);
     ASSERT_TRUE(file);
     CpuState cpu;
     ASSERT_TRUE(write_memory_dump(*ram, std::span(&cpu, 1), DumpFormat::kElf, **file));

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -117,6 +118,88 @@ TEST_F(DiskImageTest, RefusesOverlaysThatAreNotOverlays) {
   auto mismatched = DiskImage::open(DiskOptions{.path = small, .overlay = overlay}, false);
   ASSERT_FALSE(mismatched);
   EXPECT_NE(mismatched.error().message.find("belongs to a disk image"), std::string::npos);
+}
+
+TEST_F(DiskImageTest, AnOverlayIsUsedOnlyOverTheImageItWasMadeOver) {
+  const std::string overlay = (dir / "overlay").string();
+  {
+    auto d = DiskImage::open(DiskOptions{.path = image, .overlay = overlay}, false);
+    ASSERT_TRUE(d) << d.error().message;
+    ASSERT_TRUE((*d)->write(0, std::vector<uint8_t>(512, 0x77)));
+  }
+  const auto written = read_file(overlay);
+  // Another image of the same size: refused, naming both images.
+  std::vector<uint8_t> other_content = content;
+  other_content[200 * 1024] ^= 1;
+  const std::string other = (dir / "other.img").string();
+  write_file(other, other_content);
+  auto refused = DiskImage::open(DiskOptions{.path = other, .overlay = overlay}, false);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find("was made over the disk image"), std::string::npos) << refused.error().message;
+  EXPECT_NE(refused.error().message.find(fs::absolute(image).string()), std::string::npos) << refused.error().message;
+  EXPECT_NE(refused.error().message.find(other), std::string::npos) << refused.error().message;
+  EXPECT_EQ(read_file(overlay), written) << "a refused overlay is left as it was";
+  // A copy of the image (another file, the same bytes) is the same image; so is the image touched.
+  const std::string copy = (dir / "copy.img").string();
+  write_file(copy, content);
+  auto accepted = DiskImage::open(DiskOptions{.path = copy, .overlay = overlay}, false);
+  ASSERT_TRUE(accepted) << accepted.error().message;
+  EXPECT_EQ(read(**accepted, 0, 4)[0], 0x77);
+  accepted->reset();
+  fs::last_write_time(image, fs::last_write_time(image) + std::chrono::hours(1));
+  auto touched = DiskImage::open(DiskOptions{.path = image, .overlay = overlay}, false);
+  ASSERT_TRUE(touched) << touched.error().message;
+}
+
+TEST_F(DiskImageTest, AnOverlayOfTheFirstVersionRecordsTheImageItIsUsedOver) {
+  const std::string overlay = (dir / "overlay").string();
+  ASSERT_TRUE(DiskImage::open(DiskOptions{.path = image, .overlay = overlay}, false));
+  // What version 1 wrote: the same header without the base image's identity.
+  auto bytes = read_file(overlay);
+  bytes[8] = 1;
+  std::fill(bytes.begin() + 48, bytes.begin() + 4096, 0);
+  write_file(overlay, bytes);
+  ASSERT_TRUE(DiskImage::open(DiskOptions{.path = image, .overlay = overlay}, false));
+  EXPECT_EQ(read_file(overlay)[8], 2) << "adopted: it records its base now";
+  std::vector<uint8_t> other_content(content.size(), 9);
+  const std::string other = (dir / "other.img").string();
+  write_file(other, other_content);
+  EXPECT_FALSE(DiskImage::open(DiskOptions{.path = other, .overlay = overlay}, false));
+}
+
+TEST_F(DiskImageTest, ImagesInOtherFormatsAreRefusedWithTheCommandToConvertThem) {
+  struct Case {
+    size_t offset;
+    std::string magic;
+    std::string name;
+    std::string qemu;
+  };
+  const std::vector<Case> cases = {
+      {0, std::string("QFI\xfb\0\0\0\3", 8), "qcow2", "-f qcow2"},
+      {0, std::string("QFI\xfb\0\0\0\1", 8), "qcow (version 1)", "-f qcow"},
+      {0, std::string("QED\0", 4), "QED", "-f qed"},
+      {0, "KDMV", "VMDK", "-f vmdk"},
+      {0, "# Disk DescriptorFile", "VMDK", "-f vmdk"},
+      {0x40, std::string("\x7f\x10\xda\xbe", 4), "VirtualBox VDI", "-f vdi"},
+      {0, "vhdxfile", "VHDX", "-f vhdx"},
+      {0, "conectix", "VHD (dynamic)", "-f vpc"},
+      {content.size() - 512, "conectix", "VHD (fixed)", "-f vpc"},
+  };
+  for (const Case& c : cases) {
+    std::vector<uint8_t> bytes = content;
+    std::copy(c.magic.begin(), c.magic.end(), bytes.begin() + long(c.offset));
+    const std::string path = (dir / "foreign.img").string();
+    write_file(path, bytes);
+    auto d = DiskImage::open(DiskOptions{.path = path}, false);
+    ASSERT_FALSE(d) << c.name;
+    EXPECT_NE(d.error().message.find(c.name + " image"), std::string::npos) << d.error().message;
+    EXPECT_NE(d.error().message.find("qemu-img convert " + c.qemu + " -O raw " + path), std::string::npos)
+        << d.error().message;
+  }
+  // A raw image is raw (an MBR, a filesystem), and replay reads the image as the recording did.
+  EXPECT_TRUE(DiskImage::open(DiskOptions{.path = image}, false));
+  DiskIdentity id{.size = content.size(), .hash_block = DiskImage::kHashBlock};
+  EXPECT_TRUE(DiskImage::open_for_replay((dir / "foreign.img").string(), id, false));
 }
 
 TEST_F(DiskImageTest, RefusesBadImages) {

@@ -133,5 +133,29 @@ TEST(MpTable, PciInterruptsAreLevelTriggeredOnBusZero) {
   EXPECT_EQ(pci, 2);
 }
 
+TEST(MpTable, EveryProcessorIsListedTheBootstrapOneFirst) {
+  MpTableConfig c;
+  c.apic_ids = {0, 1, 2, 3};
+  c.ioapic_id = 4;
+  auto b = build_mp_tables(c, kMpFloatingPointerAddress);
+  Parsed p = parse(b, kMpFloatingPointerAddress);
+  ASSERT_GE(p.entries.size(), 6u);
+  for (int i = 0; i < 4; ++i) {
+    const auto& cpu = p.entries[i];
+    EXPECT_EQ(cpu[0], 0);
+    EXPECT_EQ(cpu[1], i);
+    EXPECT_EQ(cpu[3], i == 0 ? 0x3 : 0x1);  // enabled; BSP only for the first
+  }
+  EXPECT_EQ(p.entries[4][0], 1);  // then the buses
+  int extint_to = -1;
+  for (const auto& e : p.entries) {
+    if (e[0] == 3) {
+      EXPECT_EQ(e[6], 4);  // the I/O APIC's ID
+    }
+    if (e[0] == 4 && e[1] == 3) extint_to = e[6];
+  }
+  EXPECT_EQ(extint_to, 0);  // the 8259A reaches the BSP's LINT0
+}
+
 }  // namespace
 }  // namespace deja

@@ -1,6 +1,7 @@
 // interp_diff: runs random instruction sequences on the host CPU and under InterpBackend and reports every difference.
 #include <cpuid.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "tests/interp/diff/avx_generator.h"
 #include "tests/interp/diff/generator.h"
 #include "tests/interp/diff/machine.h"
 #include "core/cpu_model.h"
@@ -27,6 +29,15 @@ const char* kGprNames[16] = {"rax", "rcx", "rdx", "rbx", "rsp", "rbp", "rsi", "r
 bool host_has_lzcnt() {
   unsigned eax, ebx, ecx, edx;
   return __get_cpuid(0x80000001, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 5));
+}
+bool host_has_avx2() {
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ebx & (1u << 5)) && (ebx & (1u << 8)) &&
+         __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 12)) && (ecx & (1u << 29));
+}
+bool host_has_movbe() {
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 22));
 }
 bool host_has_bmi1() {
   unsigned eax, ebx, ecx, edx;
@@ -56,6 +67,9 @@ std::string compare(const Outcome& host, const Outcome& guest, const Sequence& s
     if (host.regs.xmm[i] != guest.regs.xmm[i])
       diff += fmt::format("  xmm{}: host {:016x}:{:016x} interp {:016x}:{:016x}\n", i, host.regs.xmm[i][1],
                           host.regs.xmm[i][0], guest.regs.xmm[i][1], guest.regs.xmm[i][0]);
+    if (host.regs.ymm && host.regs.ymmh[i] != guest.regs.ymmh[i])
+      diff += fmt::format("  ymm{} bits 255:128: host {:016x}:{:016x} interp {:016x}:{:016x}\n", i, host.regs.ymmh[i][1],
+                          host.regs.ymmh[i][0], guest.regs.ymmh[i][1], guest.regs.ymmh[i][0]);
   }
   // x87: control and status words, the abridged tags, the registers (10 bytes of each 16-byte slot), and the
   // instruction and data pointers once an instruction of the sequence has set them.
@@ -109,7 +123,11 @@ std::string describe_start(const RegisterFile& r) {
   std::string out = "  start:";
   for (int i = 0; i < 16; ++i) out += fmt::format(" {}={:#x}", kGprNames[i], r.gpr[i]);
   out += fmt::format(" rflags={:#x} mxcsr={:#x}\n", r.rflags, r.mxcsr);
-  for (int i = 0; i < 16; ++i) out += fmt::format("  xmm{}={:016x}:{:016x}", i, r.xmm[i][1], r.xmm[i][0]);
+  for (int i = 0; i < 16; ++i) {
+    if (r.ymm) out += fmt::format("  ymm{}={:016x}:{:016x}:", i, r.ymmh[i][1], r.ymmh[i][0]);
+    else out += fmt::format("  xmm{}=", i);
+    out += fmt::format("{:016x}:{:016x}", r.xmm[i][1], r.xmm[i][0]);
+  }
   out += fmt::format("\n  fcw={:#06x} fsw={:#06x} ftw={:#04x}", unsigned(r.fx[0] | (r.fx[1] << 8)),
                      unsigned(r.fx[2] | (r.fx[3] << 8)), r.fx[4]);
   for (int i = 0; i < 8; ++i) {
@@ -142,30 +160,73 @@ int main(int argc, char** argv) {
                "interp");
   app.add_flag("--avoid-xadd-same-register", avoid_xadd_same_register,
                "known interp defect: XADD r, r with one register writes the old value instead of the sum");
+  std::string cpu;
+  app.add_option("--cpu", cpu, "CPU model of the interpreter (default: the richest it implements)");
+  std::vector<std::string> classes;
+  app.add_option("--classes", classes,
+                 "draw instructions from these SIMD classes only (mmx, mmx-sse, sse3, ssse3, sse4.1, sse4.2, "
+                 "x86-64-v2; simd = all of them) instead of the original mix; with --avx, these VEX classes (avx-int, "
+                 "avx-fp, fma, f16c, bmi1, bmi2, gather; default all), --count sequences of each in turn")
+      ->delimiter(',');
+  bool mix = false;
+  app.add_flag("--mix", mix, "with --classes: half of the instructions from the original mix");
+  bool avx = false;
+  app.add_flag("--avx", avx, "VEX instructions (AVX, AVX2, FMA, F16C, BMI1/2, gathers) on the x86-64-v3 model");
   CLI11_PARSE(app, argc, argv);
+  const deja::CpuModel* model = avx ? &deja::CpuModel::x86_64_v3() : nullptr;
+  if (!cpu.empty() && !(model = deja::CpuModel::find(cpu))) {
+    std::fprintf(stderr, "interp_diff: no CPU model '%s' (one of %s)\n", cpu.c_str(), deja::CpuModel::names().c_str());
+    return 2;
+  }
+  if (classes.size() == 1 && classes[0] == "simd") classes = Generator::simd_class_names();
+  if (avx && classes.empty())
+    for (std::string_view c : avx_classes()) classes.emplace_back(c);
+  for (const auto& c : classes) {
+    const auto& known = Generator::simd_class_names();
+    const bool found = avx ? std::find(avx_classes().begin(), avx_classes().end(), c) != avx_classes().end()
+                           : std::find(known.begin(), known.end(), c) != known.end();
+    if (!found) {
+      std::fprintf(stderr, "interp_diff: no instruction class '%s'\n", c.c_str());
+      return 2;
+    }
+  }
+  if (avx && !host_has_avx2()) {
+    std::printf("interp_diff: this host has no AVX2: nothing to compare the VEX instructions with\n");
+    return 0;
+  }
+  const int total = avx ? count * int(classes.size()) : count;
 
   std::printf("interp_diff: seed %llu, %d sequences (reproduce with --seed %llu --count %d --length %d)\n",
               static_cast<unsigned long long>(seed), count, static_cast<unsigned long long>(seed), count, max_length);
-  auto machine = GuestMachine::create();
+  auto machine = GuestMachine::create(std::nullopt, model);
   if (!machine) {
     std::fprintf(stderr, "interp_diff: cannot build the guest machine\n");
     return 2;
   }
-  const deja::CpuModel& model = deja::CpuModel::deja_v1();
-  Generator generator(seed, host_has_bmi1() && (model.cpuid(7, 0).ebx & (1u << 3)),
-                      host_has_lzcnt() && (model.cpuid(0x80000001, 0).ecx & (1u << 5)));
+  const deja::CpuModel& used = machine->model();
+  std::printf("interp_diff: CPU model %s\n", std::string(used.name()).c_str());
+  Generator generator(seed, host_has_bmi1() && (used.cpuid(7, 0).ebx & (1u << 3)),
+                      host_has_lzcnt() && (used.cpuid(0x80000001, 0).ecx & (1u << 5)));
   generator.avoid_xadd_same_register = avoid_xadd_same_register;
+  generator.movbe = host_has_movbe() && (used.cpuid(1, 0).ecx & (1u << 22));
   generator.avoid_unmasked_underflow = avoid_unmasked_underflow;
+  generator.simd_classes = avx ? std::vector<std::string>{} : classes;
+  generator.mix_original = mix;
+  AvxGenerator avx_generator(seed);
+  avx_generator.legacy().avoid_xadd_same_register = avoid_xadd_same_register;
+  avx_generator.legacy().movbe = generator.movbe;
+  avx_generator.legacy().avoid_unmasked_underflow = avoid_unmasked_underflow;
   std::mt19937_64 lengths(seed ^ 0x5eed);
   const auto start = std::chrono::steady_clock::now();
   int failures = 0, faults_agreed = 0, instructions = 0, unimplemented_runs = 0;
   std::map<std::string, int> class_counts;
   std::map<std::string, int> failing_single;  // single-instruction failures by disassembly (exact attribution)
-  for (int i = 0; i < count; ++i) {
+  for (int i = 0; i < total; ++i) {
     const int length = (i % 3 == 0) ? 1 : 1 + static_cast<int>(lengths() % max_length);
-    const Sequence seq = generator.sequence(length);
-    const RegisterFile regs = generator.registers();
-    const std::vector<uint8_t> data = generator.data();
+    const Sequence seq = avx ? avx_generator.sequence(length, classes[size_t(i) % classes.size()])
+                             : generator.sequence(length);
+    const RegisterFile regs = avx ? avx_generator.registers() : generator.registers();
+    const std::vector<uint8_t> data = avx ? avx_generator.data() : generator.data();
     std::vector<uint8_t> host_code = seq.code, guest_code = seq.code;
     for (uint8_t byte : host_tail()) host_code.push_back(byte);
     for (uint8_t byte : guest_tail()) guest_code.push_back(byte);
@@ -195,7 +256,7 @@ int main(int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("interp_diff: %d sequences, %d instructions, %d ended in the same exception class, %d stopped at an "
               "instruction the interp does not implement, %d mismatches, %.1f s\n",
-              count, instructions, faults_agreed, unimplemented_runs, failures, seconds);
+              total, instructions, faults_agreed, unimplemented_runs, failures, seconds);
   std::printf("coverage by class:");
   for (const auto& [name, n] : class_counts) std::printf(" %s=%d", name.c_str(), n);
   std::printf("\n");

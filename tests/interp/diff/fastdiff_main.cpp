@@ -20,6 +20,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "tests/interp/diff/avx_generator.h"
 #include "tests/interp/diff/generator.h"
 #include "tests/interp/diff/machine.h"
 #include "core/cpu_model.h"
@@ -87,6 +88,8 @@ std::string state_diff(Side ref, Side fast) {
   if (a.rip != b.rip) out += fmt::format("  rip: reference {:#x} fast {:#x}\n", a.rip, b.rip);
   if (a.rflags != b.rflags) out += fmt::format("  rflags: reference {:#x} fast {:#x}\n", a.rflags, b.rflags);
   if (a.fxsave != b.fxsave) out += "  fxsave (x87/SSE) differs\n";
+  if (a.ymmh != b.ymmh) out += "  YMM upper halves differ\n";
+  if (a.xcr0 != b.xcr0) out += fmt::format("  xcr0: reference {:#x} fast {:#x}\n", a.xcr0, b.xcr0);
   if (a.cr2 != b.cr2) out += fmt::format("  cr2: reference {:#x} fast {:#x}\n", a.cr2, b.cr2);
   if (out.empty()) out = "  system state (segments, control registers, MSRs, shadow, halt) differs\n";
   return out;
@@ -210,7 +213,8 @@ LockstepResult lockstep(Side ref, Side fast, Answerer& answerer, uint64_t max_st
 
 struct Pair {
   std::unique_ptr<GuestMachine> ref, fast;
-  explicit Pair(InterpMode mode) : ref(GuestMachine::create(InterpMode::kReference)), fast(GuestMachine::create(mode)) {}
+  Pair(InterpMode mode, const CpuModel* model)
+      : ref(GuestMachine::create(InterpMode::kReference, model)), fast(GuestMachine::create(mode, model)) {}
   Side ref_side() { return {&ref->memory(), &ref->cpu()}; }
   Side fast_side() { return {&fast->memory(), &fast->cpu()}; }
 };
@@ -220,43 +224,52 @@ bool program_terminal(const VcpuExit& e, const CpuState&) {
   return e.kind == ExitKind::kHlt || e.kind == ExitKind::kShutdown || e.kind == ExitKind::kFault;
 }
 
-int run_programs(InterpMode mode, uint64_t seed, int sequences, int fuzz_runs, int max_length, int show, int only, bool trace) {
+// `avx`: the x86-64-v3 model, with VEX sequences (interp_diff --avx's generator) among the others.
+int run_programs(InterpMode mode, uint64_t seed, int sequences, int fuzz_runs, int max_length, int show, int only, bool trace,
+                 const std::vector<std::string>& classes, bool avx) {
   Generator generator(seed, false, false);
+  generator.simd_classes = classes;
+  generator.mix_original = true;
+  AvxGenerator avx_generator(seed);
+  const CpuModel* model = avx ? &CpuModel::x86_64_v3() : nullptr;
   std::mt19937_64 rng(seed ^ 0xfa57);
   int failures = 0;
   uint64_t boundaries = 0;
-  auto pair = std::make_unique<Pair>(mode);
+  auto pair = std::make_unique<Pair>(mode, model);
   for (int i = 0; i < sequences + fuzz_runs; ++i) {
     const bool fuzz = i >= sequences;
-    if (!pair->ref || !pair->fast || i % 64 == 0) pair = std::make_unique<Pair>(mode);
+    if (!pair->ref || !pair->fast || i % 64 == 0) pair = std::make_unique<Pair>(mode, model);
     std::vector<uint8_t> code;
     std::vector<std::string> listing;
     if (!fuzz) {
       // Several sequences back to back (more blocks, branches between them), each possibly in a loop.
       const int parts = 1 + int(rng() % 3);
       for (int p = 0; p < parts; ++p) {
-        Sequence seq = generator.sequence(1 + int(rng() % max_length));
+        const int length = 1 + int(rng() % max_length);
+        Sequence seq = avx && rng() % 3 != 0
+                           ? avx_generator.sequence(length, avx_classes()[rng() % avx_classes().size()])
+                           : generator.sequence(length);
         code.insert(code.end(), seq.code.begin(), seq.code.end());
         listing.insert(listing.end(), seq.listing.begin(), seq.listing.end());
       }
     } else {
       code.resize(16 + rng() % 64);
       for (auto& byte : code) {
-        static constexpr uint8_t kInteresting[] = {0x0f, 0x66, 0xf2, 0xf3, 0x48, 0x4c, 0x41, 0xf0, 0x2e, 0x64, 0xc4, 0xe8, 0xeb, 0x75};
+        static constexpr uint8_t kInteresting[] = {0x0f, 0x66, 0xf2, 0xf3, 0x48, 0x4c, 0x41, 0xf0, 0x2e, 0x64, 0xc4, 0xc5, 0xe8, 0xeb, 0x75};
         byte = rng() % 3 == 0 ? kInteresting[rng() % std::size(kInteresting)] : uint8_t(rng());
       }
     }
     for (uint8_t b : guest_tail()) code.push_back(b);
-    RegisterFile regs = generator.registers();
+    RegisterFile regs = avx ? avx_generator.registers() : generator.registers();
     if (fuzz && rng() % 2) regs.gpr[4] = kInitialRsp;
     const std::vector<uint8_t> data = generator.data();
     if (only >= 0 && i != only) continue;  // (generated all the same: the programs after it stay the same)
     if (only >= 0 && trace) {
       // The fast side's first blocks, then the reference's path, one instruction a line (RIP, the bytes there,
       // some registers).
-      auto m = GuestMachine::create(InterpMode::kReference);
+      auto m = GuestMachine::create(InterpMode::kReference, model);
       if (!m->prepare(code, regs, data)) return 2;
-      auto f = GuestMachine::create(mode);
+      auto f = GuestMachine::create(mode, model);
       if (!f->prepare(code, regs, data)) return 2;
       f->cpu().set_block_stepping(true);
       for (int k = 0; k < 40; ++k) {
@@ -308,7 +321,7 @@ int run_programs(InterpMode mode, uint64_t seed, int sequences, int fuzz_runs, i
         for (uint8_t b : code) std::printf(" %02x", b);
         std::printf("\n");
       }
-      pair.reset(new Pair(mode));  // the machines may be in any state now
+      pair.reset(new Pair(mode, model));  // the machines may be in any state now
       break;
     }
   }
@@ -364,7 +377,7 @@ int main(int argc, char** argv) {
   CLI::App app{"interp_fastdiff: deja's fast interpreter path against its reference executor, block by block"};
   uint64_t seed = std::random_device{}();
   int sequences = 2000, fuzz_runs = 2000, max_length = 12, show = 5, only = -1;
-  bool trace = false;
+  bool trace = false, avx = false;
   std::string mode_name = "jit";
   std::vector<std::string> guests;
   std::string cmdline;
@@ -380,7 +393,15 @@ int main(int argc, char** argv) {
   app.add_option("--guest", guests, "guest images (Multiboot ELF) to run in lockstep too");
   app.add_option("--cmdline", cmdline, "command line for the guest images");
   app.add_option("--max-steps", max_steps, "step limit per guest");
+  std::vector<std::string> classes = {"simd"};
+  app.add_option("--classes", classes,
+                 "SIMD instruction classes (interp_diff's) to mix into half of the sequences' instructions; none: "
+                 "the original mix only")
+      ->delimiter(',');
+  app.add_flag("--avx", avx, "the x86-64-v3 model, with VEX sequences (and VEX prefixes in the random code)");
   CLI11_PARSE(app, argc, argv);
+  if (classes.size() == 1 && classes[0] == "simd") classes = Generator::simd_class_names();
+  if (classes.size() == 1 && classes[0] == "none") classes.clear();
   auto mode = deja::parse_interp_mode(mode_name);
   if (!mode || *mode == deja::InterpMode::kReference) {
     std::fprintf(stderr, "interp_fastdiff: --mode must be threaded or jit\n");
@@ -388,7 +409,7 @@ int main(int argc, char** argv) {
   }
   std::printf("interp_fastdiff: mode %s, seed %llu (reproduce with --seed %llu)\n", mode_name.c_str(),
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
-  int failures = run_programs(*mode, seed, sequences, fuzz_runs, max_length, show, only, trace);
+  int failures = run_programs(*mode, seed, sequences, fuzz_runs, max_length, show, only, trace, classes, avx);
   for (const std::string& guest : guests) {
     failures += run_guest(*mode, guest, cmdline, max_steps, Pass::kStepping);
     failures += run_guest(*mode, guest, cmdline, max_steps / 10, Pass::kBudgets);

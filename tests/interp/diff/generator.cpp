@@ -378,8 +378,12 @@ bool Generator::emit_one(Sequence& seq) {
   Step step;
   std::vector<uint8_t>& b = step.bytes;
   bool ok = true;
-  const unsigned cls = static_cast<unsigned>(rng_() % 26);
+  const bool simd = !simd_classes.empty() && (!mix_original || rng_() % 2);
+  const unsigned cls = simd ? 100 : static_cast<unsigned>(rng_() % 26);
   switch (cls) {
+    case 100:
+      ok = emit_simd(seq, pick(simd_classes), b, step.reads, step.defines, step.cls);
+      break;
     case 23:
     case 24:
     case 25: {  // x87
@@ -496,9 +500,16 @@ bool Generator::emit_one(Sequence& seq) {
       step.cls = "div";
       break;
     }
-    case 6: {  // bit scans and counts (TZCNT/LZCNT only where host and deja's CPU model both have them)
-      const unsigned which = static_cast<unsigned>(rng_() % 5);
+    case 6: {  // bit scans and counts (TZCNT/LZCNT only where host and deja's CPU model both have them), MOVBE
+      const unsigned which = static_cast<unsigned>(rng_() % (movbe ? 6 : 5));
       if ((which == 2 && !tzcnt_) || (which == 4 && !lzcnt_)) return false;
+      if (which == 5) {
+        const unsigned w = rng_() % 3 == 0 ? 16 : rng_() % 2 ? 32 : 64;
+        if (rng_() % 2) ok = encode(ZYDIS_MNEMONIC_MOVBE, {reg(gpr(w)), mem(w / 8)}, b);
+        else ok = encode(ZYDIS_MNEMONIC_MOVBE, {mem(w / 8), reg(gpr(w))}, b);
+        step.cls = "movbe";
+        break;
+      }
       static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_BSF, ZYDIS_MNEMONIC_BSR, ZYDIS_MNEMONIC_TZCNT,
                                                ZYDIS_MNEMONIC_POPCNT, ZYDIS_MNEMONIC_LZCNT};
       const unsigned w = width_of(false);
@@ -805,6 +816,306 @@ bool Generator::emit_one(Sequence& seq) {
   }
   seq.code.insert(seq.code.end(), b.begin(), b.end());
   return true;
+}
+
+const std::vector<std::string>& Generator::simd_class_names() {
+  static const std::vector<std::string> names = {"mmx", "mmx-sse", "sse3", "ssse3", "sse4.1", "sse4.2", "x86-64-v2"};
+  return names;
+}
+
+// One instruction (or a short preparation and the instruction) of the SIMD and x86-64-v2 classes: MMX with its
+// x87 transitions, SSE's and SSE2's MMX additions and the MMX/SSE conversions, SSE3, SSSE3, SSE4.1, SSE4.2 and
+// the integer instructions of x86-64-v2. Memory operands are [r15 + disp]; a sixteenth of the 16-byte ones that
+// must be aligned are not (#GP on both sides).
+bool Generator::emit_simd(Sequence& seq, const std::string& name, std::vector<uint8_t>& b, uint64_t& reads,
+                          uint64_t& defines, const char*& cls) {
+  auto pick = [this](auto const& array) { return array[rng_() % std::size(array)]; };
+  auto gpr = [&](unsigned width) {
+    switch (width) {
+      case 8: return pick(kGpr8);
+      case 16: return pick(kGpr16);
+      case 32: return pick(kGpr32);
+      default: return pick(kGpr64);
+    }
+  };
+  auto mem = [this](unsigned bytes) {
+    const int64_t slots = 0x700 / bytes;
+    return Opnd{Opnd::kMem, ZYDIS_REGISTER_NONE, static_cast<uint16_t>(bytes), static_cast<int64_t>(rng_() % slots) * bytes};
+  };
+  auto mem16 = [&](bool aligned) {  // an aligned form's operand is misaligned now and then; other forms any offset
+    Opnd m = mem(16);
+    if (!aligned || rng_() % 16 == 0) m.disp += static_cast<int64_t>(1 + rng_() % 15);
+    return m;
+  };
+  auto xmm = [this]() { return reg(static_cast<ZydisRegister>(ZYDIS_REGISTER_XMM0 + rng_() % 16)); };
+  auto mm = [this]() { return reg(static_cast<ZydisRegister>(ZYDIS_REGISTER_MM0 + rng_() % 8)); };
+  auto xm = [&](unsigned bytes) { return rng_() % 3 == 0 ? (bytes == 16 ? mem16(true) : mem(bytes)) : xmm(); };
+  auto xm_any = [&]() { return rng_() % 3 == 0 ? mem16(false) : xmm(); };
+  auto mmm = [&]() { return rng_() % 3 == 0 ? mem(8) : mm(); };
+  auto rm = [&](unsigned width) { return rng_() % 3 == 0 ? mem(width / 8) : reg(gpr(width)); };
+  auto imm8 = [this]() { return imm(static_cast<int64_t>(rng_() % 256)); };
+  bool ok = true;
+
+  if (name == "mmx") {
+    cls = "mmx";
+    static constexpr ZydisMnemonic kOps[] = {
+        ZYDIS_MNEMONIC_PADDB, ZYDIS_MNEMONIC_PADDW, ZYDIS_MNEMONIC_PADDD, ZYDIS_MNEMONIC_PADDSB, ZYDIS_MNEMONIC_PADDSW,
+        ZYDIS_MNEMONIC_PADDUSB, ZYDIS_MNEMONIC_PADDUSW, ZYDIS_MNEMONIC_PSUBB, ZYDIS_MNEMONIC_PSUBW, ZYDIS_MNEMONIC_PSUBD,
+        ZYDIS_MNEMONIC_PSUBSB, ZYDIS_MNEMONIC_PSUBSW, ZYDIS_MNEMONIC_PSUBUSB, ZYDIS_MNEMONIC_PSUBUSW,
+        ZYDIS_MNEMONIC_PCMPEQB, ZYDIS_MNEMONIC_PCMPEQW, ZYDIS_MNEMONIC_PCMPEQD, ZYDIS_MNEMONIC_PCMPGTB,
+        ZYDIS_MNEMONIC_PCMPGTW, ZYDIS_MNEMONIC_PCMPGTD, ZYDIS_MNEMONIC_PMULLW, ZYDIS_MNEMONIC_PMULHW,
+        ZYDIS_MNEMONIC_PMADDWD, ZYDIS_MNEMONIC_PACKSSWB, ZYDIS_MNEMONIC_PACKSSDW, ZYDIS_MNEMONIC_PACKUSWB,
+        ZYDIS_MNEMONIC_PUNPCKLBW, ZYDIS_MNEMONIC_PUNPCKLWD, ZYDIS_MNEMONIC_PUNPCKLDQ, ZYDIS_MNEMONIC_PUNPCKHBW,
+        ZYDIS_MNEMONIC_PUNPCKHWD, ZYDIS_MNEMONIC_PUNPCKHDQ, ZYDIS_MNEMONIC_PAND, ZYDIS_MNEMONIC_PANDN,
+        ZYDIS_MNEMONIC_POR, ZYDIS_MNEMONIC_PXOR, ZYDIS_MNEMONIC_PSLLW, ZYDIS_MNEMONIC_PSLLD, ZYDIS_MNEMONIC_PSLLQ,
+        ZYDIS_MNEMONIC_PSRLW, ZYDIS_MNEMONIC_PSRLD, ZYDIS_MNEMONIC_PSRLQ, ZYDIS_MNEMONIC_PSRAW, ZYDIS_MNEMONIC_PSRAD};
+    static constexpr ZydisMnemonic kShifts[] = {ZYDIS_MNEMONIC_PSLLW, ZYDIS_MNEMONIC_PSLLD, ZYDIS_MNEMONIC_PSLLQ,
+                                                ZYDIS_MNEMONIC_PSRLW, ZYDIS_MNEMONIC_PSRLD, ZYDIS_MNEMONIC_PSRLQ,
+                                                ZYDIS_MNEMONIC_PSRAW, ZYDIS_MNEMONIC_PSRAD};
+    switch (rng_() % 10) {
+      case 0:  // loads into MM registers
+        switch (rng_() % 4) {
+          case 0: ok = encode(ZYDIS_MNEMONIC_MOVD, {mm(), rm(32)}, b); break;
+          case 1: ok = encode(ZYDIS_MNEMONIC_MOVQ, {mm(), rm(64)}, b); break;
+          default: ok = encode(ZYDIS_MNEMONIC_MOVQ, {mm(), mmm()}, b); break;
+        }
+        break;
+      case 1:  // stores from MM registers
+        switch (rng_() % 3) {
+          case 0: ok = encode(ZYDIS_MNEMONIC_MOVD, {rm(32), mm()}, b); break;
+          case 1: ok = encode(ZYDIS_MNEMONIC_MOVQ, {rm(64), mm()}, b); break;
+          default: ok = encode(ZYDIS_MNEMONIC_MOVQ, {mem(8), mm()}, b); break;
+        }
+        break;
+      case 2: ok = encode(pick(kShifts), {mm(), imm(static_cast<int64_t>(rng_() % 2 ? rng_() % 70 : rng_() % 256))}, b); break;
+      case 3: ok = encode(ZYDIS_MNEMONIC_EMMS, {}, b); break;
+      case 4: return emit_x87(seq, b, reads, defines, cls);  // the x87 after MMX, and MMX after the x87
+      default: ok = encode(pick(kOps), {mm(), mmm()}, b); break;
+    }
+    return ok;
+  }
+  if (name == "mmx-sse") {
+    cls = "mmx-sse";
+    static constexpr ZydisMnemonic kOps[] = {
+        ZYDIS_MNEMONIC_PAVGB, ZYDIS_MNEMONIC_PAVGW, ZYDIS_MNEMONIC_PMINUB, ZYDIS_MNEMONIC_PMAXUB, ZYDIS_MNEMONIC_PMINSW,
+        ZYDIS_MNEMONIC_PMAXSW, ZYDIS_MNEMONIC_PSADBW, ZYDIS_MNEMONIC_PMULHUW, ZYDIS_MNEMONIC_PADDQ,
+        ZYDIS_MNEMONIC_PSUBQ, ZYDIS_MNEMONIC_PMULUDQ};
+    switch (rng_() % 10) {
+      case 0: ok = encode(ZYDIS_MNEMONIC_PSHUFW, {mm(), mmm(), imm8()}, b); break;
+      case 1:
+        switch (rng_() % 3) {
+          case 0: ok = encode(ZYDIS_MNEMONIC_PINSRW, {mm(), rng_() % 2 ? mem(2) : reg(gpr(32)), imm8()}, b); break;
+          case 1: ok = encode(ZYDIS_MNEMONIC_PEXTRW, {reg(gpr(rng_() % 2 ? 32 : 64)), mm(), imm8()}, b); break;
+          default: ok = encode(ZYDIS_MNEMONIC_PMOVMSKB, {reg(gpr(rng_() % 2 ? 32 : 64)), mm()}, b); break;
+        }
+        break;
+      case 2: {  // MASKMOVQ (or MASKMOVDQU) to [rdi] in the data page
+        const uint32_t disp = 0x100 + static_cast<uint32_t>(rng_() % 0x500);
+        b.insert(b.end(), {0x49, 0x8d, 0xbf});  // lea rdi, [r15 + disp32]
+        for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(disp >> (8 * i)));
+        if (rng_() % 2) ok = encode(ZYDIS_MNEMONIC_MASKMOVQ, {mm(), mm()}, b);
+        else ok = encode(ZYDIS_MNEMONIC_MASKMOVDQU, {xmm(), xmm()}, b);  // (SSE2's, on XMM registers)
+        break;
+      }
+      case 3: ok = encode(ZYDIS_MNEMONIC_MOVNTQ, {mem(8), mm()}, b); break;
+      case 4:
+        switch (rng_() % 6) {
+          case 0: ok = encode(ZYDIS_MNEMONIC_CVTPI2PS, {xmm(), mmm()}, b); break;
+          case 1: ok = encode(ZYDIS_MNEMONIC_CVTPI2PD, {xmm(), mmm()}, b); break;
+          case 2: ok = encode(ZYDIS_MNEMONIC_CVTPS2PI, {mm(), xm(8)}, b); break;
+          case 3: ok = encode(ZYDIS_MNEMONIC_CVTTPS2PI, {mm(), xm(8)}, b); break;
+          case 4: ok = encode(ZYDIS_MNEMONIC_CVTPD2PI, {mm(), xm(16)}, b); break;
+          default: ok = encode(ZYDIS_MNEMONIC_CVTTPD2PI, {mm(), xm(16)}, b); break;
+        }
+        break;
+      case 5:
+        if (rng_() % 2) ok = encode(ZYDIS_MNEMONIC_MOVQ2DQ, {xmm(), mm()}, b);
+        else ok = encode(ZYDIS_MNEMONIC_MOVDQ2Q, {mm(), xmm()}, b);
+        break;
+      case 6: return emit_simd(seq, rng_() % 2 ? "mmx" : "ssse3-mm", b, reads, defines, cls);
+      default: ok = encode(pick(kOps), {mm(), mmm()}, b); break;
+    }
+    return ok;
+  }
+  static constexpr ZydisMnemonic kSsse3[] = {
+      ZYDIS_MNEMONIC_PSHUFB, ZYDIS_MNEMONIC_PHADDW, ZYDIS_MNEMONIC_PHADDD, ZYDIS_MNEMONIC_PHADDSW, ZYDIS_MNEMONIC_PHSUBW,
+      ZYDIS_MNEMONIC_PHSUBD, ZYDIS_MNEMONIC_PHSUBSW, ZYDIS_MNEMONIC_PMADDUBSW, ZYDIS_MNEMONIC_PMULHRSW,
+      ZYDIS_MNEMONIC_PSIGNB, ZYDIS_MNEMONIC_PSIGNW, ZYDIS_MNEMONIC_PSIGND, ZYDIS_MNEMONIC_PABSB, ZYDIS_MNEMONIC_PABSW,
+      ZYDIS_MNEMONIC_PABSD};
+  if (name == "ssse3-mm") {  // SSSE3 on MMX registers (in "ssse3" and "mmx-sse")
+    cls = "ssse3";
+    if (rng_() % 5 == 0) return encode(ZYDIS_MNEMONIC_PALIGNR, {mm(), mmm(), imm(static_cast<int64_t>(rng_() % 24))}, b);
+    return encode(pick(kSsse3), {mm(), mmm()}, b);
+  }
+  if (name == "ssse3") {
+    cls = "ssse3";
+    switch (rng_() % 6) {
+      case 0: return emit_simd(seq, "ssse3-mm", b, reads, defines, cls);
+      case 1: return encode(ZYDIS_MNEMONIC_PALIGNR, {xmm(), xm(16), imm(static_cast<int64_t>(rng_() % 2 ? rng_() % 40 : rng_() % 256))}, b);
+      default: return encode(pick(kSsse3), {xmm(), xm(16)}, b);
+    }
+  }
+  if (name == "sse3") {
+    cls = "sse3";
+    static constexpr ZydisMnemonic kFp[] = {ZYDIS_MNEMONIC_ADDSUBPS, ZYDIS_MNEMONIC_ADDSUBPD, ZYDIS_MNEMONIC_HADDPS,
+                                            ZYDIS_MNEMONIC_HADDPD, ZYDIS_MNEMONIC_HSUBPS, ZYDIS_MNEMONIC_HSUBPD};
+    switch (rng_() % 8) {
+      case 0: return encode(rng_() % 2 ? ZYDIS_MNEMONIC_MOVSHDUP : ZYDIS_MNEMONIC_MOVSLDUP, {xmm(), xm(16)}, b);
+      case 1: return encode(ZYDIS_MNEMONIC_MOVDDUP, {xmm(), xm(8)}, b);
+      case 2: return encode(ZYDIS_MNEMONIC_LDDQU, {xmm(), mem16(false)}, b);
+      case 3: {  // FISTTP m16int / m32int / m64int (an x87 instruction: it pops)
+        static constexpr uint8_t kOpcodes[] = {0xdf, 0xdb, 0xdd};
+        static constexpr unsigned kSizes[] = {2, 4, 8};
+        const unsigned which = static_cast<unsigned>(rng_() % 3);
+        const uint32_t disp = static_cast<uint32_t>(rng_() % ((0x700 - kSizes[which]) / 8)) * 8;
+        b.insert(b.end(), {0x41, kOpcodes[which], 0x8f});  // [r15 + disp32], reg field 1
+        for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(disp >> (8 * i)));
+        seq.x87_ip_defined = seq.x87_dp_defined = true;
+        return true;
+      }
+      default: return encode(pick(kFp), {xmm(), xm(16)}, b);
+    }
+  }
+  if (name == "sse4.1") {
+    cls = "sse4.1";
+    static constexpr ZydisMnemonic kOps[] = {
+        ZYDIS_MNEMONIC_PMULLD, ZYDIS_MNEMONIC_PMULDQ, ZYDIS_MNEMONIC_PMINSB, ZYDIS_MNEMONIC_PMINSD, ZYDIS_MNEMONIC_PMINUW,
+        ZYDIS_MNEMONIC_PMINUD, ZYDIS_MNEMONIC_PMAXSB, ZYDIS_MNEMONIC_PMAXSD, ZYDIS_MNEMONIC_PMAXUW, ZYDIS_MNEMONIC_PMAXUD,
+        ZYDIS_MNEMONIC_PACKUSDW, ZYDIS_MNEMONIC_PCMPEQQ, ZYDIS_MNEMONIC_PHMINPOSUW};
+    static constexpr ZydisMnemonic kExtend[] = {
+        ZYDIS_MNEMONIC_PMOVSXBW, ZYDIS_MNEMONIC_PMOVSXBD, ZYDIS_MNEMONIC_PMOVSXBQ, ZYDIS_MNEMONIC_PMOVSXWD,
+        ZYDIS_MNEMONIC_PMOVSXWQ, ZYDIS_MNEMONIC_PMOVSXDQ, ZYDIS_MNEMONIC_PMOVZXBW, ZYDIS_MNEMONIC_PMOVZXBD,
+        ZYDIS_MNEMONIC_PMOVZXBQ, ZYDIS_MNEMONIC_PMOVZXWD, ZYDIS_MNEMONIC_PMOVZXWQ, ZYDIS_MNEMONIC_PMOVZXDQ};
+    static constexpr unsigned kExtendBytes[] = {8, 4, 2, 8, 4, 8, 8, 4, 2, 8, 4, 8};
+    switch (rng_() % 14) {
+      case 0: {
+        const unsigned which = static_cast<unsigned>(rng_() % std::size(kExtend));
+        return encode(kExtend[which], {xmm(), rng_() % 3 == 0 ? mem(kExtendBytes[which]) : xmm()}, b);
+      }
+      case 1: {  // the variable blends take their mask from XMM0
+        static constexpr ZydisMnemonic kBlendv[] = {ZYDIS_MNEMONIC_PBLENDVB, ZYDIS_MNEMONIC_BLENDVPS, ZYDIS_MNEMONIC_BLENDVPD};
+        const ZydisMnemonic m = pick(kBlendv);
+        const Opnd dst = xmm(), src = xm(16);
+        return encode(m, {dst, src, reg(ZYDIS_REGISTER_XMM0)}, b) || encode(m, {dst, src}, b);
+      }
+      case 2: {
+        static constexpr ZydisMnemonic kBlend[] = {ZYDIS_MNEMONIC_PBLENDW, ZYDIS_MNEMONIC_BLENDPS, ZYDIS_MNEMONIC_BLENDPD};
+        return encode(pick(kBlend), {xmm(), xm(16), imm8()}, b);
+      }
+      case 3:
+        switch (rng_() % 3) {
+          case 0: return encode(ZYDIS_MNEMONIC_PINSRB, {xmm(), rng_() % 2 ? mem(1) : reg(gpr(32)), imm8()}, b);
+          case 1: return encode(ZYDIS_MNEMONIC_PINSRD, {xmm(), rm(32), imm8()}, b);
+          default: return encode(ZYDIS_MNEMONIC_PINSRQ, {xmm(), rm(64), imm8()}, b);
+        }
+      case 4:
+        switch (rng_() % 5) {
+          case 0: return encode(ZYDIS_MNEMONIC_PEXTRB, {rng_() % 2 ? mem(1) : reg(gpr(rng_() % 2 ? 32 : 64)), xmm(), imm8()}, b);
+          case 1: return encode(ZYDIS_MNEMONIC_PEXTRW, {rng_() % 2 ? mem(2) : reg(gpr(32)), xmm(), imm8()}, b);
+          case 2: return encode(ZYDIS_MNEMONIC_PEXTRD, {rm(32), xmm(), imm8()}, b);
+          case 3: return encode(ZYDIS_MNEMONIC_PEXTRQ, {rm(64), xmm(), imm8()}, b);
+          default: return encode(ZYDIS_MNEMONIC_EXTRACTPS, {rng_() % 2 ? mem(4) : reg(gpr(rng_() % 2 ? 32 : 64)), xmm(), imm8()}, b);
+        }
+      case 5: return encode(ZYDIS_MNEMONIC_INSERTPS, {xmm(), xm(4), imm8()}, b);
+      case 6:
+        defines = kAll;
+        return encode(ZYDIS_MNEMONIC_PTEST, {xmm(), xm(16)}, b);
+      case 7: {
+        const int64_t mode = static_cast<int64_t>(rng_() % 16);
+        switch (rng_() % 4) {
+          case 0: return encode(ZYDIS_MNEMONIC_ROUNDPS, {xmm(), xm(16), imm(mode)}, b);
+          case 1: return encode(ZYDIS_MNEMONIC_ROUNDPD, {xmm(), xm(16), imm(mode)}, b);
+          case 2: return encode(ZYDIS_MNEMONIC_ROUNDSS, {xmm(), xm(4), imm(mode)}, b);
+          default: return encode(ZYDIS_MNEMONIC_ROUNDSD, {xmm(), xm(8), imm(mode)}, b);
+        }
+      }
+      case 8: return encode(rng_() % 2 ? ZYDIS_MNEMONIC_DPPS : ZYDIS_MNEMONIC_DPPD, {xmm(), xm(16), imm8()}, b);
+      case 9: return encode(ZYDIS_MNEMONIC_MPSADBW, {xmm(), xm(16), imm8()}, b);
+      case 10: return encode(ZYDIS_MNEMONIC_MOVNTDQA, {xmm(), mem16(true)}, b);
+      default: return encode(pick(kOps), {xmm(), xm(16)}, b);
+    }
+  }
+  if (name == "sse4.2") {
+    cls = "sse4.2";
+    switch (rng_() % 8) {
+      case 0: return encode(ZYDIS_MNEMONIC_PCMPGTQ, {xmm(), xm(16)}, b);
+      case 1:
+      case 2: {
+        const unsigned from = rng_() % 2 ? 8 : rng_() % 2 ? 16 : 32;
+        const unsigned to = from == 8 && rng_() % 2 ? 64 : from == 64 ? 64 : 32;
+        const unsigned w = rng_() % 4 == 0 ? 64 : from;
+        return encode(ZYDIS_MNEMONIC_CRC32, {reg(gpr(w == 64 ? 64 : to)), rm(w)}, b);
+      }
+      default: {
+        // The string compares, on text-like registers now and then: a few letters, zeros among them.
+        if (rng_() % 2) {
+          const unsigned target = static_cast<unsigned>(rng_() % 16);
+          for (int half = 0; half < 2; ++half) {
+            uint64_t value = 0;
+            for (int i = 0; i < 8; ++i) {
+              static constexpr uint8_t kText[] = {'a', 'b', 'c', 'a', 'b', 0, 0x80, 0xff, '0', '9'};
+              value |= uint64_t{rng_() % 6 == 0 ? static_cast<uint8_t>(rng_()) : pick(kText)} << (8 * i);
+            }
+            b.insert(b.end(), {0x48, 0xb8});  // mov rax, imm64
+            for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(value >> (8 * i)));
+            ok = ok && encode(ZYDIS_MNEMONIC_PINSRQ, {reg(static_cast<ZydisRegister>(ZYDIS_REGISTER_XMM0 + target)),
+                                                       reg(ZYDIS_REGISTER_RAX), imm(half)}, b);
+          }
+        }
+        static constexpr ZydisMnemonic kOps[] = {ZYDIS_MNEMONIC_PCMPESTRI, ZYDIS_MNEMONIC_PCMPESTRM,
+                                                 ZYDIS_MNEMONIC_PCMPISTRI, ZYDIS_MNEMONIC_PCMPISTRM};
+        const ZydisMnemonic m = pick(kOps);
+        const bool explicit_lengths = m == ZYDIS_MNEMONIC_PCMPESTRI || m == ZYDIS_MNEMONIC_PCMPESTRM;
+        if (explicit_lengths) {
+          for (ZydisRegister r : {ZYDIS_REGISTER_RAX, ZYDIS_REGISTER_RDX}) {
+            const int64_t length = rng_() % 4 == 0 ? static_cast<int64_t>(interesting(64)) : static_cast<int64_t>(rng_() % 41) - 20;
+            ok = ok && encode(ZYDIS_MNEMONIC_MOV, {reg(r), imm(length)}, b);
+          }
+        }
+        std::vector<uint8_t> insn;
+        ok = ok && encode(m, {xmm(), xm_any(), imm8()}, insn);
+        // REX.W (64-bit lengths) now and then: 66 [REX] 0F 3A ...
+        if (ok && explicit_lengths && rng_() % 4 == 0) {
+          if ((insn[1] & 0xf0) == 0x40) insn[1] |= 0x08;
+          else insn.insert(insn.begin() + 1, 0x48);
+        }
+        b.insert(b.end(), insn.begin(), insn.end());
+        defines = kAll;
+        return ok;
+      }
+    }
+  }
+  if (name == "x86-64-v2") {
+    cls = "x86-64-v2";
+    switch (rng_() % 4) {
+      case 0: {
+        const unsigned w = rng_() % 3 == 0 ? 16 : rng_() % 2 ? 32 : 64;
+        defines = kAll;
+        return encode(ZYDIS_MNEMONIC_POPCNT, {reg(gpr(w)), rm(w)}, b);
+      }
+      case 1: {  // CMPXCHG16B, RDX:RAX equal to the memory half the time, LOCK half the time, misaligned now and then
+        Opnd m = mem(16);
+        if (rng_() % 8 == 0) m.disp += 8;
+        if (rng_() % 2) {
+          ok = encode(ZYDIS_MNEMONIC_MOV, {reg(ZYDIS_REGISTER_RAX), Opnd{Opnd::kMem, ZYDIS_REGISTER_NONE, 8, m.disp}}, b) &&
+               encode(ZYDIS_MNEMONIC_MOV, {reg(ZYDIS_REGISTER_RDX), Opnd{Opnd::kMem, ZYDIS_REGISTER_NONE, 8, m.disp + 8}}, b);
+        }
+        if (rng_() % 2) b.push_back(0xf0);
+        defines = kZf;
+        return ok && encode(ZYDIS_MNEMONIC_CMPXCHG16B, {m}, b);
+      }
+      default:
+        if (rng_() % 2) {
+          b = {0x9f};  // LAHF
+          reads = kAll & ~kOf;
+        } else {
+          b = {0x9e};  // SAHF
+          defines = kAll & ~kOf;
+        }
+        return true;
+    }
+  }
+  return false;
 }
 
 Sequence Generator::sequence(int length) {

@@ -30,6 +30,9 @@ class Generator {
   // the host and deja's CPU model have them.
   Generator(uint64_t seed, bool has_tzcnt, bool has_lzcnt);
   Sequence sequence(int length);
+  // MOVBE (register from memory and memory from register) among the bit scans and counts: where the host and
+  // deja's CPU model both have it.
+  bool movbe = false;
 
   // Known interp defects the CI run steps around until they are fixed (each one is listed in the
   // tester's --help and in docs/interp-alu.md), so that everything else keeps being checked.
@@ -40,9 +43,19 @@ class Generator {
   RegisterFile registers();
   std::vector<uint8_t> data();
 
+  // The SIMD and x86-64-v2 instruction classes (MMX with its x87 transitions, MMX's SSE additions and the
+  // MMX/SSE conversions, SSE3, SSSE3, SSE4.1, SSE4.2, the x86-64-v2 integer instructions) by name.
+  static const std::vector<std::string>& simd_class_names();
+  // What sequence() draws from: the original mix (empty), or these SIMD classes only; with `mix_original`
+  // half of the instructions still come from the original mix.
+  std::vector<std::string> simd_classes;
+  bool mix_original = false;
+
  private:
   bool emit_one(Sequence& seq);
   bool emit_x87(Sequence& seq, std::vector<uint8_t>& bytes, uint64_t& reads, uint64_t& defines, const char*& cls);
+  bool emit_simd(Sequence& seq, const std::string& name, std::vector<uint8_t>& bytes, uint64_t& reads,
+                 uint64_t& defines, const char*& cls);
   void x87_value(uint8_t* slot);
   uint16_t x87_control_ = 0x037f;  // chosen with each sequence, loaded by registers()
   uint64_t interesting(unsigned width);

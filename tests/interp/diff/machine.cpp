@@ -1,10 +1,9 @@
-// Runs one instruction sequence natively (forked child, asm trampoline) or under InterpBackend, from the same register file.
+// Runs one instruction sequence natively (in this process, through an asm trampoline) or under InterpBackend, from the same register file.
 #include "tests/interp/diff/machine.h"
 
+#include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -45,6 +44,25 @@ deja_diff_enter:
   movdqu 0x600180, %xmm13
   movdqu 0x600190, %xmm14
   movdqu 0x6001a0, %xmm15
+  testb $1, 0x6003d0
+  jz 1f
+  vinsertf128 $1, 0x6003e0, %ymm0, %ymm0
+  vinsertf128 $1, 0x6003f0, %ymm1, %ymm1
+  vinsertf128 $1, 0x600400, %ymm2, %ymm2
+  vinsertf128 $1, 0x600410, %ymm3, %ymm3
+  vinsertf128 $1, 0x600420, %ymm4, %ymm4
+  vinsertf128 $1, 0x600430, %ymm5, %ymm5
+  vinsertf128 $1, 0x600440, %ymm6, %ymm6
+  vinsertf128 $1, 0x600450, %ymm7, %ymm7
+  vinsertf128 $1, 0x600460, %ymm8, %ymm8
+  vinsertf128 $1, 0x600470, %ymm9, %ymm9
+  vinsertf128 $1, 0x600480, %ymm10, %ymm10
+  vinsertf128 $1, 0x600490, %ymm11, %ymm11
+  vinsertf128 $1, 0x6004a0, %ymm12, %ymm12
+  vinsertf128 $1, 0x6004b0, %ymm13, %ymm13
+  vinsertf128 $1, 0x6004c0, %ymm14, %ymm14
+  vinsertf128 $1, 0x6004d0, %ymm15, %ymm15
+1:
   mov $0x600ff0, %rsp
   pushq 0x600080
   popfq
@@ -105,8 +123,32 @@ deja_diff_exit:
   movdqu %xmm13, 0x600180
   movdqu %xmm14, 0x600190
   movdqu %xmm15, 0x6001a0
+  testb $1, 0x6003d0
+  jz 1f
+  vextractf128 $1, %ymm0, 0x6003e0
+  vextractf128 $1, %ymm1, 0x6003f0
+  vextractf128 $1, %ymm2, 0x600400
+  vextractf128 $1, %ymm3, 0x600410
+  vextractf128 $1, %ymm4, 0x600420
+  vextractf128 $1, %ymm5, 0x600430
+  vextractf128 $1, %ymm6, 0x600440
+  vextractf128 $1, %ymm7, 0x600450
+  vextractf128 $1, %ymm8, 0x600460
+  vextractf128 $1, %ymm9, 0x600470
+  vextractf128 $1, %ymm10, 0x600480
+  vextractf128 $1, %ymm11, 0x600490
+  vextractf128 $1, %ymm12, 0x6004a0
+  vextractf128 $1, %ymm13, 0x6004b0
+  vextractf128 $1, %ymm14, 0x6004c0
+  vextractf128 $1, %ymm15, 0x6004d0
+  vzeroupper
+1:
   fxsave64 0x6001b0
   fnstenv 0x6003b0
+  fninit
+  cld
+  pushq $0x1f80
+  ldmxcsr (%rsp)
   mov 0x600090, %rsp
   pop %r15
   pop %r14
@@ -154,18 +196,41 @@ void* map_fixed(uint64_t address, uint64_t size, int prot) {
   return p;
 }
 
+// The sequences run in this process: a fault (or the alarm of a hang) jumps back out of the signal handler.
+sigjmp_buf g_fault_jump;
+volatile sig_atomic_t g_running = 0;
+volatile sig_atomic_t g_fault_signal = 0;
+volatile sig_atomic_t g_fault_code = 0;
+
+void on_fault(int signal, siginfo_t* info, void*) {
+  if (!g_running) {  // not the sequence's: the default action
+    ::signal(signal, SIG_DFL);
+    ::raise(signal);
+    return;
+  }
+  g_running = 0;
+  g_fault_signal = signal;
+  g_fault_code = info->si_code;
+  siglongjmp(g_fault_jump, 1);
+}
+
 bool ensure_mappings() {
   if (g_state) return true;
   g_code = static_cast<uint8_t*>(map_fixed(kCodeAddr, kCodeSize, PROT_READ | PROT_WRITE | PROT_EXEC));
   g_data = static_cast<uint8_t*>(map_fixed(kDataAddr, kDataSize, PROT_READ | PROT_WRITE));
   g_state = static_cast<RegisterFile*>(map_fixed(kStateAddr, 0x1000, PROT_READ | PROT_WRITE));
-  return g_code && g_data && g_state;
-}
-
-// In the child: record the signal's si_code (to tell #DE from #XM) and leave at once.
-void on_fault(int signal, siginfo_t* info, void*) {
-  g_state->pad = static_cast<uint32_t>(info->si_code);
-  _exit(100 + signal);
+  if (!g_code || !g_data || !g_state) return false;
+  static uint8_t alt_stack[64 * 1024];
+  stack_t ss{};
+  ss.ss_sp = alt_stack;
+  ss.ss_size = sizeof(alt_stack);
+  sigaltstack(&ss, nullptr);
+  struct sigaction action {};
+  action.sa_sigaction = on_fault;
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&action.sa_mask);
+  for (int s : {SIGFPE, SIGSEGV, SIGILL, SIGBUS, SIGTRAP, SIGALRM}) sigaction(s, &action, nullptr);
+  return true;
 }
 
 Ending ending_for_vector(int vector) {
@@ -193,37 +258,26 @@ Outcome run_native(const std::vector<uint8_t>& code, const RegisterFile& regs, c
   *g_state = regs;
   g_state->code_entry = kCodeAddr;
   g_state->exit_target = reinterpret_cast<uint64_t>(&deja_diff_exit);
-  g_state->pad = 0;
-  fflush(nullptr);
-  const pid_t child = fork();
-  if (child == 0) {
-    static uint8_t alt_stack[64 * 1024];
-    stack_t ss{};
-    ss.ss_sp = alt_stack;
-    ss.ss_size = sizeof(alt_stack);
-    sigaltstack(&ss, nullptr);
-    struct sigaction action {};
-    action.sa_sigaction = on_fault;
-    action.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&action.sa_mask);
-    for (int s : {SIGFPE, SIGSEGV, SIGILL, SIGBUS, SIGTRAP}) sigaction(s, &action, nullptr);
-    const rlimit no_core{0, 0};
-    setrlimit(RLIMIT_CORE, &no_core);
+  // In this process, not a forked child (a fork a sequence was 90% of the tester's time): the generated code
+  // touches only its registers, the data page and its stack there; a fault or a hang (the alarm) comes back
+  // through the signal handler's jump, and the host's x87, MXCSR and direction flag are reset after it.
+  if (sigsetjmp(g_fault_jump, 1) == 0) {
+    g_running = 1;
     alarm(5);
     deja_diff_enter();
-    _exit(0);
-  }
-  int status = 0;
-  waitpid(child, &status, 0);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    alarm(0);
+    g_running = 0;
     out.regs = *g_state;
     out.data.assign(g_data, g_data + kDataSize);
     return out;
   }
-  const int code_or_signal = WIFEXITED(status) ? WEXITSTATUS(status) - 100 : WTERMSIG(status);
-  out.detail = code_or_signal;
-  switch (code_or_signal) {
-    case SIGFPE: out.ending = g_state->pad == FPE_INTDIV || g_state->pad == FPE_INTOVF ? Ending::kDivideError : Ending::kSimdFault; break;
+  alarm(0);
+  const uint32_t mxcsr = 0x1f80;
+  asm volatile("fninit\n\tcld\n\tldmxcsr %0" : : "m"(mxcsr));
+  const int signal = g_fault_signal;
+  out.detail = signal;
+  switch (signal) {
+    case SIGFPE: out.ending = g_fault_code == FPE_INTDIV || g_fault_code == FPE_INTOVF ? Ending::kDivideError : Ending::kSimdFault; break;
     case SIGILL: out.ending = Ending::kInvalidOpcode; break;
     case SIGSEGV:
     case SIGBUS: out.ending = Ending::kMemoryFault; break;
@@ -255,7 +309,15 @@ bool write64(GuestMemory& memory, uint64_t gpa, uint64_t value) { return memory.
 
 }  // namespace
 
-std::unique_ptr<GuestMachine> GuestMachine::create(std::optional<InterpMode> mode) {
+std::unique_ptr<GuestMachine> GuestMachine::create(std::optional<InterpMode> mode, const CpuModel* model) {
+  if (!model) {
+    for (const CpuModel* m : CpuModel::all()) {
+      if (!m->first_missing(interp_features())) {
+        model = m;
+        break;
+      }
+    }
+  }
   auto memory = GuestMemory::create(kRamSize);
   if (!memory) {
     std::fprintf(stderr, "diff: guest memory: %s\n", memory.error().message.c_str());
@@ -279,7 +341,8 @@ std::unique_ptr<GuestMachine> GuestMachine::create(std::optional<InterpMode> mod
     ok = ok && m.write(Gpa{handler}, std::span(&hlt, 1)).has_value();
   }
   if (!ok) return nullptr;
-  machine->cpu_ = std::make_unique<InterpBackend>(m, CpuModel::deja_v1());
+  machine->model_ = model;
+  machine->cpu_ = std::make_unique<InterpBackend>(m, *model);
   if (mode) machine->cpu_->set_mode(*mode);
   auto state = machine->cpu_->get_state();
   if (!state) return nullptr;
@@ -288,6 +351,10 @@ std::unique_ptr<GuestMachine> GuestMachine::create(std::optional<InterpMode> mod
   s.cr3 = kPml4;
   s.cr4 = cr4::kPae | cr4::kOsfxsr | cr4::kOsxmmexcpt;
   s.efer = efer::kLme | efer::kLma | efer::kSce | efer::kNxe;
+  if (model->cpuid(1, 0).ecx & (1u << 28)) {  // AVX: the OS enables its state, as Linux does
+    s.cr4 |= cr4::kOsxsave;
+    s.xcr0 = xcr0::kX87 | xcr0::kSse | xcr0::kAvx;
+  }
   s.cs = flat(0x08, 0xb, true, false);
   s.ds = s.es = s.ss = s.fs = s.gs = flat(0x10, 0x3, false, true);
   s.tr = SegmentReg{kTss, 0x67, 0x18, 0xb, 0, true, false, false, false, false, false, false};
@@ -313,6 +380,7 @@ bool GuestMachine::prepare(const std::vector<uint8_t>& code, const RegisterFile&
   std::memcpy(&s.fxsave[32], &regs.fx[32], 128);     // ST0-ST7
   std::memcpy(&s.fxsave[24], &regs.mxcsr, 4);
   for (int i = 0; i < 16; ++i) std::memcpy(&s.fxsave[160 + 16 * i], regs.xmm[i].data(), 16);
+  for (int i = 0; i < 16; ++i) std::memcpy(&s.ymmh[16 * i], regs.ymmh[i].data(), 16);
   return cpu_->set_state(s).has_value();
 }
 
@@ -333,6 +401,8 @@ Outcome GuestMachine::run(const std::vector<uint8_t>& code, const RegisterFile& 
   out.regs.rflags = after->rflags;
   std::memcpy(&out.regs.mxcsr, &after->fxsave[24], 4);
   for (int i = 0; i < 16; ++i) std::memcpy(out.regs.xmm[i].data(), &after->fxsave[160 + 16 * i], 16);
+  for (int i = 0; i < 16; ++i) std::memcpy(out.regs.ymmh[i].data(), &after->ymmh[16 * i], 16);
+  out.regs.ymm = regs.ymm;
   std::memcpy(out.regs.fx.data(), after->fxsave.data(), 512);
   // FNSTENV's view of the pointers: FIP, FOP (above FCS) and FDP, truncated to 32 bits.
   std::memcpy(&out.regs.env[12], &after->fxsave[8], 4);

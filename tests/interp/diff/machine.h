@@ -41,6 +41,12 @@ struct RegisterFile {
   // FNSTENV's image at exit: the host's FXSAVE64 may omit FIP/FDP/FOP (AMD saves them only with an
   // exception pending), so they are compared from here.
   std::array<uint8_t, 28> env{};  // offset 944
+  uint32_t pad3 = 0;
+  // With `ymm` set (a host with AVX, a guest with AVX state enabled), the upper halves of YMM0-15 are loaded and
+  // stored too.
+  uint64_t ymm = 0;                                 // offset 976
+  uint64_t pad4 = 0;
+  std::array<std::array<uint64_t, 2>, 16> ymmh{};   // offset 992
 };
 static_assert(offsetof(RegisterFile, rflags) == 128);
 static_assert(offsetof(RegisterFile, mxcsr) == 136);
@@ -50,6 +56,8 @@ static_assert(offsetof(RegisterFile, exit_target) == 160);
 static_assert(offsetof(RegisterFile, xmm) == 176);
 static_assert(offsetof(RegisterFile, fx) == 432);
 static_assert(offsetof(RegisterFile, env) == 944);
+static_assert(offsetof(RegisterFile, ymm) == 976);
+static_assert(offsetof(RegisterFile, ymmh) == 992);
 static_assert(sizeof(RegisterFile) < 0xfe0);  // below the trampoline's scratch stack at 0x600ff0
 
 // How a run ended. Exceptions are compared by class, because the host only sees a signal.
@@ -68,25 +76,30 @@ struct Outcome {
 std::vector<uint8_t> host_tail();
 std::vector<uint8_t> guest_tail();
 
-// Runs `code` natively in a forked child. Sets up the shared mappings on first use.
+// Runs `code` natively, in this process (a fault or a hang is caught). Sets up the fixed mappings on first use.
 Outcome run_native(const std::vector<uint8_t>& code, const RegisterFile& regs, const std::vector<uint8_t>& data);
 
 // A 64-bit ring-0 guest with identity paging, a GDT, and an IDT whose gates all halt at kHandlerAddr + 16*vector.
 class GuestMachine {
  public:
-  // `mode`: how the interpreter executes (its default, or the one a differential test compares).
-  static std::unique_ptr<GuestMachine> create(std::optional<InterpMode> mode = std::nullopt);
+  // `mode`: how the interpreter executes (its default, or the one a differential test compares); `model`: the
+  // CPU model (nullptr: the richest the software CPU implements); one with AVX gets CR4.OSXSAVE and XCR0 =
+  // x87|SSE|AVX, as Linux sets them.
+  static std::unique_ptr<GuestMachine> create(std::optional<InterpMode> mode = std::nullopt,
+                                              const CpuModel* model = nullptr);
   // Runs `code` (which should end in guest_tail()) for at most `budget` instructions.
   Outcome run(const std::vector<uint8_t>& code, const RegisterFile& regs, const std::vector<uint8_t>& data,
               uint64_t budget);
   // Loads code, data and registers and points the CPU at the code, without running it.
   bool prepare(const std::vector<uint8_t>& code, const RegisterFile& regs, const std::vector<uint8_t>& data);
   InterpBackend& cpu() { return *cpu_; }
+  const CpuModel& model() const { return *model_; }
   GuestMemory& memory() { return *memory_; }
 
  private:
   std::unique_ptr<GuestMemory> memory_;
   std::unique_ptr<InterpBackend> cpu_;
+  const CpuModel* model_ = nullptr;
   CpuState base_;
 };
 

@@ -1,0 +1,206 @@
+// The XSAVE feature set of the software CPU: XSAVE/XSAVEOPT/XSAVEC, XRSTOR, XGETBV/XSETBV, and CPUID's answers that follow CR4 and XCR0.
+//
+// State components: 0 x87, 1 SSE (XMM and MXCSR), 2 AVX (the upper halves of YMM0-15). The processor's XINUSE
+// is all of XCR0 at all times (a processor may report a component in use even in its initial configuration), so
+// XSAVE and XSAVEOPT write XSTATE_BV[i] = 1 for every requested component, XSAVEC saves every requested one, and
+// XSAVEOPT never skips an unmodified one: the layout of memory never depends on what the guest did before
+// (docs/interp-alu.md, "XSAVE").
+#include <Zydis/Zydis.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "interp/interp_backend.h"
+#include "interp/sse.h"
+
+namespace deja {
+
+using interp::DecodedInsn;
+
+namespace {
+
+constexpr uint8_t kUd = 6, kNm = 7, kGp = 13;
+constexpr size_t kMxcsrOffset = 24, kXmmOffset = 160, kHeaderOffset = 512, kAvxOffset = 576, kAvxBytes = 256;
+constexpr uint64_t kSupportedXcr0 = xcr0::kX87 | xcr0::kSse | xcr0::kAvx;
+constexpr uint64_t kCompacted = uint64_t{1} << 63;
+
+}  // namespace
+
+bool InterpBackend::model_has(uint32_t leaf, int reg, int bit) const {
+  const CpuidResult r = model_.cpuid(leaf, 0);
+  const uint32_t regs[4] = {r.eax, r.ebx, r.ecx, r.edx};
+  return (regs[reg] >> bit) & 1;
+}
+
+CpuidResult InterpBackend::cpuid(uint32_t leaf, uint32_t subleaf) const {
+  CpuidResult r = model_.cpuid(leaf, subleaf);
+  const CpuidResult max = model_.cpuid(0, 0);
+  if (leaf == 1) {
+    // OSXSAVE (bit 27) mirrors CR4.OSXSAVE.
+    r.ecx = (r.ecx & ~(1u << 27)) | ((s_.cr4 & cr4::kOsxsave) && (r.ecx & (1u << 26)) ? 1u << 27 : 0);
+  } else if (leaf == 0xd && max.eax >= 0xd && (subleaf == 0 || subleaf == 1)) {
+    // EBX: the size of an XSAVE area for the components XCR0 enables now (standard format for sub-leaf 0, compacted
+    // for sub-leaf 1 where XSAVEC is offered), from the model's component sub-leaves (EAX size, EBX offset, ECX
+    // bit 1 64-byte aligned when compacted): KVM's xstate_required_size.
+    const bool compacted = subleaf == 1;
+    if (compacted && !(r.eax & 0x2)) return r;
+    uint32_t size = kAvxOffset;
+    for (uint32_t i = 2; i < 32; ++i) {
+      if (!((s_.xcr0 >> i) & 1)) continue;
+      const CpuidResult c = model_.cpuid(0xd, i);
+      if (compacted) size = ((c.ecx & 2) ? (size + 63) & ~63u : size) + c.eax;
+      else size = std::max(size, c.eax + c.ebx);
+    }
+    r.ebx = size;
+  }
+  return r;
+}
+
+void InterpBackend::exec_xsave(const DecodedInsn& insn) {
+  const auto mnemonic = ZydisMnemonic(insn.mnemonic);
+  if (!model_has(1, 2, 26) || (insn.flags & interp::insn_flags::kLock)) raise_ud(insn, false);
+  if (mnemonic == ZYDIS_MNEMONIC_XSAVES || mnemonic == ZYDIS_MNEMONIC_XSAVES64 || mnemonic == ZYDIS_MNEMONIC_XRSTORS ||
+      mnemonic == ZYDIS_MNEMONIC_XRSTORS64)
+    raise_ud(insn, false);  // (no model offers XSAVES: it needs IA32_XSS)
+  if (!(s_.cr4 & cr4::kOsxsave)) raise_ud(insn, false);
+  const CpuidResult xsave_features = model_.cpuid(0xd, 1);
+  if (mnemonic == ZYDIS_MNEMONIC_XGETBV) {
+    const uint32_t index = uint32_t(s_.gpr[kRcx]);
+    // XCR0, or (where the model offers it) XINUSE & XCR0: all of XCR0 here.
+    if (index != 0 && !(index == 1 && (xsave_features.eax & 0x4))) raise(kGp, 0, true);
+    s_.gpr[kRax] = s_.xcr0 & 0xffffffffu;
+    s_.gpr[kRdx] = s_.xcr0 >> 32;
+    return;
+  }
+  if (mnemonic == ZYDIS_MNEMONIC_XSETBV) {
+    if ((s_.cr0 & cr0::kPe) && cpl() != 0) raise(kGp, 0, true);
+    const uint64_t value = (s_.gpr[kRdx] << 32) | (s_.gpr[kRax] & 0xffffffffu);
+    const CpuidResult supported = model_.cpuid(0xd, 0);
+    const uint64_t allowed = ((uint64_t(supported.edx) << 32) | supported.eax) & kSupportedXcr0;
+    if (s_.gpr[kRcx] & 0xffffffffu) raise(kGp, 0, true);
+    if ((value & ~allowed) || !(value & xcr0::kX87) || ((value & xcr0::kAvx) && !(value & xcr0::kSse)))
+      raise(kGp, 0, true);
+    s_.xcr0 = value;
+    return;
+  }
+
+  const bool save = mnemonic != ZYDIS_MNEMONIC_XRSTOR && mnemonic != ZYDIS_MNEMONIC_XRSTOR64;
+  const bool compact = mnemonic == ZYDIS_MNEMONIC_XSAVEC || mnemonic == ZYDIS_MNEMONIC_XSAVEC64;
+  if ((mnemonic == ZYDIS_MNEMONIC_XSAVEOPT || mnemonic == ZYDIS_MNEMONIC_XSAVEOPT64) && !(xsave_features.eax & 0x1))
+    raise_ud(insn, false);
+  if (compact && !(xsave_features.eax & 0x2)) raise_ud(insn, false);
+  if (s_.cr0 & cr0::kTs) raise(kNm);
+  const interp::Operand& m = insn.op[0];
+  if (m.kind != interp::OpKind::kMem) raise_ud(insn, false);
+  const uint64_t address = effective_address(m, insn);
+  if (address & 63) raise(kGp, 0, true);
+  const uint64_t rfbm = ((s_.gpr[kRdx] << 32) | (s_.gpr[kRax] & 0xffffffffu)) & s_.xcr0;
+  const unsigned vector_registers = mode64() ? 16 : 8;
+
+  auto read_bytes = [&](uint64_t offset, uint8_t* out, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+      const uint64_t chunk = read_mem(m.seg, address + offset + i, unsigned(std::min<size_t>(8, n - i)));
+      std::memcpy(out + i, &chunk, std::min<size_t>(8, n - i));
+    }
+  };
+  auto write_bytes = [&](uint64_t offset, const uint8_t* in, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+      uint64_t chunk = 0;
+      std::memcpy(&chunk, in + i, std::min<size_t>(8, n - i));
+      write_mem(m.seg, address + offset + i, unsigned(std::min<size_t>(8, n - i)), chunk);
+    }
+  };
+
+  if (save) {
+    // Standard format (XSAVE, XSAVEOPT): XSTATE_BV read, its requested bits set, written back; nothing else of the
+    // header written. Compacted (XSAVEC): XSTATE_BV = RFBM (XINUSE being XCR0), XCOMP_BV = RFBM | bit 63.
+    uint64_t header[2] = {0, 0};
+    if (!compact) header[0] = read_mem(m.seg, address + kHeaderOffset, 8);
+    const uint64_t xstate_bv = compact ? rfbm : header[0] | rfbm;
+    const size_t end = (rfbm & xcr0::kAvx) ? kAvxOffset + kAvxBytes : kHeaderOffset + (compact ? 16 : 8);
+    probe_write(m.seg, address, unsigned(end));
+    if (rfbm & xcr0::kX87) {
+      // Bytes 0-23 and 32-159, as FXSAVE writes them (the reserved bytes of each register slot zero), with the
+      // recording CPU's quirks.
+      std::array<uint8_t, 160> x87{};
+      std::memcpy(x87.data(), s_.fxsave.data(), x87.size());
+      for (size_t slot = 32; slot < 160; slot += 16) std::fill(x87.begin() + long(slot) + 10, x87.begin() + long(slot) + 16, uint8_t{0});
+      if (quirks_.fxsave_no_x87_pointers) std::fill(x87.begin() + 8, x87.begin() + 24, uint8_t{0});
+      const bool skip_fop = quirks_.fxsave_no_x87_pointers;
+      write_bytes(0, x87.data(), skip_fop ? 6 : 24);
+      if (skip_fop) write_bytes(8, x87.data() + 8, 16);
+      for (size_t slot = 32; slot < 160; slot += 16) {
+        write_bytes(slot, x87.data() + slot, quirks_.fxsave_skips_reserved_bytes ? 10 : 16);
+      }
+    }
+    // MXCSR and MXCSR_MASK go with SSE state, and also with AVX state for the standard format.
+    if ((rfbm & xcr0::kSse) || (!compact && (rfbm & xcr0::kAvx))) {
+      const uint32_t mask = interp::sse::mxcsr::kWritable;
+      uint8_t words[8];
+      std::memcpy(words, s_.fxsave.data() + kMxcsrOffset, 4);
+      std::memcpy(words + 4, &mask, 4);
+      write_bytes(kMxcsrOffset, words, 8);
+    }
+    if (rfbm & xcr0::kSse) write_bytes(kXmmOffset, s_.fxsave.data() + kXmmOffset, 16 * vector_registers);
+    if (rfbm & xcr0::kAvx) write_bytes(kAvxOffset, s_.ymmh.data(), 16 * vector_registers);
+    header[0] = xstate_bv;
+    header[1] = compact ? rfbm | kCompacted : 0;
+    write_bytes(kHeaderOffset, reinterpret_cast<const uint8_t*>(header), compact ? 16 : 8);
+    return;
+  }
+
+  // XRSTOR. The header decides the form and is checked first; then every requested component is loaded, or
+  // initialized where XSTATE_BV does not have it. Everything is read before anything changes.
+  uint8_t header[64];
+  read_bytes(kHeaderOffset, header, sizeof header);
+  uint64_t xstate_bv, xcomp_bv;
+  std::memcpy(&xstate_bv, header, 8);
+  std::memcpy(&xcomp_bv, header + 8, 8);
+  const bool compacted = xcomp_bv & kCompacted;
+  if (compacted) {
+    if (!(xsave_features.eax & 0x2) || (xcomp_bv & ~kCompacted & ~s_.xcr0) || (xstate_bv & ~xcomp_bv) ||
+        std::any_of(header + 16, header + 64, [](uint8_t b) { return b != 0; }))
+      raise(kGp, 0, true);
+  } else if ((xstate_bv & ~s_.xcr0) || std::any_of(header + 8, header + 24, [](uint8_t b) { return b != 0; })) {
+    raise(kGp, 0, true);
+  }
+  const uint64_t load = rfbm & xstate_bv;
+  std::array<uint8_t, 512> legacy = s_.fxsave;
+  std::array<uint8_t, 256> upper = s_.ymmh;
+  std::array<uint8_t, 512> image{};
+  if (load & (xcr0::kX87 | xcr0::kSse)) read_bytes(0, image.data(), 416);
+  // MXCSR: the standard form loads it whenever SSE or AVX state is requested, the compacted one with SSE state.
+  const bool load_mxcsr = compacted ? (load & xcr0::kSse) : (rfbm & (xcr0::kSse | xcr0::kAvx));
+  uint32_t mxcsr_value = interp::sse::mxcsr::kDefault;
+  if (load_mxcsr) {
+    mxcsr_value = uint32_t(read_mem(m.seg, address + kMxcsrOffset, 4));
+    if (mxcsr_value & ~interp::sse::mxcsr::kWritable) raise(kGp, 0, true);
+  }
+  if (load & xcr0::kAvx) {
+    // The AVX component sits at offset 576 in both formats (it is the first extended one).
+    read_bytes(kAvxOffset, upper.data(), 16 * vector_registers);
+  }
+  if (rfbm & xcr0::kX87) {
+    if (load & xcr0::kX87) {
+      std::memcpy(legacy.data(), image.data(), 24);
+      std::memcpy(legacy.data() + 32, image.data() + 32, 128);
+    } else {
+      // The initial configuration: FCW 037FH, everything else zero (every register empty).
+      std::fill(legacy.begin(), legacy.begin() + 24, uint8_t{0});
+      std::fill(legacy.begin() + 32, legacy.begin() + 160, uint8_t{0});
+      legacy[0] = 0x7f;
+      legacy[1] = 0x03;
+    }
+  }
+  if (rfbm & xcr0::kSse) {
+    if (load & xcr0::kSse) std::memcpy(legacy.data() + kXmmOffset, image.data() + kXmmOffset, 16 * vector_registers);
+    else std::fill(legacy.begin() + kXmmOffset, legacy.begin() + long(kXmmOffset + 16 * vector_registers), uint8_t{0});
+  }
+  if (load_mxcsr || (compacted && (rfbm & xcr0::kSse))) std::memcpy(legacy.data() + kMxcsrOffset, &mxcsr_value, 4);
+  if ((rfbm & xcr0::kAvx) && !(load & xcr0::kAvx)) std::fill(upper.begin(), upper.begin() + 16 * vector_registers, uint8_t{0});
+  s_.fxsave = legacy;
+  s_.ymmh = upper;
+}
+
+}  // namespace deja

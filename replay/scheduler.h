@@ -1,0 +1,68 @@
+// Which vCPU runs next and for how long: the schedule of vCPUs serialized on one host thread, a pure function of a seed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace deja {
+
+// Why the running vCPU stopped being run (docs/smp.md, "The schedule").
+enum class SwitchPoint : uint8_t {
+  kSliceEnd,  // it ran its slice (a quantum of retired instructions, or of guest exits in exit-sync mode)
+  kPause,    // it executed its slice's number of PAUSEs: a spin-wait, whose lock holder must get to run
+  kIdle,     // it cannot run: halted with nothing to wake it, waiting for STARTUP, or stopped by INIT
+};
+
+// What a scheduler's slices are measured in, which the progress mode decides: retired instructions where the
+// backend counts them exactly (interp, exact), guest-caused exits otherwise (exit-sync: KVM without a PMU).
+enum class SliceUnit : uint8_t { kInstructions = 0, kGuestExits = 1 };
+std::string_view slice_unit_name(SliceUnit unit);
+
+// The parameters of a schedule, recorded in the trace header (MachineConfig.schedule) so that replay makes
+// the same choices.
+struct ScheduleConfig {
+  std::string policy = "quantum";
+  uint64_t seed = 0;
+  SliceUnit unit = SliceUnit::kInstructions;
+  uint64_t quantum = 0;      // mean slice length in `unit` (each slice draws from [quantum/2, 3*quantum/2))
+  uint32_t pause_limit = 0;  // PAUSEs a slice may execute: each slice draws from [1, pause_limit]
+  bool operator==(const ScheduleConfig&) const = default;
+};
+// The defaults: a quantum of 200,000 instructions (0.2 ms of the guest's clock per slice), 32 guest exits in
+// exit-sync mode, and up to 64 PAUSEs (Linux's spinlocks pause between reads of the lock word).
+ScheduleConfig default_schedule(SliceUnit unit, uint64_t seed);
+
+// A slice: how long the vCPU may run before the scheduler looks again.
+struct Slice {
+  uint64_t length = 0;  // in the schedule's unit
+  uint32_t pauses = 0;  // PAUSEs before it yields
+};
+
+// The interface exploration policies plug into (issue #24: PCT priorities, random quanta): everything a
+// policy decides goes through next() and slice(), and everything it remembers through save()/restore(), so a
+// checkpoint and a replay make the same choices. A policy sees only what the guest did (never host time).
+class Scheduler {
+ public:
+  virtual ~Scheduler() = default;
+  virtual const ScheduleConfig& config() const = 0;
+  // The vCPU to run after `current` stopped at `why`; `runnable[i]` says whether vCPU i can run now (never
+  // all false). May be `current` itself (it starts a new slice).
+  virtual uint32_t next(uint32_t current, SwitchPoint why, std::span<const bool> runnable) = 0;
+  // The slice of `vcpu`, which starts running now.
+  virtual Slice slice(uint32_t vcpu) = 0;
+  // The policy's state (a checkpoint's part).
+  virtual std::vector<uint8_t> save() const = 0;
+  virtual Result<> restore(std::span<const uint8_t> state) = 0;
+};
+
+// The default policy: round robin over the runnable vCPUs, in index order from the one after `current`, with
+// each slice's length and PAUSE count drawn from a generator seeded with the schedule's seed (splitmix64).
+// Fails on a policy name or parameters it does not take.
+Result<std::unique_ptr<Scheduler>> make_scheduler(const ScheduleConfig& config);
+
+}  // namespace deja
