@@ -74,6 +74,8 @@ class LinuxTraceView {
   bool is_linux() const { return linux_; }
   // The timeline in event order; disk writes to contiguous bytes in a row are one entry.
   std::vector<TimelineEntry> timeline() const;
+  // Entries so far, but the first user-space event: each new one is at the event just added.
+  size_t timeline_entry_count() const { return entries_.size(); }
   const std::optional<TimelineEntry>& first_user_space() const { return user_; }
   const std::string& first_user_space_detail() const { return user_detail_; }  // "RDTSC at rip 0x7f..., the first ..."
 

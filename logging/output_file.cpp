@@ -289,6 +289,19 @@ Result<> ProductFile::write(std::span<const uint8_t> bytes) {
     left -= size_t(n);
     offset_ += uint64_t(n);
   }
+  written_end_ = offset_;
+  return {};
+}
+
+Result<> ProductFile::skip(uint64_t bytes) {
+  if (fd_ < 0) return fail(ErrorKind::kInvalidArgument, "{} file {} is already closed", what_, writing_path_);
+  if (failed_) return fail(ErrorKind::kHost, "{} file {} had a write error earlier", what_, writing_path_);
+  if (bytes > uint64_t(INT64_MAX) - offset_ || ::lseek(fd_, off_t(offset_ + bytes), SEEK_SET) < 0) {
+    failed_ = true;
+    return fail(ErrorKind::kHost, "cannot seek in {} file {} to byte {}: {}", what_, writing_path_, offset_ + bytes,
+                std::strerror(errno ? errno : EOVERFLOW));
+  }
+  offset_ += bytes;
   return {};
 }
 
@@ -328,11 +341,12 @@ Result<> ProductFile::check_intact() const {
                 "and deja does not rename it to {}",
                 writing_path_, what_, final_path_);
   }
-  if (fd_ >= 0 && ::fstat(fd_, &file) == 0 && uint64_t(file.st_size) != offset_) {
+  // Its size is the end of the last bytes written, or the logical end once a final hole was sized (commit).
+  if (fd_ >= 0 && ::fstat(fd_, &file) == 0 && uint64_t(file.st_size) != written_end_) {
     return fail(ErrorKind::kHost,
                 "{} was changed by another program while deja wrote it ({} bytes, deja wrote {}): it is not the {} "
                 "deja wrote, and deja does not rename it to {}",
-                writing_path_, file.st_size, offset_, what_, final_path_);
+                writing_path_, file.st_size, written_end_, what_, final_path_);
   }
   return {};
 }
@@ -340,6 +354,14 @@ Result<> ProductFile::check_intact() const {
 Result<> ProductFile::commit(Replace replace) {
   if (fd_ < 0) return fail(ErrorKind::kInvalidArgument, "{} file {} is already closed", what_, writing_path_);
   if (auto ok = check_intact(); !ok) return ok;
+  // A file ending in a hole: its size is set now, once checked to be what deja wrote.
+  if (written_end_ != offset_) {
+    if (::ftruncate(fd_, off_t(offset_)) != 0) {
+      failed_ = true;
+      return fail(ErrorKind::kHost, "cannot size {} file {}: {}", what_, writing_path_, std::strerror(errno));
+    }
+    written_end_ = offset_;
+  }
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) return fail(ErrorKind::kHost, "cannot close {}: {}", writing_path_, std::strerror(errno));

@@ -101,6 +101,9 @@ class ProductFile {
   ProductFile& operator=(const ProductFile&) = delete;
 
   Result<> write(std::span<const uint8_t> bytes);
+  // Leaves `bytes` zero bytes as a hole (a sparse file: a memory image's unused RAM); commit() sets the size when the
+  // file ends in one.
+  Result<> skip(uint64_t bytes);
   Result<> sync();  // fdatasync
   Result<> set_mode(mode_t mode);  // products are made 0600; a public file (a public key) is widened here
   // Whether the file being written is still the one deja created and holds exactly what it wrote; the error says
@@ -113,7 +116,7 @@ class ProductFile {
   // The file being written (PATH.partial until commit(), then PATH).
   const std::string& path() const { return committed_ ? final_path_ : writing_path_; }
   const std::string& final_path() const { return final_path_; }
-  uint64_t bytes_written() const { return offset_; }
+  uint64_t bytes_written() const { return offset_; }  // skipped bytes included: the file's size once committed
 
  private:
   ProductFile(std::string what, std::string final_path, std::string writing_path)
@@ -130,7 +133,8 @@ class ProductFile {
   int dir_fd_ = -1;
   dev_t dev_ = 0;
   ino_t ino_ = 0;
-  uint64_t offset_ = 0;
+  uint64_t offset_ = 0;      // the logical end: bytes written and holes skipped
+  uint64_t written_end_ = 0;  // the end of the last bytes written: the file's size until a final hole is sized
   bool failed_ = false;
   bool committed_ = false;
   Unfinished unfinished_ = Unfinished::kKeep;

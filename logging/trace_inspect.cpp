@@ -11,6 +11,7 @@
 #include "logging/linux_trace.h"
 #include "logging/output_file.h"
 #include "logging/pcap_writer.h"
+#include "logging/trace_html.h"
 #include "logging/trace_reader.h"
 #include "core/text.h"
 
@@ -121,7 +122,7 @@ std::span<const uint8_t> as_bytes(const std::string& s) {
 }
 
 // One pass over the events: counts, the Linux view, and the frames into `pcap` (when given) at their guest time.
-Result<Survey> survey(const std::string& path, LinuxTraceView& view, PcapWriter* pcap) {
+Result<Survey> survey(const std::string& path, LinuxTraceView& view, PcapWriter* pcap, HtmlTimeline* html) {
   auto opened = TraceReader::open(path);
   if (!opened) return std::unexpected(opened.error());
   TraceReader& reader = **opened;
@@ -135,6 +136,7 @@ Result<Survey> survey(const std::string& path, LinuxTraceView& view, PcapWriter*
     if (!*event) break;
     const trace::Event& e = **event;
     view.add(reader.events_read() - 1, e);
+    if (html) html->add(reader.events_read() - 1, e, view);
     ++s.by_kind[event_kind_name(e)];
     ++s.events_by_vcpu[e.vcpu()];
     if (e.has_serial_output()) s.serial_bytes += e.serial_output().data().size();
@@ -222,6 +224,12 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
   fmt::print(out, "recorded by  deja {} (build {})\n", printable(h.deja_version()), printable(h.build_id()));
   fmt::print(out, "host         {}\n", printable(h.host()));
   fmt::print(out, "started      {}\n", utc_time(h.start_unix_ns()));
+  if (h.has_libvirt_domain()) {
+    const trace::LibvirtDomain& d = h.libvirt_domain();
+    fmt::print(out, "libvirt      domain {} uuid {} from {}, XML sha256={}{}\n", json_string(d.name()),
+               d.uuid().empty() ? "(none)" : d.uuid(), d.source(), hex(d.xml_sha256()),
+               d.schema_validated() ? " (valid per libvirt's schema)" : "");
+  }
   const trace::MachineConfig& c = h.config();
   // (Traces before software_tlb_entries was recorded ran the software CPU with 256.)
   fmt::print(out, "models       cpu {} v{}, devices v{}, software TLB {} entries\n",
@@ -413,10 +421,11 @@ void print_json_extras(const trace::Header& h, const Survey& s, const LinuxTrace
 }  // namespace
 
 Result<> inspect_trace(const std::string& path, const InspectOptions& options, std::FILE* out) {
-  if (!options.pcap.empty()) {
+  if (!options.pcap.empty() || !options.html.empty()) {
     OutputPlan files;  // the one output rule (logging/output_file.h)
     files.add_input("the trace", path);
     files.add_output("the packet capture", options.pcap, OutputKind::kProduct);
+    files.add_output("the HTML timeline", options.html, OutputKind::kProduct);
     if (auto ok = files.check(); !ok) return ok;
   }
   auto opened = TraceReader::open(path);
@@ -429,13 +438,31 @@ Result<> inspect_trace(const std::string& path, const InspectOptions& options, s
     if (!created) return std::unexpected(created.error());
     pcap = std::move(*created);
   }
-  auto surveyed = survey(path, view, pcap.get());
+  // Created before the survey, so that a path that cannot be written is said at once.
+  std::unique_ptr<ProductFile> html_file;
+  std::optional<HtmlTimeline> html;
+  if (!options.html.empty()) {
+    auto created = ProductFile::create_replacing(options.html, "HTML timeline", ProductFile::Unfinished::kRemove);
+    if (!created) return std::unexpected(created.error());
+    html_file = std::move(*created);
+    html.emplace(h, options.divergence_event);
+  }
+  auto surveyed = survey(path, view, pcap.get(), html ? &*html : nullptr);
   if (!surveyed) return std::unexpected(surveyed.error());
   Survey& s = *surveyed;
   if (pcap && !s.pcap_error) {
     if (auto r = pcap->finish(); !r) s.pcap_error = r.error();
   }
   const GuestStory story = tell(h, view);
+  if (html) {
+    HtmlTimeline::Summary summary{path, s.error ? "corrupt: " + s.error->message
+                                        : s.complete ? std::string("complete")
+                                                     : "truncated: " + s.end_description,
+                                  s.events, s.file_size, s.by_kind, story.kernel ? story.kernel->version : ""};
+    // The page of a damaged trace shows it up to the damage, as the text does.
+    if (auto r = html->write(summary, view, *html_file); !r) return r;
+    if (auto r = html_file->commit(); !r) return r;
+  }
 
   if (!options.json) {
     print_text(path, h, s, view, story, out);

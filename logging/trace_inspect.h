@@ -2,8 +2,10 @@
 #pragma once
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
+#include "logging/output_file.h"
 #include "logging/trace_format.h"
 
 namespace deja {
@@ -13,6 +15,8 @@ struct InspectOptions {
   bool serial = false;  // print the guest's serial output
   bool json = false;    // one JSON object instead of text
   std::string pcap;     // also write the NICs' frames to this file (classic pcap, LINKTYPE_ETHERNET); "" = none
+  std::string html;     // also write the page of logging/trace_html.h to this file; "" = none
+  std::optional<uint64_t> divergence_event;  // marked on the page: where a failed replay said it diverged
 };
 
 // Truncated traces are described up to where they end, saying so; a corrupt trace is described up to the

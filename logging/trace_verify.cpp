@@ -41,10 +41,13 @@ struct Walk {
 };
 
 // Check 1 and 2: every frame, event and the footer, as the reader checks them, plus what a complete recording has.
-Walk walk(TraceReader& reader) {
+Walk walk(TraceReader& reader, const VerifyOptions& options) {
   Walk w;
-  uint64_t end_events = 0, first_end_index = 0;
+  uint64_t end_events = 0, first_end_index = 0, chunks_seen = 0;
   bool last_is_end = false;
+  auto tell = [&] {
+    if (options.progress) options.progress(reader.valid_bytes(), reader.file_size(), reader.events_read());
+  };
   while (true) {
     auto event = reader.next();
     if (!event) {
@@ -54,6 +57,10 @@ Walk walk(TraceReader& reader) {
     }
     if (!*event) break;
     const trace::Event& e = **event;
+    if (reader.chunks_read() != chunks_seen) {
+      chunks_seen = reader.chunks_read();
+      tell();
+    }
     if (e.kind_case() == trace::Event::KIND_NOT_SET && w.problem.empty())
       w.problem = fmt::format("event {} has no kind (unknown to this deja, or empty)", reader.events_read() - 1);
     if (e.has_end()) {
@@ -62,6 +69,7 @@ Walk walk(TraceReader& reader) {
     }
     last_is_end = e.has_end();
   }
+  tell();
   if (!w.problem.empty()) return w;
   if (reader.truncated()) {
     w.problem = reader.end_description();
@@ -250,7 +258,7 @@ VerifyReport verify_trace(const std::string& path, const VerifyOptions& options)
   std::future<Result<Sha256>> file_hash;
   if (has_signature_file) file_hash = std::async(std::launch::async, [path] { return sha256_file(path); });
 
-  Walk w = walk(reader);
+  Walk w = walk(reader, options);
   report.chunks = reader.chunks_read();
   report.events = reader.events_read();
   report.complete = reader.complete();

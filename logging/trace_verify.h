@@ -2,6 +2,8 @@
 // signature, input files (replay, the fifth, is the CLI's).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,6 +21,8 @@ struct VerifyOptions {
   std::string signature;            // "" = TRACE.sig when it exists
   bool check_signature_file = true;  // false: leave TRACE.sig alone (`deja sign`, which replaces it)
   std::string tsa_ca;               // CA certificates to check TRACE.sig.tsr's authority against
+  // Hears after each chunk how far the structure and chain check has read: bytes of the file, and events.
+  std::function<void(uint64_t bytes, uint64_t file_bytes, uint64_t events)> progress;
 };
 
 enum class CheckStatus { kPassed, kFailed, kNotRun };

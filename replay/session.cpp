@@ -768,6 +768,7 @@ Result<StopReason> Session::run_until(const StopRequest& stop) {
   Turn turn;
   turn.start_step = total_steps();
   for (;;) {
+    tick_progress();
     auto stopped = step(stop, turn);
     if (!stopped) return std::unexpected(stopped.error());
     if (*stopped) return **stopped;

@@ -159,6 +159,9 @@ class Session {
   // The replay has ended (run_until returned kEnd) and not been restored since.
   const std::optional<Outcome>& replay_ended() const { return ended_; }
 
+  // Progress lines (tools/progress_line.h): the run loop calls `hook` at most every 100 ms of host time.
+  void set_progress_hook(std::function<void()> hook) { progress_hook_ = std::move(hook); }
+
  private:
   class TeeSink;
 
@@ -275,6 +278,17 @@ class Session {
   static constexpr uint64_t kNetPollNs = 1'000'000;
   static constexpr size_t kMaxFramesPerEvent = 256;
   uint64_t next_net_poll_ns_ = 0;
+
+  void tick_progress() {
+    if (!progress_hook_) return;
+    const uint64_t now = HostClock::monotonic_ns();
+    if (now < next_progress_ns_) return;
+    next_progress_ns_ = now + kProgressIntervalNs;
+    progress_hook_();
+  }
+  std::function<void()> progress_hook_;
+  static constexpr uint64_t kProgressIntervalNs = 100'000'000;
+  uint64_t next_progress_ns_ = 0;
 
   std::optional<Outcome> ended_;     // the run ended here (replay: until a checkpoint is restored)
   std::function<Result<>()> record_turn_hook_;

@@ -22,7 +22,8 @@ bool TraceConfig::operator==(const TraceConfig& o) const {
            (!a || (a->ps_per_instruction == b->ps_per_instruction && a->ns_per_device_read == b->ns_per_device_read));
   };
   return format_version == o.format_version && build_id == o.build_id && deja_version == o.deja_version &&
-         host == o.host && start_unix_ns == o.start_unix_ns && cpu_model == o.cpu_model &&
+         host == o.host && start_unix_ns == o.start_unix_ns && libvirt_domain == o.libvirt_domain &&
+         cpu_model == o.cpu_model &&
          device_model_version == o.device_model_version && backend == o.backend && machine == o.machine &&
          vcpus == o.vcpus && schedule == o.schedule && memory_bytes == o.memory_bytes && cmdline == o.cmdline &&
          device_semantics == o.device_semantics && disks == o.disks && nics == o.nics && rng == o.rng &&
@@ -42,6 +43,14 @@ trace::Header to_header(const TraceConfig& t) {
   h.set_deja_version(t.deja_version);
   h.set_host(t.host);
   h.set_start_unix_ns(t.start_unix_ns);
+  if (const auto& d = t.libvirt_domain) {
+    auto* domain = h.mutable_libvirt_domain();
+    domain->set_name(d->name);
+    domain->set_uuid(d->uuid);
+    domain->set_xml_sha256(d->xml_sha256);
+    domain->set_source(d->source);
+    domain->set_schema_validated(d->schema_validated);
+  }
   h.set_cpu_model(std::string(t.cpu_model->name()));
   h.set_cpu_model_version(t.cpu_model->version());
   h.set_device_model_version(t.device_model_version);
@@ -115,6 +124,10 @@ Result<TraceConfig> from_header(const trace::Header& h) {
   t.deja_version = h.deja_version();
   t.host = h.host();
   t.start_unix_ns = h.start_unix_ns();
+  if (h.has_libvirt_domain()) {
+    const auto& d = h.libvirt_domain();
+    t.libvirt_domain = RecordedDomain{d.name(), d.uuid(), d.xml_sha256(), d.source(), d.schema_validated()};
+  }
   t.cpu_model = CpuModel::for_trace(h.cpu_model(), h.cpu_model_version());
   if (!t.cpu_model) {
     return fail(ErrorKind::kUnsupported, "recorded with CPU model {} v{}; this deja implements {}",
@@ -252,6 +265,11 @@ MachineConfig replay_machine(const TraceConfig& t, const std::string& backend) {
   m.device_semantics = t.device_semantics;
   m.trap_rdtsc = t.rdtsc_trapped;
   m.nics = unsigned(t.nics.size());
+  for (const RecordedNic& n : t.nics) {
+    std::array<uint8_t, 6> mac = nic_mac(unsigned(m.nic_macs.size()));  // every trace so far holds 6 bytes
+    if (n.mac.size() == mac.size()) std::copy(n.mac.begin(), n.mac.end(), mac.begin());
+    m.nic_macs.push_back(mac);
+  }
   m.rng = t.rng;
   return m;
 }

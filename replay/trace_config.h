@@ -1,6 +1,7 @@
 // The trace header's mapping to and from a machine configuration, both directions side by side (rr's TraceStream).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -53,6 +54,15 @@ struct RecordedNic {
   bool operator==(const RecordedNic&) const = default;
 };
 
+// The libvirt domain a recording's machine was described by (`record --libvirt-xml/--libvirt-domain`): provenance.
+struct RecordedDomain {
+  std::string name, uuid;
+  std::string xml_sha256;  // 32 bytes, of the XML as read
+  std::string source;      // "file PATH" or "libvirt URI, domain NAME"
+  bool schema_validated = false;
+  bool operator==(const RecordedDomain&) const = default;
+};
+
 // Everything a trace header says, as values: by what and when it was recorded, the machine, the guest's inputs,
 // and the ways of the recording session that its replay must take again. Traces written before a field existed
 // read back as what they were recorded with (the defaults below).
@@ -61,6 +71,7 @@ struct TraceConfig {
   uint32_t format_version = 0;
   std::string build_id, deja_version, host;
   int64_t start_unix_ns = 0;  // wall-clock time at machine start: the RTC's epoch
+  std::optional<RecordedDomain> libvirt_domain;
   // The machine.
   const CpuModel* cpu_model = &CpuModel::x86_64_v1();
   uint32_t device_model_version = kDeviceModelVersion;

@@ -28,6 +28,13 @@ PACKAGES=(
   gdb
   # `deja inspect --pcap` is checked by reading the capture back with tshark (tests/linux)
   tshark
+  # libvirt domains (libvirt/): libxml2 parses and validates them against libvirt's domain.rng (shipped by libvirt0,
+  # which libvirt-dev brings); libvirt-dev is the optional C API of --libvirt-domain; xmllint (libxml2-utils) checks
+  # exported domains in the tests; virsh (libvirt-clients) shows the test driver's domains by hand
+  libxml2-dev libvirt-dev libvirt0 libxml2-utils libvirt-clients
+  # `deja inspect --html` pages are loaded in headless Chromium in the tests (tests/logging); `query --dump` cores are
+  # read with gdb (above) and readelf (binutils), and `crash` opens them (docs/debugging.md)
+  chromium crash
   # the distro guests (guest-distro/, tests/distro): a Debian root file system made with mmdebstrap from the mirror
   # apt uses, packed with mkfs.ext4 -d; the host's initrd unpacked for the diagnostic copy (unmkinitramfs)
   mmdebstrap e2fsprogs initramfs-tools-core

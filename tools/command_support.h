@@ -21,6 +21,8 @@
 
 namespace deja {
 
+struct ProgressDisplay;  // tools/progress_line.h
+
 // One row of the git-style subcommand table: its CLI11 parser and what runs when it was parsed.
 struct Subcommand {
   CLI::App* cli = nullptr;
@@ -42,10 +44,11 @@ Subcommand add_merge_command(CLI::App& app);
 Subcommand add_keygen_command(CLI::App& app);
 Subcommand add_sign_command(CLI::App& app);
 Subcommand add_custody_command(CLI::App& app);
+Subcommand add_export_libvirt_command(CLI::App& app);
 
-// `deja verify --replay`: replays TRACE (serial output discarded); 0 when every event and digest matched, else
-// deja's status for what went wrong (tools/replay_command.cpp).
-int replay_for_verify(const std::string& trace_path);
+// `deja verify --replay`: replays TRACE (serial output discarded), showing progress as `display` says; 0 when every
+// event and digest matched, else deja's status for what went wrong (tools/replay_command.cpp).
+int replay_for_verify(const std::string& trace_path, const ProgressDisplay& display);
 
 // `--tsa-request FILE` of record and sign: an RFC 3161 request for the signature's time-stamp (tools/sign_command.cpp).
 Result<> write_timestamp_request(const std::string& path, const DsseEnvelope& signed_trace,

@@ -12,6 +12,7 @@
 #include "logging/trace_signature.h"
 #include "logging/trace_inspect.h"
 #include "tools/command_support.h"
+#include "tools/progress_line.h"
 #include "replay/replay_setup.h"
 #include "core/exit_status.h"
 #include "core/messages.h"
@@ -30,6 +31,7 @@ struct DebugOptions {
   std::string sign;  // --save-checkpoints: sign each file with this key
   bool verify_checkpoints = false;
   bool by_events = false;
+  ProgressDisplay display;  // --verify-checkpoints
 };
 
 std::optional<uint64_t> parse_number(std::string_view s) {
@@ -222,15 +224,19 @@ class ReplayTarget final : public gdb::Target {
 
 // --verify-checkpoints: the state after restore-and-replay equals the straight replay's at every checkpoint,
 // and dropping checkpoints changes nothing but speed.
-int verify_checkpoints(ReplayTimeline& timeline) {
+int verify_checkpoints(ReplayTimeline& timeline, const DebugOptions& options) {
   Session& session = timeline.session();
   std::vector<std::pair<uint64_t, Digest>> straight;
   straight.emplace_back(timeline.now(), session.final_machine_digest());
+  // Two phases shown: the straight replay taking checkpoints, then the checks from each checkpoint.
+  ProgressLine replaying("verify-checkpoints: replay", options.display);
+  follow_replay(session, replaying, replay_totals(options.replay.trace_path));
   for (;;) {
     auto r = timeline.forward(StopRequest{});
     if (!r) return report_error(r.error());
     if (r->kind == StopReason::Kind::kEnd) break;
   }
+  replaying.finish();
   if (session.replay_ended()->status == exit_status::kDivergence) {
     std::fputs(("deja: " + session.engine().divergence()->report).c_str(), stderr);
     return exit_status::kDivergence;
@@ -246,7 +252,11 @@ int verify_checkpoints(ReplayTimeline& timeline) {
     at_checkpoint.push_back(session.final_machine_digest());
   }
   uint64_t mismatches = 0;
-  for (size_t i = 0; i + 1 < times.size(); ++i) {
+  ProgressLine checking("verify-checkpoints: check", options.display);
+  size_t checked = 0;
+  checking.set_source([&] { return std::vector<ProgressMeasure>{{"checkpoints", checked, times.size()}}; });
+  session.set_progress_hook([&checking] { checking.poll(); });
+  for (size_t i = 0; i + 1 < times.size(); ++i, checked = i) {
     if (auto r = timeline.restore_at(times[i]); !r) return report_error(r.error());
     auto r = timeline.counts_steps() ? timeline.seek(times[i + 1]) : timeline.seek_event(times[i + 1]);
     if (!r) return report_error(r.error());
@@ -274,6 +284,7 @@ int verify_checkpoints(ReplayTimeline& timeline) {
     r = timeline.forward(StopRequest{});
     if (!r) return report_error(r.error());
   }
+  checking.finish();
   if (!(session.final_machine_digest() == end_digest)) {
     say("the state at the end differs after seeking back to it");
     ++mismatches;
@@ -308,7 +319,7 @@ int debug_trace(const DebugOptions& options) {
   topt.by_events = options.by_events;
   auto timeline = ReplayTimeline::create(session, topt);
   if (!timeline) return report_error(timeline.error());
-  if (options.verify_checkpoints) return verify_checkpoints(**timeline);
+  if (options.verify_checkpoints) return verify_checkpoints(**timeline, options);
 
   // A signed trace's checkpoints are used only when its signer signed them too: a checksum anyone can recompute.
   std::function<Result<>(const std::string&)> accept;
@@ -388,6 +399,7 @@ Subcommand add_debug_command(CLI::App& app) {
   cmd->add_flag("--verify-checkpoints", o->verify_checkpoints,
                 "no gdb: replay to the end taking checkpoints, restore each and check the replay from it reproduces "
                 "the next one's state digest");
+  add_progress_display_options(cmd, o->display);
   // Tests: the trace-event time axis KVM uses, on the software CPU.
   cmd->add_flag("--checkpoint-by-events", o->by_events)->group("");
   return {cmd, [o] { return debug_trace(*o); }};

@@ -42,12 +42,23 @@ Subcommand add_inspect_command(CLI::App& app) {
                       "also write the network frames (received and sent) to FILE as a pcap, timestamped in guest time "
                       "(replaces a regular file, as record -o does)")
       ->type_name("FILE");
+  inspect->add_option("--html", a->options.html,
+                      "also write the recording as one self-contained HTML page to FILE: a guest-time axis with "
+                      "events, interrupts, disk, network, serial and digests, and a table with the `deja query` "
+                      "command of each point (nothing fetched; written as FILE.partial, then renamed)")
+      ->type_name("FILE");
+  inspect->add_option("--divergence", a->options.divergence_event,
+                      "with --html: mark event N, where a replay of this trace said it diverged ('replay diverged at "
+                      "event N')")
+      ->type_name("N");
   inspect->add_flag("--audit", a->audit, "one page for an auditor: what was recorded, where, when and by whom, what "
                                          "crossed the machine boundary, and whether everything verifies (with --json)");
   inspect->add_option("--key", a->keys, "with --audit: a trusted public key (repeatable)");
   inspect->add_option("--keyring", a->keyring, "with --audit: a directory of trusted *.pub keys");
   return {inspect, [a] {
             if (a->audit) return audit_command(a->path, a->keys, a->keyring, a->options.json);
+            if (a->options.divergence_event && a->options.html.empty())
+              return report_error({ErrorKind::kInvalidArgument, "--divergence marks the --html page"});
             if (auto r = inspect_trace(a->path, a->options, stdout); !r) return report_error(r.error());
             return 0;
           }};

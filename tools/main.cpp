@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   table.push_back(add_keygen_command(app));
   table.push_back(add_sign_command(app));
   table.push_back(add_custody_command(app));
+  table.push_back(add_export_libvirt_command(app));
 
   try {
     app.parse(argc, argv);

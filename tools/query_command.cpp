@@ -1,4 +1,4 @@
-// `deja query`: registers or memory at a point of a trace, or every write to a range, for scripts (--json).
+// `deja query`: registers or memory at a point of a trace (or all of memory as a core file), or every write to a range.
 #include <charconv>
 #include <cstdio>
 
@@ -12,6 +12,8 @@
 #include "core/messages.h"
 #include "core/page_walker.h"
 #include "replay/replay_timeline.h"
+#include "snapshot/memory_dump.h"
+#include "tools/progress_line.h"
 
 namespace deja {
 namespace {
@@ -21,6 +23,8 @@ struct QueryOptions {
   std::string at;
   bool regs = false;
   std::string mem;
+  std::string dump;                // --dump FILE: all of guest memory and the registers there
+  std::string dump_format = "elf";
   std::string writes;
   bool physical = false;
   bool json = false;
@@ -29,6 +33,7 @@ struct QueryOptions {
   std::string checkpoint_memory = "512M";
   uint64_t sample = 0;
   JobOptions job;
+  ProgressDisplay display;
 };
 
 std::string bytes_hex(std::span<const uint8_t> bytes) {
@@ -73,7 +78,29 @@ void print_registers(const CpuState& st, const CheckpointPosition& at, std::opti
   for (const auto& [name, value] : named_registers(st)) fmt::print("{:<8} 0x{:016x}\n", name, value);
 }
 
-int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
+// --dump: RAM and every vCPU's registers into `file`, then the file is renamed into place.
+int write_dump(Session& session, const QueryOptions& o, ProductFile& file) {
+  auto format = parse_dump_format(o.dump_format);
+  if (!format) return report_error(format.error());
+  std::vector<CpuState> cpus;
+  for (uint32_t v = 0; v < session.machine().vcpu_count(); ++v) {
+    auto st = session.machine().backend(v).get_state();
+    if (!st) return report_error(st.error());
+    cpus.push_back(*st);
+  }
+  const uint64_t started = HostClock::monotonic_ns();
+  auto stats = write_memory_dump(session.machine().memory(), cpus, *format, file);
+  if (!stats) return report_error(stats.error());
+  if (auto r = file.commit(); !r) return report_error(r.error());
+  const double seconds = double(HostClock::monotonic_ns() - started) / 1e9;
+  say("wrote {} ({}, {} MiB of RAM{}) in {:.3f} s", o.dump, o.dump_format == "raw" ? "raw physical memory"
+      : "ELF core: PT_LOAD at guest-physical 0, NT_PRSTATUS and QEMU CPU notes",
+      stats->ram_bytes >> 20, stats->hole_bytes ? fmt::format(", {} MiB of zeros left as holes",
+                                                               stats->hole_bytes >> 20) : "", seconds);
+  return 0;
+}
+
+int query_at(ReplayTimeline& timeline, const QueryOptions& o, ProductFile* dump, ProgressLine& progress) {
   auto when = parse_when(o.at);
   if (!when) return report_error(when.error());
   Session& session = timeline.session();
@@ -89,6 +116,7 @@ int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
     case When::Kind::kEvent: r = timeline.seek_event(when->value); break;
     case When::Kind::kEnd: r = timeline.forward(StopRequest{}); break;
   }
+  progress.finish();
   if (!r) return report_error(r.error());
   if (r->kind == StopReason::Kind::kEnd && when->kind != When::Kind::kEnd) {
     return report_error({ErrorKind::kInvalidArgument,
@@ -104,6 +132,9 @@ int query_at(ReplayTimeline& timeline, const QueryOptions& o) {
   auto st = session.machine().backend(vcpu).get_state();
   if (!st) return report_error(st.error());
   if (o.regs) print_registers(*st, at, vcpus > 1 ? std::optional(vcpu) : std::nullopt, o.json);
+  if (dump) {
+    if (int status = write_dump(session, o, *dump); status != 0) return status;
+  }
   if (!o.mem.empty()) {
     auto range = parse_range(o.mem, 1 << 20);
     if (!range) return report_error(range.error());
@@ -143,8 +174,8 @@ int run_query(QueryOptions& o) {
     return report_error({ErrorKind::kInvalidArgument,
                          "give one of --at WHEN (with --regs or --mem), --writes ADDR:LEN or --sample N"});
   }
-  if (!o.at.empty() && !o.regs && o.mem.empty()) {
-    return report_error({ErrorKind::kInvalidArgument, "--at needs --regs or --mem ADDR:LEN"});
+  if (!o.at.empty() && !o.regs && o.mem.empty() && o.dump.empty()) {
+    return report_error({ErrorKind::kInvalidArgument, "--at needs --regs, --mem ADDR:LEN or --dump FILE"});
   }
   if (o.at.empty()) {
     // Over the whole trace: a job of segments (in parallel where the trace has checkpoints).
@@ -159,8 +190,18 @@ int run_query(QueryOptions& o) {
                                         : fmt::format("sample:{}{}", o.sample, o.mem.empty() ? "" : ":" + o.mem);
     return run_trace_job(o.job, o.json);
   }
-  auto setup = open_replay(o.replay);
+  if (auto format = parse_dump_format(o.dump_format); !format) return report_error(format.error());
+  ReplaySetupOptions replay = o.replay;
+  replay.files.add_output("the memory dump", o.dump, OutputKind::kProduct);
+  auto setup = open_replay(replay);
   if (!setup) return report_error(setup.error());
+  // Created before the replay runs, so that a path that cannot be written is said at once, not after it.
+  std::unique_ptr<ProductFile> dump;
+  if (!o.dump.empty()) {
+    auto file = ProductFile::create_replacing(o.dump, "memory dump", ProductFile::Unfinished::kRemove);
+    if (!file) return report_error(file.error());
+    dump = std::move(*file);
+  }
   TimelineOptions topt;
   auto limit = parse_size(o.checkpoint_memory);
   if (!limit) return report_error(limit.error());
@@ -168,7 +209,20 @@ int run_query(QueryOptions& o) {
   if (o.interval) topt.interval_steps = topt.interval_events = o.interval;
   auto timeline = ReplayTimeline::create(*setup->session, topt);
   if (!timeline) return report_error(timeline.error());
-  return query_at(**timeline, o);
+  // The progress of the replay towards the point asked for (the whole trace for --at end).
+  ProgressLine progress("query", o.display);
+  ReplayTotals totals = replay_totals(o.replay.trace_path);
+  auto when = parse_when(o.at);
+  if (when && when->kind == When::Kind::kEvent) totals = {when->value, std::nullopt};
+  follow_replay(*setup->session, progress, totals);
+  if (when && when->kind == When::Kind::kStep) {
+    Session& session = *setup->session;
+    progress.set_source([&session, target = when->value] {
+      return std::vector<ProgressMeasure>{{"steps", session.machine().backend().step_count().value_or(0), target},
+                                          {"events", session.engine().events_processed(), std::nullopt}};
+    });
+  }
+  return query_at(**timeline, o, dump.get(), progress);
 }
 
 }  // namespace
@@ -183,6 +237,14 @@ Subcommand add_query_command(CLI::App& app) {
                                     "there)");
   cmd->add_option("--mem", o->mem, "print guest-virtual memory ADDR:LEN there");
   cmd->add_flag("--phys", o->physical, "--mem reads guest-physical memory");
+  cmd->add_option("--dump", o->dump,
+                  "write all of guest-physical memory and the registers there to FILE (written as FILE.partial, then "
+                  "renamed; never one of the replay's inputs)")
+      ->type_name("FILE");
+  cmd->add_option("--format", o->dump_format,
+                  "--dump's format: elf (default: an ELF64 core as QEMU's dump-guest-memory writes it, for crash, gdb "
+                  "and Volatility) or raw (physical memory only, from address 0)")
+      ->check(CLI::IsMember({"elf", "raw"}));
   cmd->add_option("--writes", o->writes, "every write to guest-virtual ADDR:LEN over the whole trace");
   cmd->add_option("--sample", o->sample,
                   "the registers (and --mem) at every N-th step over the whole trace (interp)");
@@ -194,6 +256,7 @@ Subcommand add_query_command(CLI::App& app) {
       ->check(CLI::IsMember({"reference", "threaded", "jit"}));
   cmd->add_option("--image", o->replay.image_path, "guest image (default: the path in the trace)");
   add_job_options(cmd, o->job);
+  add_progress_display_options(cmd, o->display);
   return {cmd, [o] { return run_query(*o); }};
 }
 

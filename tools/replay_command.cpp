@@ -7,6 +7,7 @@
 #include "kvm/pmu.h"
 #include "logging/trace_format.h"
 #include "tools/command_support.h"
+#include "tools/progress_line.h"
 #include "replay/replay_setup.h"
 #include "core/cpu_model.h"
 #include "core/exit_status.h"
@@ -24,7 +25,7 @@ struct ReplayOptions {
   std::string serial_out = "-";
   bool stats = false;
   bool print_digest = false;
-  bool quiet = false;                 // no summary line
+  ProgressDisplay display;            // --quiet: no progress line and no summary line; --progress-json
   std::string test_device_semantics;  // test-only: replay with perturbed device semantics
   std::string progress;               // "" = as recorded; "exact" or "emulated-pmu:SKID[:SEED]" to override the counter
   std::string interp_mode;            // "" = the software CPU's default executor
@@ -46,7 +47,10 @@ int replay_trace(const ReplayOptions& options) {
   Session& session = *setup->session;
   Engine& engine = session.engine();
 
+  ProgressLine progress("replay", options.display);
+  follow_replay(session, progress, replay_totals(options.trace_path));
   auto outcome = session.run();
+  progress.finish();
   if (!outcome) return report_error(outcome.error());
 
   if (outcome->status == exit_status::kInterrupted && !outcome->recorded_end) {
@@ -89,7 +93,7 @@ int replay_trace(const ReplayOptions& options) {
     say("note: {} has no valid index after its last event ({}); `deja verify` reports it",
         options.trace_path, engine.trace_error().empty() ? r->end_description() : engine.trace_error());
   }
-  if (!options.quiet) {
+  if (!options.display.quiet) {
     // Every vCPU's instructions (the sum), as record says.
     std::optional<uint64_t> instructions = session.machine().backend().instruction_count();
     for (size_t v = 1; instructions && v < session.machine().vcpu_count(); ++v)
@@ -109,8 +113,9 @@ int replay_trace(const ReplayOptions& options) {
 
 }  // namespace
 
-int replay_for_verify(const std::string& trace_path) {
-  return replay_trace(ReplayOptions{.trace_path = trace_path, .serial_out = "/dev/null", .verify = true});
+int replay_for_verify(const std::string& trace_path, const ProgressDisplay& display) {
+  return replay_trace(
+      ReplayOptions{.trace_path = trace_path, .serial_out = "/dev/null", .display = display, .verify = true});
 }
 
 Subcommand add_replay_command(CLI::App& app) {
@@ -133,7 +138,8 @@ Subcommand add_replay_command(CLI::App& app) {
   replay->add_option("--serial-out", o->serial_out, "where the replayed serial output goes (default stdout)");
   replay->add_flag("--stats", o->stats, "print exit counts at the end");
   replay->add_flag("--digest", o->print_digest, "print the final state digest");
-  replay->add_flag("--quiet", o->quiet, "no summary line");
+  replay->add_flag("--quiet", o->display.quiet, "no progress line and no summary line");
+  add_progress_display_options(replay, o->display, false);
   // Tests only: replays with a deliberately changed device model, which must be reported as divergence.
   replay->add_option("--test-device-semantics", o->test_device_semantics)->group("");
   return {replay, [o] { return replay_trace(*o); }};

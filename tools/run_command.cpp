@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "boot/multiboot.h"
 #include "kvm/pmu.h"
 #include "logging/output_file.h"
 #include "logging/signing.h"
@@ -15,6 +16,7 @@
 #include "replay/trace_config.h"
 #include "segments/trace_checkpoints.h"
 #include "tools/command_support.h"
+#include "tools/libvirt_options.h"
 #include "tools/linux_guest.h"
 #include "core/exit_status.h"
 #include "vmm/disk_image.h"
@@ -30,11 +32,11 @@ namespace {
 struct RunArgs {
   std::string backend;
   std::string interp_mode;
-  std::string machine = std::string(kMachinePc);
+  std::string machine;  // "" = pc
   int64_t cpus = 1;
   std::optional<uint64_t> schedule_seed;
   std::optional<uint64_t> schedule_quantum;
-  std::string mem = "256M";
+  std::string mem;      // "" = 256M
   std::string cmdline;
   std::string serial_in;
   std::string serial_out = "-";
@@ -52,6 +54,7 @@ struct RunArgs {
   std::vector<std::string> disks;  // --disk FILE[,overlay=FILE][,readonly][,hash=full|lazy]
   std::vector<std::string> nets;   // --net user[,hostfwd=...]
   bool rng = false;
+  std::string libvirt_xml, libvirt_domain, libvirt_uri;  // the machine from a libvirt domain
   std::string output;            // record: the trace
   std::string sign;              // record: the private key that seals the trace and signs TRACE.sig
   double seal_every = 10;        // record --sign: seconds between seals (0: by chunks only)
@@ -85,6 +88,7 @@ struct SessionOptions {
   uint64_t digest_interval = Session::kDefaultDigestInterval;
   std::string checkpoint_every;
   uint64_t checkpoint_full_every = CheckpointWriter::kDefaultFullEvery;
+  std::optional<RecordedDomain> libvirt_domain;  // the domain the machine came from
 };
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
@@ -148,23 +152,78 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
                   "the image (default: full SHA-256 up to 256 MiB, else per block at first read); repeatable");
   cmd->add_option("--net", a.nets,
                   "a virtio-net NIC on libslirp's user-mode network: user[,hostfwd=tcp:[HOSTADDR]:HOSTPORT-"
-                  "[GUESTADDR]:GUESTPORT]...; the guest is 10.0.2.15, the host's loopback is 10.0.2.2; repeatable");
+                  "[GUESTADDR]:GUESTPORT]...[,mac=52:54:00:12:34:56]; the guest is 10.0.2.15, the host's loopback is "
+                  "10.0.2.2; the MACs count up from 52:54:00:12:34:56; repeatable");
   cmd->add_flag("--rng", a.rng, "a virtio-rng entropy device (its bytes are recorded)");
+  cmd->add_option("--libvirt-xml", a.libvirt_xml,
+                  "the machine of a libvirt domain's XML (virsh dumpxml): memory, vCPUs, direct kernel boot, raw "
+                  "virtio disks, user-mode NICs, serial, rng; whatever deja cannot honour is refused by name")
+      ->type_name("FILE");
+  cmd->add_option("--libvirt-domain", a.libvirt_domain,
+                  libvirt_api_available() ? "the machine of a libvirt domain, fetched by name (read-only) through the "
+                                            "libvirt API: as --libvirt-xml"
+                                          : "the machine of a libvirt domain by name (this deja was built without the "
+                                            "libvirt API: install libvirt-dev and build again)")
+      ->type_name("NAME");
+  cmd->add_option("--connect", a.libvirt_uri, "the libvirt connection of --libvirt-domain (e.g. qemu:///system, "
+                  "test:///default; default: libvirt's)")->type_name("URI");
   cmd->add_option("IMAGE", a.image, "guest image: Multiboot ELF32/ELF64, or ELF64 for direct 64-bit boot");
+}
+
+// libvirt's <kernel> is QEMU's -kernel, which boots Multiboot images and Linux alike: deja takes an image with a
+// Multiboot header (in its first 8 KiB) as IMAGE, anything else as a Linux kernel.
+bool multiboot_image(const std::string& path) {
+  std::vector<uint8_t> head(8192);
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  head.resize(std::fread(head.data(), 1, head.size(), f));
+  std::fclose(f);
+  auto header = find_multiboot_header(head, path);
+  return header && header->has_value();
+}
+
+// The options a libvirt domain sets, in place of the command line's: a value given both ways is refused.
+Result<> take_domain(const DomainPlan& d, RunArgs& a) {
+  std::string both;
+  auto take = [&](std::string& option, const std::string& value, const char* name) {
+    if (value.empty()) return;  // the domain leaves it to the command line (no <initrd>, no <cmdline>)
+    if (!option.empty() && option != value) both += fmt::format(" {}", name);
+    option = value;
+  };
+  if (!a.image.empty() || a.linux_guest) both += a.linux_guest ? " --linux" : " IMAGE";
+  take(a.mem, fmt::format("{}", d.memory_bytes), "--mem");
+  take(a.machine, d.machine, "--machine");
+  if (!d.cpu_model.empty()) take(a.cpu, d.cpu_model, "--cpu");
+  take(multiboot_image(d.kernel) ? a.image : a.kernel, d.kernel, "--kernel");
+  take(a.initrd, d.initrd, "--initrd");
+  take(a.cmdline, d.cmdline, "--cmdline");
+  if (!d.serial_out.empty()) {
+    if (a.serial_out != "-" && a.serial_out != d.serial_out) both += " --serial-out";
+    a.serial_out = d.serial_out;
+  }
+  if (!a.disks.empty()) both += " --disk";
+  if (!a.nets.empty()) both += " --net";
+  if (a.rng && !d.rng) both += " --rng";
+  a.rng = d.rng;
+  if (!both.empty()) {
+    return fail(ErrorKind::kInvalidArgument, "{} sets the machine; it cannot be given{} as well (edit the domain "
+                "instead)", d.source, both);
+  }
+  return {};
 }
 
 Result<SessionOptions> to_session(const RunArgs& a) {
   SessionOptions o;
-  auto mem = parse_size(a.mem);
+  auto mem = parse_size(a.mem.empty() ? "256M" : a.mem);
   if (!mem) return std::unexpected(Error{ErrorKind::kInvalidArgument, "--mem: " + mem.error().message});
   o.machine.memory_bytes = *mem;
   o.machine.cmdline = a.cmdline;
-  o.machine.machine = a.machine;
+  o.machine.machine = a.machine.empty() ? std::string(kMachinePc) : a.machine;
   o.machine.interp_mode = a.interp_mode;
   if (a.cpus < 1 || a.cpus > int64_t(kMaxVcpus)) {
     return fail(ErrorKind::kInvalidArgument, "--cpus {}: a machine has 1 to {} vCPUs", a.cpus, kMaxVcpus);
   }
-  if (a.cpus > 1 && a.machine != kMachinePcApic) {
+  if (a.cpus > 1 && o.machine.machine != kMachinePcApic) {
     return fail(ErrorKind::kInvalidArgument,
                 "--cpus {} needs --machine {}: the PIC-only PC cannot start or interrupt another processor", a.cpus,
                 kMachinePcApic);
@@ -414,6 +473,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   }
   session.adopt_disks(std::move(disks));
   config.nics = unsigned(options.nets.size());
+  for (size_t i = 0; i < options.nets.size(); ++i)
+    config.nic_macs.push_back(options.nets[i].mac.value_or(nic_mac(unsigned(i))));
   config.rng = options.rng;
   // libslirp writes to host sockets whose peer may have gone (it does not ask for MSG_NOSIGNAL): a broken
   // connection is the guest's EPIPE to see, not a SIGPIPE that kills deja mid-recording (QEMU ignores it too).
@@ -468,6 +529,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
     TraceConfig recorded = recording_config(session, config, options.load, progress.mode);
     recorded.start_unix_ns = start_unix_ns;
+    recorded.libvirt_domain = options.libvirt_domain;
     recorded.inputs.push_back(
         recorded_input(options.load.linux_kernel ? "kernel" : "image", options.image_path, inputs->image));
     if (!options.load.initrd_path.empty()) {
@@ -490,8 +552,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
                                             options.disks[i].overlay, config.disks[i].serial});
     }
     for (size_t i = 0; i < options.nets.size(); ++i) {
-      auto mac = nic_mac(unsigned(i));
-      recorded.nics.push_back(RecordedNic{options.nets[i].forward_texts, std::string(mac.begin(), mac.end())});
+      recorded.nics.push_back(RecordedNic{options.nets[i].forward_texts,
+                                          std::string(config.nic_macs[i].begin(), config.nic_macs[i].end())});
     }
     trace::Header header = to_header(recorded);
     if (options.signing_key) {
@@ -616,9 +678,20 @@ std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
                      "with --sign: write an RFC 3161 time-stamp request for the signature to FILE")
       ->type_name("FILE");
 
-  auto start = [](const RunArgs& a, Mode mode) {
+  auto start = [](const RunArgs& given, Mode mode) {
+    auto domain = domain_for_run(given.libvirt_xml, given.libvirt_domain, given.libvirt_uri);
+    if (!domain) return report_error(domain.error());
+    RunArgs a = given;
+    if (*domain) {
+      if (auto r = take_domain(**domain, a); !r) return report_error(r.error());
+    }
     auto options = to_session(a);
     if (!options) return report_error(options.error());
+    if (*domain) {
+      options->disks.insert(options->disks.end(), (*domain)->disks.begin(), (*domain)->disks.end());
+      options->nets.insert(options->nets.end(), (*domain)->nets.begin(), (*domain)->nets.end());
+      options->libvirt_domain = domain_provenance(**domain);
+    }
     if (a.print_cmdline) {
       std::printf("%s\n", options->load.cmdline.c_str());
       return 0;

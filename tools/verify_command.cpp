@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "logging/trace_verify.h"
+#include "tools/command_support.h"
+#include "tools/progress_line.h"
 #include "core/exit_status.h"
 #include "logging/trace_verify.h"
 #include "segments/trace_checkpoints.h"
@@ -19,6 +22,7 @@ Subcommand add_verify_command(CLI::App& app) {
     VerifyOptions options;
     bool replay = false;
     JobOptions job;
+    ProgressDisplay display;
   };
   auto a = std::make_shared<Args>();
   auto* verify = app.add_subcommand("verify", "check a trace, in order: structure, hash chain, seals and signature "
@@ -40,12 +44,24 @@ Subcommand add_verify_command(CLI::App& app) {
   add_job_options(verify, a->job);
   verify->add_option("--backend", a->job.plan.backend, "--replay in segments: the backend (default: the recording's)")
       ->check(CLI::IsMember({"kvm", "interp"}));
+  add_progress_display_options(verify, a->display);
   return {verify, [a] {
             for (const auto& k : a->keys)
               if (auto r = a->options.keys.add_key_file(k); !r) return report_error(r.error());
             if (!a->keyring.empty())
               if (auto r = a->options.keys.add_keyring(a->keyring); !r) return report_error(r.error());
-            VerifyReport report = verify_trace(a->path, a->options);
+            VerifyReport report;
+            {
+              ProgressLine progress("verify", a->display);
+              std::vector<ProgressMeasure> counters{{"bytes", 0, std::nullopt}, {"events", 0, std::nullopt}};
+              progress.set_source([&counters] { return counters; });
+              a->options.progress = [&](uint64_t bytes, uint64_t file_bytes, uint64_t events) {
+                counters = {{"bytes", bytes, file_bytes}, {"events", events, std::nullopt}};
+                progress.poll();
+              };
+              report = verify_trace(a->path, a->options);
+              progress.finish();
+            }
             std::fputs(describe_checks(report).c_str(), stdout);
             if (!report.ok) {
               std::printf("  5 replay      -      not run: an earlier check failed\n");
@@ -68,7 +84,7 @@ Subcommand add_verify_command(CLI::App& app) {
               a->job.plan.task = "verify";
               status = run_trace_job(a->job, false);
             } else {
-              status = replay_for_verify(a->path);
+              status = replay_for_verify(a->path, a->display);
             }
             std::printf("  5 replay      %-6s %s\n", status == 0 ? "ok" : "FAILED",
                         status == 0 ? "every event and state digest replayed as recorded"

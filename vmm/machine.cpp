@@ -223,7 +223,8 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
   }
   if (config.nics > 0 && !network) return fail(ErrorKind::kInvalidArgument, "NICs need a network port");
   for (unsigned i = 0; i < config.nics; ++i) {
-    m->nics_.push_back(std::make_unique<VirtioNet>(*network, i, nic_mac(i)));
+    m->nics_.push_back(
+        std::make_unique<VirtioNet>(*network, i, i < config.nic_macs.size() ? config.nic_macs[i] : nic_mac(i)));
     virtio.push_back(m->nics_.back().get());
   }
   if (config.rng) {

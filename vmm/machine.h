@@ -79,6 +79,7 @@ struct MachineConfig {
   // Virtio PCI devices (device model 3), placed on bus 0 in this order: disks, NICs, the entropy device.
   std::vector<VirtioDiskSetup> disks;
   unsigned nics = 0;
+  std::vector<std::array<uint8_t, 6>> nic_macs;  // NIC i's MAC address; nic_mac(i) where none is given
   bool rng = false;
 };
 

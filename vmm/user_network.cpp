@@ -77,6 +77,23 @@ Result<HostForward> parse_forward(const std::string& rule) {
 
 }  // namespace
 
+Result<std::array<uint8_t, 6>> parse_mac(std::string_view text) {
+  std::array<uint8_t, 6> mac{};
+  auto hex = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                                                                          : -1;
+  };
+  bool ok = text.size() == 17;
+  for (size_t i = 0; ok && i < 6; ++i) {
+    const int hi = hex(text[i * 3]), lo = hex(text[i * 3 + 1]);
+    ok = hi >= 0 && lo >= 0 && (i == 5 || text[i * 3 + 2] == ':');
+    mac[i] = uint8_t(hi << 4 | lo);
+  }
+  if (!ok) return fail(ErrorKind::kInvalidArgument, "MAC address '{}' is not six hex bytes (52:54:00:12:34:56)", text);
+  if (mac[0] & 1) return fail(ErrorKind::kInvalidArgument, "MAC address '{}' is a multicast address", text);
+  return mac;
+}
+
 Result<NetOptions> parse_net_option(const std::string& text) {
   NetOptions o;
   size_t start = 0;
@@ -94,8 +111,13 @@ Result<NetOptions> parse_net_option(const std::string& text) {
       if (!f) return std::unexpected(f.error());
       o.forwards.push_back(*f);
       o.forward_texts.push_back(part.substr(8));
+    } else if (part.starts_with("mac=")) {
+      auto mac = parse_mac(part.substr(4));
+      if (!mac) return fail(ErrorKind::kInvalidArgument, "--net {}: {}", text, mac.error().message);
+      o.mac = *mac;
     } else {
-      return fail(ErrorKind::kInvalidArgument, "--net {}: unknown part '{}' (use user[,hostfwd=tcp::HOSTPORT-:GUESTPORT])",
+      return fail(ErrorKind::kInvalidArgument,
+                  "--net {}: unknown part '{}' (use user[,hostfwd=tcp::HOSTPORT-:GUESTPORT][,mac=52:54:00:12:34:56])",
                   text, part);
     }
     if (comma == std::string::npos) break;

@@ -3,10 +3,12 @@
 
 #include <poll.h>
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,8 +30,11 @@ struct HostForward {
 struct NetOptions {
   std::vector<HostForward> forwards;
   std::vector<std::string> forward_texts;  // as given, for the trace header
+  std::optional<std::array<uint8_t, 6>> mac;  // mac=52:54:00:12:34:56 (default: nic_mac(index), vmm/machine.h)
 };
 Result<NetOptions> parse_net_option(const std::string& text);
+// "52:54:00:12:34:56": a unicast MAC address.
+Result<std::array<uint8_t, 6>> parse_mac(std::string_view text);
 
 // libslirp's network 10.0.2.0/24: the guest at 10.0.2.15 (DHCP), the gateway 10.0.2.2 (the host: its loopback
 // services answer there), DNS at 10.0.2.3; IPv6 off (its router advertisements would be input for nothing).

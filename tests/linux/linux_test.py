@@ -380,6 +380,7 @@ def record_replay_workload(args, workdir, results):
     results.append(f"record {record_s:.1f} s ({args.progress or 'default'} progress), replays "
                    f"{', '.join(f'{s:.1f}' for s in replay_s)} s, trace {os.path.getsize(trace)} bytes "
                    f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
+    look_at_linux_trace(args, trace, workdir, results)
     return inspect_linux_trace(args, trace, server.port, args.download_mib << 20, workdir, results)
 
 
@@ -403,6 +404,61 @@ def tsc_spin(session, ms, results):
     results.append(f"record: tsc-spin {ms} ms each: " + ", ".join(
         f"{what} {seen[what].group(2)} reads, steps {seen[what].group(5)}-{seen[what].group(6)} {seen[what].group(4)}"
         for what in wanted) + f" ({time.monotonic() - t0:.1f} s)")
+
+
+def look_at_linux_trace(args, trace, workdir, results):
+    """Issue 27 on the workload's trace: its HTML page (at most 2 MiB, drawn in headless Chromium in under a second
+    with no console error, a screenshot that is not blank kept in --artifacts), a memory dump at the end (an ELF core
+    of all of RAM, its rate), and `crash` on that dump where a vmlinux with debug symbols is installed."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "logging"))
+    import html_browser_check
+    page = os.path.join(workdir, "workload.html")
+    t0 = time.monotonic()
+    r = subprocess.run([args.deja, "inspect", trace, "--html", page], capture_output=True, text=True,
+                       timeout=args.timeout)
+    if r.returncode != 0 or not os.path.exists(page):
+        raise linux_guest.GuestError(f"inspect --html ended with status {r.returncode}:\n{r.stderr[-2000:]}")
+    size = os.path.getsize(page)
+    if size > 2 << 20:
+        raise linux_guest.GuestError(f"the workload's HTML page is {size} bytes, more than 2 MiB")
+    shown = f"html: {size} bytes, written in {time.monotonic() - t0:.1f} s"
+    os.makedirs(args.artifacts or workdir, exist_ok=True)
+    png = os.path.join(args.artifacts or workdir, "linux-workload-timeline.png")
+    browser = html_browser_check.check_page(page, png)
+    if browser is None:
+        shown += "; Chromium not installed: not drawn"
+    else:
+        if browser["errors"] or browser["other_requests"] or browser["rendered"] != "yes":
+            raise linux_guest.GuestError(f"Chromium on {page}: {browser}")
+        if browser["render_ms"] >= 1000 or browser["screenshot"]["non_white_fraction"] < 0.02:
+            raise linux_guest.GuestError(f"Chromium draws {page} in {browser['render_ms']} ms, screenshot "
+                                         f"{browser['screenshot']}")
+        shown += (f"; Chromium draws it in {browser['render_ms']:.0f} ms (load event at "
+                  f"{browser['navigation_to_load_ms']:.0f} ms), {browser['svg_rects']} bars, {browser['table_rows']} "
+                  f"rows, no console error; screenshot {png}")
+    results.append(shown)
+
+    core = os.path.join(workdir, "workload-end.elf")
+    t0 = time.monotonic()
+    r = subprocess.run([args.deja, "query", trace, "--at", "end", "--dump", core], capture_output=True, text=True,
+                       timeout=args.timeout * 2)
+    if r.returncode != 0:
+        raise linux_guest.GuestError(f"query --dump ended with status {r.returncode}:\n{r.stderr[-2000:]}")
+    wrote = [line for line in r.stderr.splitlines() if line.startswith(f"deja: wrote {core}")]
+    results.append(f"dump: {wrote[0][6:] if wrote else core} (query with replay {time.monotonic() - t0:.1f} s)")
+    release = open(os.path.join(args.guest_dir, "kernel.path")).read().strip().split("vmlinuz-")[-1]
+    # Debian's debug symbols of the kernel (/usr/lib/debug/boot), or the vmlinux alone (scripts/crash-symbols.sh).
+    candidates = [f"/usr/lib/debug/boot/vmlinux-{release}",
+                  os.path.join(args.guest_dir, "..", "crash-symbols", f"vmlinux-{release}")]
+    vmlinux = next((c for c in candidates if os.path.exists(c)), candidates[0])
+    if shutil.which("crash") and os.path.exists(vmlinux):
+        c = subprocess.run(["crash", "-s", vmlinux, core], input="sys\nlog | tail -5\nps\nquit\n",
+                           capture_output=True, text=True, timeout=args.timeout)
+        if c.returncode != 0 or f"RELEASE: {release}" not in c.stdout or "swapper/0" not in c.stdout:
+            raise linux_guest.GuestError(f"crash on {core}:\n{c.stdout[-2000:]}{c.stderr[-2000:]}")
+        results.append(f"crash {vmlinux} {core}: sys names {release}; log and ps read")
+    else:
+        results.append(f"crash: skipped (no {vmlinux}: scripts/crash-symbols.sh fetches it, 860 MB; docs/debugging.md)")
 
 
 def inspect_linux_trace(args, trace, port, download_bytes, workdir, results):
@@ -502,6 +558,7 @@ def main():
     parser.add_argument("--timeout", type=float, default=600, help="seconds for any one step")
     parser.add_argument("--machine", default="pc", choices=["pc", "pc-apic"], help="--record-replay: the machine")
     parser.add_argument("--keep", help="keep logs and the overlay in this directory")
+    parser.add_argument("--artifacts", help="--record-replay-workload: where the HTML page's screenshot is kept")
     parser.add_argument("--record-replay-smp", action="store_true",
                         help="instead: record boots with --cpus vCPUs running /scripts/smp, one per --schedule-seed, "
                              "and replay each exactly")

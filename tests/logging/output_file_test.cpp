@@ -1,5 +1,5 @@
 // The output-file rule: OutputPlan's conflicts by path, hard link and symbolic link; what each kind refuses; a product's
-// .partial checked (removed, replaced, changed, its directory removed) before it is renamed.
+// .partial checked (removed, replaced, changed, its directory removed) before it is renamed; holes in a product.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -204,6 +204,38 @@ TEST(ProductFile, IsRenamedOnlyWhenItsPartialIsStillTheFileItWrote) {
     ASSERT_FALSE(r);
     EXPECT_NE(r.error().message.find("was moved or replaced"), std::string::npos) << r.error().message;
     EXPECT_TRUE(std::filesystem::exists(dir.file("moved/t.trace.partial")));
+  }
+}
+
+TEST(ProductFile, HolesAreZerosAndAFinalHoleSizesTheFile) {
+  TempDir dir;
+  auto bytes = [](std::string_view text) { return std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()); };
+  {
+    auto f = ProductFile::create_replacing(dir.file("dump"), "memory dump", ProductFile::Unfinished::kRemove);
+    ASSERT_TRUE(f);
+    ASSERT_TRUE((*f)->write(bytes("ab")));
+    ASSERT_TRUE((*f)->skip(3));
+    ASSERT_TRUE((*f)->write(bytes("c")));
+    ASSERT_TRUE((*f)->skip(1 << 20));  // the file ends in a hole
+    EXPECT_EQ((*f)->bytes_written(), 6u + (1 << 20));
+    EXPECT_TRUE((*f)->check_intact());
+    ASSERT_TRUE((*f)->commit());
+  }
+  const std::string got = contents(dir.file("dump"));
+  ASSERT_EQ(got.size(), 6u + (1 << 20));
+  EXPECT_EQ(got.substr(0, 6), std::string("ab\0\0\0c", 6));
+  EXPECT_EQ(got.find_first_not_of('\0', 6), std::string::npos);
+  {
+    // What another program appends before the final hole is sized is still seen.
+    auto f = ProductFile::create_replacing(dir.file("cut"), "memory dump", ProductFile::Unfinished::kRemove);
+    ASSERT_TRUE(f);
+    ASSERT_TRUE((*f)->write(bytes("ab")));
+    ASSERT_TRUE((*f)->skip(4096));
+    std::ofstream(dir.file("cut.partial"), std::ios::app) << "more";
+    auto r = (*f)->commit();
+    ASSERT_FALSE(r);
+    EXPECT_NE(r.error().message.find("changed by another program"), std::string::npos) << r.error().message;
+    EXPECT_FALSE(std::filesystem::exists(dir.file("cut")));
   }
 }
 

@@ -34,6 +34,8 @@ TraceConfig everything() {
   t.nics = {RecordedNic{{"tcp::8080-:80", "tcp:127.0.0.1:2222-:22"}, std::string("\x52\x54\x00\x12\x34\x56", 6)},
             RecordedNic{{}, std::string("\x52\x54\x00\x12\x34\x57", 6)}};
   t.rng = true;
+  t.libvirt_domain = RecordedDomain{"web1", "c7a5fdbd-cdaf-9455-926a-d65c16db1809", std::string(32, '\x04'),
+                                    "file web1.xml", true};
   t.inputs = {RecordedInput{"kernel", "/boot/vmlinuz", std::string(32, '\x01'), 7'000'000},
               RecordedInput{"initrd", "initrd.img", std::string(32, '\x02'), 3'000'000},
               RecordedInput{"serial-in", "input.txt", std::string(32, '\x03'), 42}};
@@ -65,6 +67,7 @@ TEST(TraceConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(back->machine, t.machine);
   EXPECT_EQ(back->disks, t.disks);
   EXPECT_EQ(back->nics, t.nics);
+  EXPECT_EQ(back->libvirt_domain, t.libvirt_domain);
   EXPECT_EQ(back->inputs, t.inputs);
   EXPECT_EQ(back->boot_protocol, t.boot_protocol);
   EXPECT_EQ(back->progress, t.progress);
@@ -91,6 +94,7 @@ TEST(TraceConfig, EachFieldMatters) {
       [](TraceConfig& t) { t.disks[0].serial += "x"; }, [](TraceConfig& t) { t.disks[0].identity.sha256[3] = 0; },
       [](TraceConfig& t) { t.nics[0].host_forwards.pop_back(); }, [](TraceConfig& t) { t.nics[1].mac[5] = 0; },
       [](TraceConfig& t) { t.rng = false; }, [](TraceConfig& t) { t.inputs[1].path += "x"; },
+      [](TraceConfig& t) { t.libvirt_domain->uuid.clear(); }, [](TraceConfig& t) { t.libvirt_domain.reset(); },
       [](TraceConfig& t) { t.inputs[2].size++; }, [](TraceConfig& t) { t.module_args.pop_back(); },
       [](TraceConfig& t) { t.serial_input = false; }, [](TraceConfig& t) { t.boot_protocol.reset(); },
       [](TraceConfig& t) { t.image_format += "x"; }, [](TraceConfig& t) { t.progress = ProgressMode::kExact; },
@@ -120,12 +124,12 @@ TEST(TraceConfig, EachFieldMatters) {
 TEST(TraceConfig, OldTracesReadAsRecorded) {
   // A header from before machine, digest_interval, software_tlb_entries and vcpus were written.
   trace::Header h;
-  h.set_cpu_model_version(CpuModel::x86_64_v1().version());
+  h.set_cpu_model_version(1);  // unnamed: deja-v1, the only model then
   h.set_device_model_version(kOldestDeviceModelVersion);
   h.mutable_config()->set_progress_mode("exact");
   auto t = from_header(h);
   ASSERT_TRUE(t.has_value()) << t.error().message;
-  EXPECT_EQ(t->cpu_model, CpuModel::for_trace("", CpuModel::x86_64_v1().version()));
+  EXPECT_EQ(t->cpu_model, &CpuModel::deja_v1());
   EXPECT_EQ(t->machine, kMachinePc);
   EXPECT_EQ(t->digest_interval, 16384u);
   EXPECT_EQ(t->software_tlb_entries, kSoftwareTlbEntriesBeforeRecorded);

@@ -27,6 +27,18 @@ TEST(NetOption, Parses) {
   EXPECT_FALSE(parse_net_option("user,foo=bar"));
 }
 
+TEST(NetOption, TakesAUnicastMac) {
+  auto o = parse_net_option("user,mac=52:54:00:AB:cd:01");
+  ASSERT_TRUE(o) << o.error().message;
+  ASSERT_TRUE(o->mac);
+  EXPECT_EQ(*o->mac, (std::array<uint8_t, 6>{0x52, 0x54, 0x00, 0xab, 0xcd, 0x01}));
+  EXPECT_FALSE(parse_net_option("user").value().mac);
+  EXPECT_FALSE(parse_net_option("user,mac=01:00:5e:00:00:01"));  // multicast
+  EXPECT_FALSE(parse_net_option("user,mac=52:54:00:ab:cd"));
+  EXPECT_FALSE(parse_net_option("user,mac=52-54-00-ab-cd-01"));
+  EXPECT_FALSE(parse_net_option("user,mac=52:54:00:ab:cd:0g"));
+}
+
 TEST(UserNetwork, AnswersArpForTheGateway) {
   uint64_t now = 0;
   auto net = UserNetwork::create(NetOptions{}, [&now] { return now; });
