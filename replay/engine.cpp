@@ -45,7 +45,10 @@ uint64_t Engine::host_now_ns() {
 uint64_t Engine::idle_now_ns(std::optional<uint64_t> deadline) {
   const uint64_t running = running_now_ns();
   const uint64_t host = host_clock_.elapsed_ns();
-  return std::max(running, deadline ? std::min(host, *deadline) : host);
+  // Host time, as on a real machine (where the interrupt lands is what a recording captures), unless host time is
+  // more than kCatchUpNs past the next deadline: then the guest catches up through its timers one deadline at a time.
+  if (deadline && host > *deadline + kCatchUpNs) return std::max(running, *deadline);
+  return std::max(running, host);
 }
 
 void Engine::remember(const trace::Event& e) {

@@ -142,12 +142,14 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   // ---- asynchronous events (time advancing, host input arriving) ------------------------------
   // Record/run: what host time says now (virtual ns), without logging.
   uint64_t host_now_ns();
-  // Record/run, while the guest waits in HLT: the time its wait has reached, host time but never past `deadline`
-  // (the machine's next device deadline) and never before the time already handed out. Where the guest's derived
-  // time lags host time (the software CPU runs slower than derived time's 1 G instructions/s), the guest catches up
-  // through its timers, each firing at its own deadline, not in one jump past all of them (which Linux reports as
-  // a CPU stall: "rcu_preempt kthread timer wakeup didn't happen").
+  // Record/run, while the guest waits in HLT: the time its wait has reached: host time, and never before the time
+  // already handed out. Where the guest's derived time lags host time by more than kCatchUpNs past `deadline` (the
+  // machine's next device deadline; the software CPU runs slower than derived time's 1 G instructions/s, and a long
+  // busy stretch builds up the lag), the wait ends at the deadline instead: the guest catches up through its timers,
+  // each firing at its own deadline, not in one jump past all of them (which Linux reports as a CPU stall:
+  // "rcu_preempt kthread timer wakeup didn't happen").
   uint64_t idle_now_ns(std::optional<uint64_t> deadline);
+  static constexpr uint64_t kCatchUpNs = 50'000'000;
   // Host monotonic time at which virtual time 0 was (virtual time follows host time when recording).
   uint64_t host_origin_ns() const { return host_clock_.origin_ns(); }
   // Record: log an async event at `where` (the session brackets the device work with begin/end_async).

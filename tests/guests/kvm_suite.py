@@ -134,6 +134,10 @@ def kvm_deja_checks(args, name, image, opts, expected, kvm_trace):
                                                                   stock_trace], expect_status=DIVERGED)
 
 
+# Guests whose output or state holds FXSAVE images.
+FXSAVE_IMAGES = {"simd"}
+
+
 def guest_options(name, sources):
     # One CPU model on both backends, so that final states compare (and cpuid.expected-deja is its answers).
     opts = ["--cpu", "x86-64-v1"]
@@ -160,7 +164,9 @@ def pmu_fallback(args):
     image = os.path.join(args.guests, "hello.elf")
     exact_trace = os.path.join(args.work, "hello.exact.trace")
     if args.phase == "host-before":
-        step("pmu", "record on interp (exact)", [args.deja, "record", "-o", exact_trace, "--backend", "interp", image])
+        # x86-64-v1: a model the nested harness's KVM runs, so that the refusal below is the PMU's, not the model's.
+        step("pmu", "record on interp (exact)", [args.deja, "record", "-o", exact_trace, "--backend", "interp",
+                                                 "--cpu", "x86-64-v1", image])
         return
     if args.phase != "nested":
         return
@@ -250,6 +256,17 @@ def main():
                     step(name, "replay interp trace on kvm: refused", [args.deja, "replay", "--backend", "kvm",
                                                                        interp_trace],
                          expect_status=REFUSED, stderr_expected="kvm-deja")
+                elif name in FXSAVE_IMAGES:
+                    # Its FXSAVE images are in its output and state: a host KVM whose CPU writes them differently
+                    # (QEMU TCG, the nested harness: CPU quirks in docs/kvm.md) diverges, and says why up front.
+                    p = subprocess.run([args.deja, "replay", "--backend", "kvm", interp_trace], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=900)
+                    quirky = b"fxsave-" in p.stderr and b"warning: the trace was recorded on a CPU with quirks" in p.stderr
+                    ok = p.returncode == (DIVERGED if quirky else 1)
+                    print(f"{'ok  ' if ok else 'FAIL'} {name:<13} {'replay interp trace on kvm (quirks: ' + str(quirky) + ')':<44}")
+                    if not ok:
+                        sys.stdout.write(p.stderr.decode(errors="replace")[-2000:])
+                    results.append(ok)
                 else:
                     step(name, "replay interp trace on kvm", [args.deja, "replay", "--backend", "kvm", interp_trace])
                     if name in TSC_DEPENDENT:
