@@ -38,6 +38,8 @@ PACKAGES=(
   # the distro guests (guest-distro/, tests/distro): a Debian root file system made with mmdebstrap from the mirror
   # apt uses, packed with mkfs.ext4 -d; the host's initrd unpacked for the diagnostic copy (unmkinitramfs)
   mmdebstrap e2fsprogs initramfs-tools-core
+  # the Slurm executor of segments (segments/, tests/segments): scripts/slurm-local.sh starts a one-node cluster
+  slurmctld slurmd slurm-client
 )
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }

@@ -52,7 +52,7 @@ const ProgressMeasure* leading(std::span<const ProgressMeasure> counters) {
 void add_progress_display_options(CLI::App* cmd, ProgressDisplay& display, bool with_quiet) {
   if (with_quiet) cmd->add_flag("--quiet", display.quiet, "no progress line");
   cmd->add_flag("--progress-json", display.json,
-                "progress as JSON lines on stderr, one a second (for wrappers; the line on a terminal is shown "
+                "progress as JSON lines on stderr, the first at once, then one a second (for wrappers; the line on a terminal is shown "
                 "without it)");
 }
 
@@ -67,11 +67,14 @@ ProgressLine::~ProgressLine() { finish(); }
 void ProgressLine::update(std::span<const ProgressMeasure> counters) {
   if (!active() || finished_) return;
   const uint64_t now = HostClock::monotonic_ns();
-  if (now - last_ns_ < (json_ ? kJsonIntervalNs : kTerminalIntervalNs)) return;
+  // A wrapper gets its first JSON line (the position and the totals) at once, however short the work; a terminal
+  // line waits out the interval so that short work does not flash one.
+  const bool first_json = json_ && !shown_;
+  if (!first_json && now - last_ns_ < (json_ ? kJsonIntervalNs : kTerminalIntervalNs)) return;
   const ProgressMeasure* lead = leading(counters);
   if (!lead) return;
   const double dt = double(now - last_ns_) / 1e9;
-  const double instant = lead->value >= last_value_ ? double(lead->value - last_value_) / dt : 0;
+  const double instant = lead->value >= last_value_ && dt > 0 ? double(lead->value - last_value_) / dt : 0;
   const double weight = 1 - std::exp(-dt / kRateSmoothingSeconds);
   rate_ = shown_ ? rate_ + (instant - rate_) * weight : instant;
   last_ns_ = now;
