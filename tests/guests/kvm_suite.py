@@ -41,7 +41,7 @@ CHECKPOINTED = {"serial-echo": "16", "paging": "32", "threads-race": "20"}
 # Recorded on KVM with a state digest every 2 events, so that the replays (on interp too) compare the whole state
 # nearly everywhere, at MMIO-write exits (the local APIC's EOI) included, where KVM has finished the instruction and
 # the software CPU has not yet.
-DENSE_DIGESTS = {"apic": ["--digest-every", "2"]}
+DENSE_DIGESTS = {"apic": ["--digest-every", "2"], "simd": ["--digest-every", "2"]}
 
 results = []
 
