@@ -421,8 +421,9 @@ std::string check_quirks(Backend& cpu, GuestMemory& memory, std::vector<std::str
   uint32_t control = 0, env_fip = 0;
   std::memcpy(&control, image.data(), 4);
   std::memcpy(&env_fip, image.data() + 12, 4);
-  const bool environment_zeroed = (control >> 16) == 0 && env_fip == 0;
-  if (environment_zeroed) quirks.emplace_back(kCpuQuirkX87EnvironmentZeroed);
+  // FOP and FCS, FDP, FDS: a processor writes FLD1's opcode 0x1e8 at bits 16-26 of the word at 16.
+  const bool rest_zero = std::all_of(image.begin() + 16, image.begin() + 28, [](uint8_t b) { return b == 0; });
+  if ((control >> 16) == 0 && rest_zero) quirks.emplace_back(kCpuQuirkX87EnvironmentZeroExtended);
   detail = fmt::format("IRET {} a code descriptor's accessed bit; FXSAVE {} FOP/FIP (FOP {:#x}, FIP {:#x}) and {} "
                        "the reserved bytes of the register slots; FNSTENV writes FCW as {:#010x} and FIP as {:#x}{}",
                        accessed_set ? "sets" : "leaves clear", pointers_kept ? "stores" : "does not store", fop, fip,

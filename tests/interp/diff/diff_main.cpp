@@ -2,6 +2,7 @@
 #include <cpuid.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -42,6 +43,26 @@ bool host_has_movbe() {
 bool host_has_bmi1() {
   unsigned eax, ebx, ecx, edx;
   return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ebx & (1u << 3));
+}
+
+// Which x87 last-instruction pointers this host stores after an x87 instruction without an exception. Intel
+// processors store FOP only for an unmasked exception (outside "FOP code compatibility mode"), and those with
+// CPUID.(EAX=07H,ECX=0):EBX[6] (FDP_EXCPTN_ONLY) FDP likewise; AMD's, as deja's models, store both. A host's zero
+// there says nothing about the interpreter.
+struct HostX87Pointers {
+  bool fop = true, fdp = true;
+};
+HostX87Pointers host_x87_pointers() {
+  static const HostX87Pointers stored = [] {
+    alignas(16) std::array<uint8_t, 28> env{};
+    static const double one = 1.0;
+    asm volatile("fninit\n fldl %1\n fnstenv %0\n fninit" : "=m"(env) : "m"(one));
+    uint32_t op_word, fdp;
+    std::memcpy(&op_word, &env[16], 4);
+    std::memcpy(&fdp, &env[20], 4);
+    return HostX87Pointers{.fop = (op_word >> 16 & 0x7ff) != 0, .fdp = fdp != 0};
+  }();
+  return stored;
 }
 
 // Lists what differs between the host's and the interpreter's final state ("" when nothing does).
@@ -104,11 +125,12 @@ std::string compare(const Outcome& host, const Outcome& guest, const Sequence& s
   const bool pointers = !(word(host.regs.fx, 2) & 0x40) && env32(host.regs.env, 12) != 0;
   if (pointers && seq.x87_ip_defined && env32(host.regs.env, 12) != env32(guest.regs.env, 12))
     diff += fmt::format("  fip: host {:#x} interp {:#x}\n", env32(host.regs.env, 12), env32(guest.regs.env, 12));
-  if (pointers && seq.x87_ip_defined &&
+  const HostX87Pointers stored = host_x87_pointers();
+  if (pointers && seq.x87_ip_defined && stored.fop &&
       (env32(host.regs.env, 16) >> 16 & 0x7ff) != (env32(guest.regs.env, 16) >> 16 & 0x7ff))
     diff += fmt::format("  fop: host {:#x} interp {:#x}\n", env32(host.regs.env, 16) >> 16 & 0x7ff,
                         env32(guest.regs.env, 16) >> 16 & 0x7ff);
-  if (pointers && seq.x87_dp_defined && env32(host.regs.env, 20) != env32(guest.regs.env, 20))
+  if (pointers && seq.x87_dp_defined && stored.fdp && env32(host.regs.env, 20) != env32(guest.regs.env, 20))
     diff += fmt::format("  fdp: host {:#x} interp {:#x}\n", env32(host.regs.env, 20), env32(guest.regs.env, 20));
   for (size_t i = 0; i < host.data.size() && i < guest.data.size(); i += 8) {
     uint64_t h, g;
