@@ -44,10 +44,12 @@ uint64_t Engine::host_now_ns() {
 
 uint64_t Engine::idle_now_ns(std::optional<uint64_t> deadline) {
   const uint64_t running = running_now_ns();
-  const uint64_t host = host_clock_.elapsed_ns();
-  // Host time, as on a real machine (where the interrupt lands is what a recording captures), unless host time is
-  // more than kCatchUpNs past the next deadline: then the guest catches up through its timers one deadline at a time.
-  if (deadline && host > *deadline + kCatchUpNs) return std::max(running, *deadline);
+  const uint64_t elapsed = host_clock_.elapsed_ns();
+  uint64_t host = elapsed > idle_lag_ns_ ? elapsed - idle_lag_ns_ : 0;
+  if (deadline && host > *deadline + kCatchUpNs) {
+    idle_lag_ns_ += host - *deadline;
+    host = *deadline;
+  }
   return std::max(running, host);
 }
 

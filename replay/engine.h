@@ -143,11 +143,11 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   // Record/run: what host time says now (virtual ns), without logging.
   uint64_t host_now_ns();
   // Record/run, while the guest waits in HLT: the time its wait has reached: host time, and never before the time
-  // already handed out. Where the guest's derived time lags host time by more than kCatchUpNs past `deadline` (the
-  // machine's next device deadline; the software CPU runs slower than derived time's 1 G instructions/s, and a long
-  // busy stretch builds up the lag), the wait ends at the deadline instead: the guest catches up through its timers,
-  // each firing at its own deadline, not in one jump past all of them (which Linux reports as a CPU stall:
-  // "rcu_preempt kthread timer wakeup didn't happen").
+  // already handed out. Where host time is more than kCatchUpNs past `deadline` (the machine's next device deadline;
+  // the software CPU runs slower than derived time's 1 G instructions/s, and a long busy stretch builds up a lag),
+  // the wait ends at the deadline instead, not in one jump past every timer (which Linux reports as a CPU stall:
+  // "rcu_preempt kthread timer wakeup didn't happen"), and the lag is dropped from host time (idle_lag_ns_), so that
+  // later waits end at host-timed points again: where an interrupt lands stays what a real machine would make it.
   uint64_t idle_now_ns(std::optional<uint64_t> deadline);
   static constexpr uint64_t kCatchUpNs = 50'000'000;
   // Host monotonic time at which virtual time 0 was (virtual time follows host time when recording).
@@ -263,6 +263,7 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   ProgressMode progress_;
   uint32_t vcpu_ = 0;
   HostClock host_clock_;
+  uint64_t idle_lag_ns_ = 0;  // host time that idle waits no longer count (idle_now_ns)
   uint64_t last_now_ = 0;
   std::optional<uint64_t> frozen_now_;
   std::function<Position()> where_;
