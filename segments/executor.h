@@ -17,7 +17,7 @@ struct ExecutorOptions {
   std::string deja;             // the binary workers run ("" = this one; on Slurm the path every node has it at)
   std::vector<std::string> merge_args;  // slurm: added to the merge job's `deja merge MANIFEST` (e.g. --json)
   double poll_seconds = 0.5;    // slurm: how often job states are read
-  double start_timeout = 3600;  // slurm: give up (cancelling the jobs) when none has started for this long
+  double start_timeout = 3600;  // slurm: give up (cancelling the jobs) when every task has only waited this long
 };
 
 // The cores this process may run on.

@@ -350,11 +350,12 @@ class Slurm {
     return states;
   }
 
-  // Waits a poll interval; an error when deja was interrupted, when nothing has started for start_timeout (naming
-  // the job and why Slurm holds it), or when the controller has not answered for as long.
-  Result<> pause(const std::string& job, bool started, const std::string& reason, const Result<void>& answered) {
+  // Waits a poll interval; an error when deja was interrupted, when the job has only waited (nothing `running`, every
+  // task pending) for start_timeout (naming the job and why Slurm holds it), or when the controller has not answered
+  // for as long (at most two minutes).
+  Result<> pause(const std::string& job, bool running, const std::string& reason, const Result<void>& answered) {
     const auto now = std::chrono::steady_clock::now();
-    if (started || last_progress_ == std::chrono::steady_clock::time_point{}) last_progress_ = now;
+    if (running || last_progress_ == std::chrono::steady_clock::time_point{}) last_progress_ = now;
     if (answered) last_answer_ = now;
     const double idle = std::chrono::duration<double>(now - last_progress_).count();
     const double silent = std::chrono::duration<double>(now - last_answer_).count();
@@ -379,7 +380,7 @@ class Slurm {
     last_progress_ = {};
     for (;;) {
       auto states = task_states(job);
-      bool started = false;
+      bool running = false;  // a task not waiting: the job is not stuck
       std::string reason;
       for (const auto& [index, unused] : items) {
         if (done.contains(index)) continue;
@@ -388,13 +389,13 @@ class Slurm {
           // Purged from the controller's memory (MinJobAge) or not listed yet: a result means it ran.
           if (auto r = read_result(loaded_, index, nullptr); r && states && states->empty()) {
             done[index] = r->ok() ? "COMPLETED" : "FAILED";
-            started = true;
+            running = true;
           }
           continue;
         }
         const TaskState& task = it->second;
+        running |= task.state != "PENDING";
         if (shown[index] != task.state) {
-          started |= !shown[index].empty() || task.state != "PENDING";
           shown[index] = task.state;
           if (terminal(task.state)) say("slurm: task {} of job {}: {}", index, job, task.state);
         }
@@ -402,7 +403,7 @@ class Slurm {
         if (terminal(task.state)) done[index] = task.state;
       }
       if (done.size() == items.size()) return done;
-      if (auto r = pause(job, started, reason, states ? Result<void>{} : std::unexpected(states.error())); !r) {
+      if (auto r = pause(job, running, reason, states ? Result<void>{} : std::unexpected(states.error())); !r) {
         return std::unexpected(r.error());
       }
     }
@@ -411,7 +412,6 @@ class Slurm {
   // The merge job's final state and exit status.
   Result<std::pair<std::string, int>> wait_for_job(const std::string& job) {
     last_progress_ = {};
-    std::string last_state;
     for (;;) {
       std::string state, code, reason;
       Result<void> answered;
@@ -437,9 +437,9 @@ class Slurm {
         }
       }
       if (terminal(state)) return std::pair{state, std::atoi(code.c_str())};
-      const bool started = !state.empty() && state != last_state && state != "PENDING";
-      if (!state.empty()) last_state = state;
-      if (auto r = pause(job, started, reason, answered); !r) return std::unexpected(r.error());
+      if (auto r = pause(job, !state.empty() && state != "PENDING", reason, answered); !r) {
+        return std::unexpected(r.error());
+      }
     }
   }
 
