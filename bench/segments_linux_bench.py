@@ -56,10 +56,13 @@ with tempfile.TemporaryDirectory(dir=args.keep) as work:
     guest_minutes = instructions / 1e9 / 60  # derived time: 1 ns an instruction (inspect's "time" line)
     print(f"Linux workload, {args.rounds} rounds: {instructions / 1e9:.2f} G instructions "
           f"({guest_minutes * 60:.1f} s of guest time)")
+    sizes = [os.path.getsize(f) / 2**20 for f in sorted(glob.glob(checked + ".ckpt/*"))]
+    incremental = sizes[1:] or [0]
     print(f"record {record_s:.1f} s; with --checkpoint-every {args.every} {record_ckpt_s:.1f} s "
-          f"({(record_ckpt_s / record_s - 1) * 100:+.1f}%): {len(glob.glob(checked + '.ckpt/*'))} checkpoints, "
-          f"{size(checked + '.ckpt') / 2**20:.1f} MiB, {size(checked + '.ckpt') / 2**20 / guest_minutes:.0f} MiB per "
-          f"guest-minute (every 16th full, the others incremental; zstd)")
+          f"({(record_ckpt_s / record_s - 1) * 100:+.1f}%): {len(sizes)} checkpoints, {sum(sizes):.1f} MiB "
+          f"({sum(sizes) / guest_minutes:.0f} MiB per guest-minute of this run); the full one {sizes[0]:.1f} MiB, "
+          f"incremental ones {sum(incremental) / len(incremental):.2f} MiB on average, at most "
+          f"{max(incremental):.2f} (zstd; every 16th full)")
 
     sequential, _ = timed("replay", plain, "--serial-out", os.devnull, ok=(1,))
     index_s, _ = timed("index", plain, "--every", args.every)
