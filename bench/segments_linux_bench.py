@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import re
+import resource
 import subprocess
 import tempfile
 import time
@@ -22,15 +23,23 @@ ap.add_argument("--every", default="1G", help="checkpoint interval (1G instructi
 ap.add_argument("--segments", default="8")
 ap.add_argument("--slurm-local", help="scripts/slurm-local.sh: also run the jobs on a single-node Slurm cluster")
 ap.add_argument("--keep", help="keep the traces in this directory")
+ap.add_argument("--no-record-checkpoints", action="store_true", help="skip the recording with --checkpoint-every")
 args = ap.parse_args()
 workload = ["--linux", "--append", f"deja.script=workload deja.rounds={args.rounds}"]
 
 
+def cpu_seconds():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # deja and the workers it waited for
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(*argv, ok=(0,)):
-    t = time.monotonic()
+    """Wall seconds and the completed process; the CPU seconds it and its workers used go to timed.cpu."""
+    t, cpu = time.monotonic(), cpu_seconds()
     r = subprocess.run([args.deja, *argv], capture_output=True, text=True)
     if r.returncode not in ok:
         raise SystemExit(f"deja {' '.join(argv[:3])} failed ({r.returncode}): {r.stderr[-2000:]}")
+    timed.cpu = cpu_seconds() - cpu
     return time.monotonic() - t, r
 
 
@@ -49,32 +58,38 @@ def item_starts(workdir, launched):
 with tempfile.TemporaryDirectory(dir=args.keep) as work:
     plain, checked = os.path.join(work, "plain.trace"), os.path.join(work, "ckpt.trace")
     record_s, r = timed("record", "--backend", "interp", "-o", plain, "--serial-out", os.devnull, *workload, ok=(1,))
-    record_ckpt_s, _ = timed("record", "--backend", "interp", "-o", checked, "--serial-out", os.devnull,
-                             "--checkpoint-every", args.every, *workload, ok=(1,))
+    record_cpu = timed.cpu
     inspect = subprocess.run([args.deja, "inspect", plain], capture_output=True, text=True).stdout
     instructions = int(re.search(r"duration\s+(\d+) instructions", inspect).group(1))
     guest_minutes = instructions / 1e9 / 60  # derived time: 1 ns an instruction (inspect's "time" line)
     print(f"Linux workload, {args.rounds} rounds: {instructions / 1e9:.2f} G instructions "
-          f"({guest_minutes * 60:.1f} s of guest time)")
-    sizes = [os.path.getsize(f) / 2**20 for f in sorted(glob.glob(checked + ".ckpt/*"))]
-    incremental = sizes[1:] or [0]
-    print(f"record {record_s:.1f} s; with --checkpoint-every {args.every} {record_ckpt_s:.1f} s "
-          f"({(record_ckpt_s / record_s - 1) * 100:+.1f}%): {len(sizes)} checkpoints, {sum(sizes):.1f} MiB "
-          f"({sum(sizes) / guest_minutes:.0f} MiB per guest-minute of this run); the full one {sizes[0]:.1f} MiB, "
-          f"incremental ones {sum(incremental) / len(incremental):.2f} MiB on average, at most "
-          f"{max(incremental):.2f} (zstd; every 16th full)")
+          f"({guest_minutes * 60:.1f} s of guest time); record {record_s:.1f} s, {record_cpu:.1f} s CPU")
+    if not args.no_record_checkpoints:
+        record_ckpt_s, _ = timed("record", "--backend", "interp", "-o", checked, "--serial-out", os.devnull,
+                                 "--checkpoint-every", args.every, *workload, ok=(1,))
+        sizes = [os.path.getsize(f) / 2**20 for f in sorted(glob.glob(checked + ".ckpt/*"))]
+        incremental = sizes[1:] or [0]
+        print(f"record with --checkpoint-every {args.every} {record_ckpt_s:.1f} s "
+              f"({(record_ckpt_s / record_s - 1) * 100:+.1f}%), {timed.cpu:.1f} s CPU "
+              f"({(timed.cpu / record_cpu - 1) * 100:+.1f}%): {len(sizes)} checkpoints, {sum(sizes):.1f} MiB "
+              f"({sum(sizes) / guest_minutes:.0f} MiB per guest-minute of this run); the full one {sizes[0]:.1f} MiB, "
+              f"incremental ones {sum(incremental) / len(incremental):.2f} MiB on average, at most "
+              f"{max(incremental):.2f} (zstd; every 16th full)")
 
     sequential, _ = timed("replay", plain, "--serial-out", os.devnull, ok=(1,))
+    sequential_cpu = timed.cpu
     index_s, _ = timed("index", plain, "--every", args.every)
-    print(f"sequential replay {sequential:.1f} s ({instructions / sequential / 1e6:.0f} M instructions/s); "
+    print(f"sequential replay {sequential:.1f} s, {sequential_cpu:.1f} s CPU "
+          f"({instructions / sequential / 1e6:.0f} M instructions/s); "
           f"deja index --every {args.every} {index_s:.1f} s ({index_s / sequential:.2f}x a replay), "
           f"{size(plain + '.ckpt') / 2**20:.1f} MiB")
     for j in (1, 2, 4):
         t, r = timed("verify", plain, "--replay", "-j", str(j), "--segments", args.segments)
         if "every event exact" not in r.stderr:
             raise SystemExit(f"verify -j{j} did not prove the trace: {r.stderr[-2000:]}")
+        # CPU time is what the cores' sharing does not change: the work the segments add over one replay.
         print(f"verify --replay --segments {args.segments} -j{j}: {t:.1f} s, speedup {sequential / t:.2f}x over one "
-              f"sequential replay")
+              f"sequential replay; {timed.cpu:.1f} s CPU ({timed.cpu / sequential_cpu:.2f}x the replay's)")
 
     if args.slurm_local:
         cluster = os.path.join(work, "cluster")

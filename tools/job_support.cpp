@@ -25,7 +25,7 @@ void add_executor_options(CLI::App* cmd, ExecutorOptions& o) {
   cmd->add_option("--partition", o.partition, "slurm: the partition (default: the cluster's)");
   cmd->add_option("--retries", o.retries, "slurm: submit a task that ended without a result again N times");
   cmd->add_option("--start-timeout", o.start_timeout,
-                  "slurm: seconds to wait for a job to start (or make progress) before cancelling the jobs");
+                  "slurm: cancel the jobs when every remaining task has waited this many seconds to start (default 3600)");
   cmd->add_option("--worker-deja", o.deja, "the deja binary workers run (default: this one; on Slurm, at the same "
                                            "path on every node)");
 }

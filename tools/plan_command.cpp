@@ -60,7 +60,7 @@ Subcommand add_plan_command(CLI::App& app) {
   cmd->add_option("TRACE", a->plan.trace, "trace file");
   cmd->add_option("--campaign", a->campaign,
                   "instead of a trace: a campaign of shards, the sharded task's name (sha256: hash the files given "
-                  "after --)");
+                  "after --, as absolute paths: workers run in the work directory)");
   cmd->add_option("--shards", a->shards, "--campaign: how many shards");
   cmd->add_option("CAMPAIGN_ARGS", a->campaign_args, "--campaign: its arguments, after --");
   cmd->add_option("--segments", a->plan.segments, "about this many segments of equal length (default: at every checkpoint)");
