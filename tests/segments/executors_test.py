@@ -154,9 +154,10 @@ try:
     # Interrupted: the jobs are cancelled and deja says so.
     p = subprocess.Popen([args.deja, "merge", "--run", shards, "--executor", "slurm", "--partition", "down"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    submitted = p.stderr.readline()  # once it says what it submitted, its jobs are in the queue
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
+    err = submitted + err
     ids = re.search(r"cancelled jobs ([\d ]+)", err)
     queue = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
     check("slurm: SIGINT cancels the jobs", p.returncode == 12 and ids is not None and
