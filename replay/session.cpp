@@ -916,7 +916,14 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
       return StopReason{StopReason::Kind::kInterrupted};
     }
     if (record_turn_hook_ && mode == Mode::kRecord && !completes_on_next_run(now().last_exit_kind)) {
+      const uint64_t before = HostClock::monotonic_ns();
       if (auto r = record_turn_hook_(); !r) return std::unexpected(r.error());
+      // A hook that took a checkpoint may have outlasted the heartbeat's deadline: the kick would then stop the vCPU
+      // before its first instruction and the heartbeat land at the checkpoint's own coordinate, after it, where a
+      // replay that reaches that coordinate consumes it before it can stop (the segment would end one event late).
+      if (const uint64_t after = HostClock::monotonic_ns(); after - before > kHookSlowNs) {
+        next_heartbeat_ = std::max(next_heartbeat_, after + kHeartbeatNs);
+      }
     }
     // A trace that cannot be written stops the run at once (its prefix is what is left); a failed disk overlay or
     // serial output stops it too, rather than letting the guest run on with its writes or its output lost, and

@@ -274,6 +274,7 @@ class Session {
   uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
   static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
   static constexpr uint64_t kHeartbeatNs = 1'000'000'000;
+  static constexpr uint64_t kHookSlowNs = 1'000'000;  // a record turn hook this slow did work (took a checkpoint)
   uint64_t next_heartbeat_ = 0;
   static constexpr uint64_t kNetPollNs = 1'000'000;
   static constexpr size_t kMaxFramesPerEvent = 256;

@@ -24,6 +24,16 @@ stop_daemon() {  # name
   rm -f "$pidfile"
 }
 
+# Says why the start failed, with the end of each daemon's log, and tears down what did start.
+failed() {
+  echo "slurm-local: $1 (configuration and logs in $dir)" >&2
+  for log in slurmctld.err slurmctld.log slurmd.err slurmd.log; do
+    [ -s "$dir/$log" ] && { echo "--- $log" >&2; tail -n 8 "$dir/$log" >&2; }
+  done
+  "$0" stop "$dir"
+  exit 1
+}
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 case "$1" in
@@ -61,23 +71,31 @@ JobCompType=jobcomp/filetxt
 JobCompLoc=$dir/jobcomp.txt
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
+MailProg=/bin/true
 ReturnToService=2
 MinJobAge=3600
 SchedulerParameters=sched_interval=1
 NodeName=deja-node NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# Takes jobs and never starts them: for tests of what waits on a job that does not start.
+PartitionName=down Nodes=ALL MaxTime=INFINITE State=DOWN
 CONF
   export SLURM_CONF="$conf"
-  if ! slurmctld -c -i -f "$conf" || ! slurmd -c -N deja-node -f "$conf"; then
-    echo "slurm-local: the daemons did not start (logs in $dir)" >&2
-    "$0" stop "$dir"; exit 1
+  if ! slurmctld -c -i -f "$conf" 2>"$dir/slurmctld.err"; then
+    failed "slurmctld did not start"
+  fi
+  if ! slurmd -c -N deja-node -f "$conf" 2>"$dir/slurmd.err"; then
+    failed "slurmd did not start"
   fi
   for _ in $(seq 150); do
-    if sinfo -h -o '%T' 2>/dev/null | grep -qx idle; then echo "SLURM_CONF=$conf"; exit 0; fi
+    if sinfo -h -p debug -o '%T' 2>/dev/null | grep -qx idle; then echo "SLURM_CONF=$conf"; exit 0; fi
+    for name in slurmctld slurmd; do
+      pid=$(cat "$dir/$name.pid" 2>/dev/null || true)
+      [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null && failed "$name ended"
+    done
     sleep 0.2
   done
-  echo "slurm-local: the node did not become idle in 30 s (logs in $dir)" >&2
-  "$0" stop "$dir"; exit 1
+  failed "the node did not become idle in 30 s (sinfo: $(sinfo -h -o '%T %E' 2>&1 | head -3 | tr '\n' ' '))"
   ;;
 stop)
   stop_daemon slurmd

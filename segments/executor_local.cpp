@@ -1,5 +1,6 @@
 // The local executor: a worker process per item, `-j` at a time; and running the cluster's client commands.
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -62,31 +63,62 @@ std::string find_on_path(const std::string& name) {
 }
 
 Result<CommandOutput> run_command(const std::vector<std::string>& argv) {
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return fail(ErrorKind::kHost, "pipe: {}", std::strerror(errno));
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) return fail(ErrorKind::kHost, "pipe: {}", std::strerror(errno));
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    return fail(ErrorKind::kHost, "pipe: {}", std::strerror(errno));
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
   auto args = c_argv(argv);
   pid_t pid = 0;
   const int spawned = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  ::close(pipe_fds[1]);
-  if (spawned != 0) {
-    ::close(pipe_fds[0]);
-    return fail(ErrorKind::kHost, "cannot run {}: {}", argv[0], std::strerror(spawned));
-  }
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
   CommandOutput out;
-  char buffer[4096];
-  for (;;) {
-    const ssize_t n = ::read(pipe_fds[0], buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    out.out.append(buffer, size_t(n));
+  if (spawned == 0) {
+    // Both pipes at once: a command that fills one while deja waits on the other would never end.
+    pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+    std::string* into[2] = {&out.out, &out.err};
+    for (int open = 2; open > 0;) {
+      if (::poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      for (int i = 0; i < 2; ++i) {
+        if (fds[i].fd < 0 || !fds[i].revents) continue;
+        char buffer[4096];
+        const ssize_t n = ::read(fds[i].fd, buffer, sizeof buffer);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          fds[i].fd = -1;
+          --open;
+        } else {
+          into[i]->append(buffer, size_t(n));
+        }
+      }
+    }
   }
-  ::close(pipe_fds[0]);
+  ::close(out_pipe[0]);
+  ::close(err_pipe[0]);
+  if (spawned != 0) return fail(ErrorKind::kHost, "cannot run {}: {}", argv[0], std::strerror(spawned));
   out.status = wait_for(pid);
   return out;
+}
+
+Result<> clear_results(const LoadedManifest& loaded, const std::vector<uint32_t>& items) {
+  for (uint32_t index : items) {
+    const std::string path = result_path(loaded.manifest.workdir(), index);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return fail(ErrorKind::kHost, "cannot remove the earlier result {}: {}", path, std::strerror(errno));
+    }
+  }
+  return {};
 }
 
 Result<> run_local(const LoadedManifest& loaded, const ExecutorOptions& options) {
@@ -94,6 +126,9 @@ Result<> run_local(const LoadedManifest& loaded, const ExecutorOptions& options)
   const uint32_t items = item_count(m);
   const unsigned jobs = options.jobs ? options.jobs : available_cores();
   const std::string deja = options.deja.empty() ? this_binary() : options.deja;
+  std::vector<uint32_t> all(items);
+  for (uint32_t i = 0; i < items; ++i) all[i] = i;
+  if (auto r = clear_results(loaded, all); !r) return r;
   std::map<pid_t, uint32_t> running;
   uint32_t next = 0;
   auto spawn = [&](uint32_t index) -> Result<> {

@@ -74,11 +74,6 @@ class SegmentRun {
   }
 
   segments::ItemResult run() {
-    const auto started = std::chrono::steady_clock::now();
-    r_.set_started_unix(double(std::chrono::duration_cast<std::chrono::microseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count()) /
-                        1e6);
     if (auto done = segment(); !done) {
       r_.set_ok(false);
       r_.set_status(done.error().kind == ErrorKind::kBadTrace ? exit_status::kTraceEnded
@@ -88,7 +83,6 @@ class SegmentRun {
       r_.set_ok(true);
       r_.set_status(0);
     }
-    r_.set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     return r_;
   }
 
@@ -245,8 +239,16 @@ segments::ItemResult run_shard(const LoadedManifest& loaded, uint32_t index, con
 }  // namespace
 
 segments::ItemResult run_item(const LoadedManifest& loaded, uint32_t index, const ItemOptions& options) {
-  if (loaded.manifest.kind() != "segments") return run_shard(loaded, index, options);
-  return SegmentRun(loaded, index, options).run();
+  const auto started = std::chrono::steady_clock::now();
+  const double started_unix =
+      double(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+                 .count()) /
+      1e6;
+  segments::ItemResult r = loaded.manifest.kind() != "segments" ? run_shard(loaded, index, options)
+                                                                 : SegmentRun(loaded, index, options).run();
+  r.set_started_unix(started_unix);
+  r.set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  return r;
 }
 
 }  // namespace deja

@@ -7,9 +7,11 @@
 
 #include <fmt/format.h>
 
+#include "core/exit_status.h"
 #include "core/messages.h"
 #include "core/page_walker.h"
 #include "replay/replay_setup.h"
+#include "segments/store.h"
 
 namespace deja {
 namespace {
@@ -142,8 +144,41 @@ class SampleTask : public SegmentTask {
   uint64_t every_, address_, length_;
 };
 
+// The smallest real campaign, so the executors can be tried on shards before there are bigger ones: "sha256" hashes
+// the files its arguments name, shard I of N every N-th from the I-th, and the merge prints them as sha256sum does.
+class FileHashShards : public ShardTask {
+ public:
+  Result<int> run_shard(std::span<const std::string> files, uint32_t index, uint32_t count,
+                        std::vector<std::string>& records) override {
+    for (size_t i = index; i < files.size(); i += count) {
+      auto sha = file_sha256(files[i]);
+      if (!sha) return std::unexpected(sha.error());
+      records.push_back(fmt::format("{{\"file\": {}, \"sha256\": \"{}\"}}", i, bytes_hex(*sha)));
+    }
+    return 0;
+  }
+  int merge(std::span<const std::string> files, const std::vector<std::vector<std::string>>& records) override {
+    std::map<size_t, std::string> lines;
+    for (const auto& shard : records) {
+      for (const auto& record : shard) {
+        size_t i = 0;
+        char hash[65] = {};
+        if (std::sscanf(record.c_str(), "{\"file\": %zu, \"sha256\": \"%64[0-9a-f]\"}", &i, hash) == 2 &&
+            i < files.size()) {
+          lines[i] = fmt::format("{}  {}", hash, files[i]);
+        }
+      }
+    }
+    for (const auto& [i, line] : lines) std::printf("%s\n", line.c_str());
+    if (lines.size() == files.size()) return 0;
+    say("sha256: {} of {} files hashed", lines.size(), files.size());
+    return exit_status::kHostFailure;
+  }
+};
+
 std::map<std::string, ShardTaskFactory>& shard_tasks() {
-  static std::map<std::string, ShardTaskFactory> tasks;
+  static std::map<std::string, ShardTaskFactory> tasks{
+      {"sha256", [] { return std::make_unique<FileHashShards>(); }}};
   return tasks;
 }
 

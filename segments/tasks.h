@@ -49,6 +49,8 @@ class ShardTask {
   virtual int merge(std::span<const std::string> args, const std::vector<std::vector<std::string>>& records) = 0;
 };
 using ShardTaskFactory = std::function<std::unique_ptr<ShardTask>()>;
+// Built in: "sha256" (`deja plan --campaign sha256 --shards N -- FILE...`): the files hashed, shard I of N every N-th
+// from the I-th; the merge prints them as sha256sum does, in argument order.
 void register_shard_task(const std::string& kind, ShardTaskFactory factory);
 std::unique_ptr<ShardTask> make_shard_task(const std::string& kind);
 

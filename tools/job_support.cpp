@@ -16,24 +16,42 @@
 
 namespace deja {
 
-void add_job_options(CLI::App* cmd, JobOptions& o) {
-  cmd->add_option("--executor", o.executor.kind,
+void add_executor_options(CLI::App* cmd, ExecutorOptions& o) {
+  cmd->add_option("--executor", o.kind,
                   "where the segments run: local (worker processes here, the default) or slurm (an array job and a "
                   "dependent merge job on the cluster sbatch reaches)")
       ->check(CLI::IsMember({"local", "slurm"}));
-  cmd->add_option("-j,--jobs", o.executor.jobs, "local: workers at a time (default: one per core)");
+  cmd->add_option("-j,--jobs", o.jobs, "local: workers at a time (default: one per core)");
+  cmd->add_option("--partition", o.partition, "slurm: the partition (default: the cluster's)");
+  cmd->add_option("--retries", o.retries, "slurm: submit a task that ended without a result again N times");
+  cmd->add_option("--start-timeout", o.start_timeout,
+                  "slurm: cancel the jobs when every remaining task has waited this many seconds to start (default 3600)");
+  cmd->add_option("--worker-deja", o.deja, "the deja binary workers run (default: this one; on Slurm, at the same "
+                                           "path on every node)");
+}
+
+void add_job_options(CLI::App* cmd, JobOptions& o) {
+  add_executor_options(cmd, o.executor);
   cmd->add_option("--segments", o.plan.segments,
                   "cut the trace into about this many segments at its checkpoints (default: at every checkpoint)");
   cmd->add_option("--every", o.every, "cut the trace into segments about this long (guest time or instructions)");
   cmd->add_option("--checkpoints", o.plan.checkpoints, "the trace's checkpoints (default TRACE.ckpt, `deja index`)");
-  cmd->add_option("--partition", o.executor.partition, "slurm: the partition (default: the cluster's)");
   cmd->add_option("--workdir", o.plan.workdir,
                   "where the manifest, results and logs go: on Slurm a directory every node mounts (default "
                   "TRACE.segments; local: a temporary directory)");
   cmd->add_option("--store", o.plan.store,
                   "a content-addressed store (DIR/sha256/HEX) the trace, its inputs and checkpoints are put into and "
                   "workers read them from");
-  cmd->add_option("--retries", o.executor.retries, "slurm: submit a task that ended without a result again N times");
+}
+
+int run_job(const LoadedManifest& loaded, ExecutorOptions& executor, bool json) {
+  if (executor.kind == "slurm") {
+    if (json) executor.merge_args.push_back("--json");
+    auto ran = run_slurm(loaded, executor);
+    return ran ? *ran : report_error(ran.error());
+  }
+  if (auto ran = run_local(loaded, executor); !ran) return report_error(ran.error());
+  return print_merge(merge_results(loaded), loaded, json);
 }
 
 int run_trace_job(JobOptions& o, bool json) {
@@ -65,16 +83,7 @@ int run_trace_job(JobOptions& o, bool json) {
   if (!path) return report_error(path.error());
   auto loaded = read_manifest(*path);
   if (!loaded) return report_error(loaded.error());
-  int status = 0;
-  if (o.executor.kind == "slurm") {
-    if (json) o.executor.merge_args.push_back("--json");
-    auto ran = run_slurm(*loaded, o.executor);
-    if (!ran) return report_error(ran.error());
-    status = *ran;
-  } else {
-    if (auto ran = run_local(*loaded, o.executor); !ran) return report_error(ran.error());
-    status = print_merge(merge_results(*loaded), *loaded, json);
-  }
+  const int status = run_job(*loaded, o.executor, json);
   if (!temporary.empty()) {
     if (status == 0) {
       std::error_code ec;

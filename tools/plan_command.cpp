@@ -12,9 +12,28 @@ namespace {
 struct PlanArgs {
   PlanOptions plan;
   std::string every;
+  std::string campaign;
+  uint32_t shards = 0;
+  std::vector<std::string> campaign_args;
 };
 
+int run_campaign_plan(const PlanArgs& a) {
+  if (a.shards == 0) return report_error({ErrorKind::kInvalidArgument, "--campaign needs --shards N"});
+  // The first positional argument fills TRACE: with a campaign it is the campaign's first.
+  std::vector<std::string> args = a.campaign_args;
+  if (!a.plan.trace.empty()) args.insert(args.begin(), a.plan.trace);
+  auto manifest = plan_shards(a.campaign, args, a.shards,
+                              a.plan.workdir.empty() ? a.campaign + ".shards" : a.plan.workdir);
+  if (!manifest) return report_error(manifest.error());
+  auto path = write_manifest(*manifest);
+  if (!path) return report_error(path.error());
+  say("planned {} shards of campaign {} in {}", a.shards, a.campaign, *path);
+  return 0;
+}
+
 int run_plan(PlanArgs& a) {
+  if (!a.campaign.empty()) return run_campaign_plan(a);
+  if (a.plan.trace.empty()) return report_error({ErrorKind::kInvalidArgument, "plan needs a TRACE (or --campaign)"});
   if (!a.every.empty()) {
     auto every = parse_checkpoint_interval(a.every, 1000);
     if (!every) return report_error(every.error());
@@ -38,7 +57,12 @@ int run_plan(PlanArgs& a) {
 Subcommand add_plan_command(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   auto* cmd = app.add_subcommand("plan", "cut a trace into segments at its checkpoints: write a job's manifest");
-  cmd->add_option("TRACE", a->plan.trace, "trace file")->required();
+  cmd->add_option("TRACE", a->plan.trace, "trace file");
+  cmd->add_option("--campaign", a->campaign,
+                  "instead of a trace: a campaign of shards, the sharded task's name (sha256: hash the files given "
+                  "after --, as absolute paths: workers run in the work directory)");
+  cmd->add_option("--shards", a->shards, "--campaign: how many shards");
+  cmd->add_option("CAMPAIGN_ARGS", a->campaign_args, "--campaign: its arguments, after --");
   cmd->add_option("--segments", a->plan.segments, "about this many segments of equal length (default: at every checkpoint)");
   cmd->add_option("--every", a->every, "segments about this long: guest time (60s) or instructions (5G)");
   cmd->add_option("--task", a->plan.task, "what each segment does: verify (default), writes:ADDR:LEN, sample:N[:ADDR:LEN]");

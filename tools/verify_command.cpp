@@ -87,8 +87,10 @@ Subcommand add_verify_command(CLI::App& app) {
               status = replay_for_verify(a->path, a->display);
             }
             std::printf("  5 replay      %-6s %s\n", status == 0 ? "ok" : "FAILED",
-                        status == 0 ? "every event and state digest replayed as recorded"
-                                    : "the replay did not match the recording (deja's message above)");
+                        status == 0                              ? "every event and state digest replayed as recorded"
+                        : status == exit_status::kInterrupted ? "interrupted before every event was replayed"
+                                                                 : "the replay did not match the recording (deja's "
+                                                                   "message above)");
             return status;
           }};
 }
