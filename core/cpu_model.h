@@ -89,6 +89,10 @@ class CpuModel {
   // out-of-range leaf reads as the highest basic leaf and an in-range leaf with no entry as zeros), so both
   // backends answer identically.
   CpuidResult cpuid(uint32_t leaf, uint32_t subleaf) const;
+  // What CPUID returns in a vCPU whose CR4 and XCR0 are these: CPUID.01H:ECX.OSXSAVE follows CR4.OSXSAVE, and
+  // leaf 0DH's EBX (sub-leaf 0; sub-leaf 1 where XSAVEC is offered) the size of the XSAVE area XCR0 enables, as KVM
+  // computes them (arch/x86/kvm/cpuid.c, kvm_update_cpuid_runtime), so that every backend answers alike.
+  CpuidResult cpuid(uint32_t leaf, uint32_t subleaf, uint64_t cr4, uint64_t xcr0) const;
   // The vendor string of CPUID leaf 0 ("AuthenticAMD", or deja's own "DejaVuReplay" in the first models).
   std::string vendor() const;
   bool is_amd() const;
