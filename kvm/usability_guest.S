@@ -268,6 +268,19 @@ deja_probe_xsave:
         vzeroupper
         hlt
 
+// XSETBV in the guest: entered with XCR0 = x87 alone, it enables the SSE and AVX state, leaves the guest (CPUID exits
+// to KVM) and runs deja_probe_avx's sum: 2.0f. A KVM that never saw the XSETBV restores its own XCR0 = 1 on the
+// way back in, and the AVX instruction raises #UD.
+        .globl deja_probe_xsetbv
+deja_probe_xsetbv:
+        xor %ecx, %ecx
+        mov $7, %eax
+        xor %edx, %edx
+        xsetbv
+        xor %eax, %eax
+        cpuid
+        jmp deja_probe_avx
+
 // CPUID of leaf RDI, sub-leaf RSI: the answer stays in EAX, EBX, ECX, EDX.
         .globl deja_probe_cpuid
 deja_probe_cpuid:

@@ -27,7 +27,7 @@ sys.path.insert(0, HERE)
 import guest_test  # noqa: E402  (check_expected)
 
 # Output independent of time and entropy: the final state must be identical on both backends.
-DETERMINISTIC = ["hello", "cpuid", "exceptions", "paging", "memory", "cpu-bound"]
+DETERMINISTIC = ["hello", "cpuid", "exceptions", "paging", "memory", "cpu-bound", "avx"]
 # Spins on a timer without I/O: a KVM recording without a PMU cannot deliver its interrupts (docs/kvm.md).
 NO_KVM_RECORD = {"timer"}
 # Prints RDTSC values: stock KVM cannot trap RDTSC, so replaying a stock-KVM trace on KVM, or on interp, must be
@@ -37,11 +37,11 @@ NO_KVM_RECORD = {"timer"}
 TSC_DEPENDENT = {"nondet"}
 DIVERGED, REFUSED = 6, 2
 # Checkpoints on KVM replays (docs/debugging.md): through the dirty log, restored, with identical digests.
-CHECKPOINTED = {"serial-echo": "16", "paging": "32", "threads-race": "20"}
+CHECKPOINTED = {"serial-echo": "16", "paging": "32", "threads-race": "20", "avx": "64"}
 # Recorded on KVM with a state digest every 2 events, so that the replays (on interp too) compare the whole state
 # nearly everywhere, at MMIO-write exits (the local APIC's EOI) included, where KVM has finished the instruction and
-# the software CPU has not yet.
-DENSE_DIGESTS = {"apic": ["--digest-every", "2"]}
+# the software CPU has not yet; avx's YMM registers and XCR0 at every port exit.
+DENSE_DIGESTS = {"apic": ["--digest-every", "2"], "avx": ["--digest-every", "2"]}
 
 results = []
 
@@ -139,8 +139,9 @@ FXSAVE_IMAGES = {"simd"}
 
 
 def guest_options(name, sources):
-    # One CPU model on both backends, so that final states compare (and cpuid.expected-deja is its answers).
-    opts = ["--cpu", "x86-64-v1"]
+    # One CPU model on both backends, so that final states compare (and cpuid.expected-deja is its answers); avx on
+    # x86-64-v3, which the nested harness's KVM provides (docs/kvm.md).
+    opts = ["--cpu", "x86-64-v3" if name == "avx" else "x86-64-v1"]
     if name == "cpu-bound":
         opts += ["--cmdline", "n=100000"]
     if name == "serial-echo":
@@ -164,9 +165,9 @@ def pmu_fallback(args):
     image = os.path.join(args.guests, "hello.elf")
     exact_trace = os.path.join(args.work, "hello.exact.trace")
     if args.phase == "host-before":
-        # x86-64-v1: a model the nested harness's KVM runs, so that the refusal below is the PMU's, not the model's.
-        step("pmu", "record on interp (exact)", [args.deja, "record", "-o", exact_trace, "--backend", "interp",
-                                                 "--cpu", "x86-64-v1", image])
+        # The software CPU's default model (x86-64-v3 on a host with AVX2), which the nested harness's KVM runs too:
+        # the refusal below is the PMU's.
+        step("pmu", "record on interp (exact)", [args.deja, "record", "-o", exact_trace, "--backend", "interp", image])
         return
     if args.phase != "nested":
         return
@@ -184,6 +185,13 @@ def pmu_fallback(args):
                        f"the warning names the self-test's failed check {failed}"))
         header = subprocess.run([args.deja, "inspect", "--json", trace], stdout=subprocess.PIPE).stdout.decode()
         checks.append(('"progress_mode":"exit-sync"' in header, f"the trace header says exit-sync: {header[:400]}"))
+        # No --cpu: the richest model the usability check found running here.
+        richest = re.search(r"CPU model features execute\s+ok: models ([\w.-]+)",
+                            selftest.stdout.decode() if selftest else "")
+        model = re.search(r'"cpu_model":"([^"]*)"', header)
+        checks.append((richest is not None and model is not None and model.group(1) == richest.group(1),
+                       f"the default model on kvm, {model and model.group(1)}, is the richest the selftest lists "
+                       f"({richest and richest.group(1)})"))
     for ok, why in checks:
         print(f"{'ok  ' if ok else 'FAIL'} pmu           {why.split(',')[0][:60]}")
         if not ok:

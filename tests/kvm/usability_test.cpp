@@ -12,7 +12,7 @@
 #include "kvm/kvm_usability.h"
 
 extern "C" const uint8_t deja_usability_guest_begin[], deja_probe_loop[], deja_probe_sse[], deja_probe_cpuid[],
-    deja_probe_lzcnt[], deja_probe_avx2[];
+    deja_probe_lzcnt[], deja_probe_avx2[], deja_probe_xsetbv[];
 
 namespace deja {
 namespace {
@@ -197,8 +197,8 @@ TEST(KvmUsability, AWrongAnswerIsNamedWithWhatCameBack) {
   EXPECT_TRUE(r.supports(CpuModel::x86_64_v1()));
 }
 
-// A KVM whose leaf 0DH keeps the reset size whatever XCR0 enables, and one without AVX2 (#UD, as on a host that
-// lacks it): x86-64-v3 is refused naming what went wrong, and the default is the richest model left.
+// A KVM whose leaf 0DH keeps the reset size whatever XCR0 enables, one without AVX2, one that loses the guest's own
+// XSETBV: x86-64-v3 is refused naming what went wrong, and the default is the richest model left.
 class StaticXsaveSize final : public AlteredVcpu {
  public:
   using AlteredVcpu::AlteredVcpu;
@@ -209,14 +209,15 @@ class StaticXsaveSize final : public AlteredVcpu {
   }
 };
 
-class NoAvx2 final : public AlteredVcpu {
+// Raises #UD in one snippet, as a host without the feature does (the #UD stub reports vector 6 on port 0xe0).
+class UdAt final : public AlteredVcpu {
  public:
-  using AlteredVcpu::AlteredVcpu;
+  UdAt(GuestMemory& memory, const CpuModel& model, const uint8_t* snippet) : AlteredVcpu(memory, model), at_(at(snippet)) {}
   Result<VcpuExit*> run() override {
     auto st = inner_.get_state();
-    if (st && st->rip == at(deja_probe_avx2)) {
+    if (st && st->rip == at_) {
       ud_ = VcpuExit{};
-      ud_.kind = ExitKind::kIoOut;  // the #UD stub reports vector 6 on port 0xe0
+      ud_.kind = ExitKind::kIoOut;
       ud_.port = 0xe0;
       ud_.value = 6;
       ud_.rip = st->rip;
@@ -226,6 +227,7 @@ class NoAvx2 final : public AlteredVcpu {
   }
 
  private:
+  uint64_t at_;
   VcpuExit ud_;
 };
 
@@ -239,8 +241,13 @@ TEST(KvmUsability, AnXsaveModelNeedsEveryFeatureAndTheRunTimeCpuid) {
       {[](GuestMemory& m, const CpuModel& model) { return std::make_unique<StaticXsaveSize>(m, model); },
        "x86-64-v3: CPUID leaf 0xd: the guest read 00000007 00000240 00000340 00000000, model x86-64-v3 says 00000007 "
        "00000340 00000340 00000000 with CR4.OSXSAVE set and XCR0 = 0x7"},
-      {[](GuestMemory& m, const CpuModel& model) { return std::make_unique<NoAvx2>(m, model); },
+      {[](GuestMemory& m, const CpuModel& model) { return std::make_unique<UdAt>(m, model, deja_probe_avx2); },
        "x86-64-v3: AVX2 raises #UD (vector 6)"},
+      // QEMU 7.2's TCG under nested KVM: the guest's XSETBV never reaches KVM, which restores XCR0 = 1 at the next
+      // entry, so the AVX instruction after it raises #UD.
+      {[](GuestMemory& m, const CpuModel& model) { return std::make_unique<UdAt>(m, model, deja_probe_xsetbv); },
+       "x86-64-v3: XSETBV in the guest: the AVX state it enabled was lost at the next exit to KVM (the sum raises #UD "
+       "(vector 6)): KVM never saw the XSETBV"},
   };
   for (const Case& c : cases) {
     UsabilityProbeHost host{.make_vcpu = [&](GuestMemory& memory, const CpuModel& model)
