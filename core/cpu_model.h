@@ -110,6 +110,7 @@ class CpuModel {
   // never recorded): the AMD MSRs that AuthenticAMD software relies on and the performance counters of a CPU
   // without a PMU, as KVM answers them (docs/cpu-models.md). None for deja-v1 and the first x86-64-v1.
   const ModelMsr* msr(uint32_t index) const;
+  std::span<const ModelMsr> msrs() const { return msrs_; }
 
   // TSC frequency every model promises (the guest's TSC ticks at this rate of virtual time).
   static constexpr uint64_t kTscHz = 2'000'000'000;

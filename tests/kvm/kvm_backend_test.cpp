@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "kvm/kvm_backend.h"
 #include "tests/kvm/kvm_test_support.h"
 #include "kvm/perf_counter.h"
@@ -515,6 +517,35 @@ TEST_F(KvmTest, UnownedMsrsExitOwnedMsrsStayInTheCpu) {
   EXPECT_EQ(s.msrs.star, 0x0023001011223344ull);
   EXPECT_EQ(s.gpr[kRax], 0x11223344u);
   EXPECT_EQ(s.gpr[kRdx], 0x00230010u);
+}
+
+// Every MSR the CPU model answers by itself (the AMD MSRs and the legacy performance counters, docs/cpu-models.md)
+// exits to the VMM on KVM, read and write, so that the session answers them on KVM exactly as on the software CPU;
+// KVM's own answers (HWCR, DE_CFG, PATCH_LEVEL, its PMU's) never reach the guest.
+TEST_F(KvmTest, ModelMsrsExitToTheVmm) {
+  const CpuModel& model = CpuModel::x86_64_v2();
+  ASSERT_FALSE(model.msrs().empty());
+  auto v2 = make_kvm_backend(*memory_, model);
+  ASSERT_TRUE(v2) << v2.error().message;
+  backend_ = std::move(*v2);
+  load(kCode, {0x0f, 0x32,   // rdmsr
+               0x0f, 0x30,   // wrmsr: what it read, back
+               0xf4});
+  for (const ModelMsr& m : model.msrs()) {
+    SCOPED_TRACE(fmt::format("MSR {:#x}", m.index));
+    CpuState s = long_mode(kCode);
+    s.gpr[kRcx] = m.index;
+    start(s);
+    VcpuExit* exit = run();
+    ASSERT_EQ(exit->kind, ExitKind::kMsrRead) << exit_kind_name(exit->kind);
+    EXPECT_EQ(exit->msr, m.index);
+    exit->value = m.value;
+    exit = run();
+    ASSERT_EQ(exit->kind, ExitKind::kMsrWrite) << exit_kind_name(exit->kind);
+    EXPECT_EQ(exit->msr, m.index);
+    EXPECT_EQ(exit->value, m.value);
+    ASSERT_EQ(run()->kind, ExitKind::kHlt);
+  }
 }
 
 TEST_F(KvmTest, MsrFaultAnswerRaisesGeneralProtection) {
