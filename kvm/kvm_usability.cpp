@@ -20,8 +20,9 @@ extern "C" const uint8_t deja_probe_loop[], deja_probe_sse[], deja_probe_sse2[],
     deja_probe_cx8[], deja_probe_cx16[], deja_probe_popcnt[], deja_probe_lzcnt[], deja_probe_movbe[],
     deja_probe_fxsr[], deja_probe_lahf[], deja_probe_clflush[], deja_probe_tsc[], deja_probe_mmx[], deja_probe_sse3[],
     deja_probe_ssse3[], deja_probe_sse41[], deja_probe_sse42[], deja_probe_avx[], deja_probe_avx2[], deja_probe_fma[],
-    deja_probe_f16c[], deja_probe_bmi1[], deja_probe_bmi2[], deja_probe_xsave[], deja_probe_xsetbv[], deja_probe_cpuid[], deja_probe_step[],
-    deja_probe_user_step[], deja_probe_halt[], deja_probe_vectors[], deja_probe_window[];
+    deja_probe_f16c[], deja_probe_bmi1[], deja_probe_bmi2[], deja_probe_xsave[], deja_probe_xsetbv[],
+    deja_probe_cpuid[], deja_probe_step[], deja_probe_user_step[], deja_probe_halt[], deja_probe_vectors[],
+    deja_probe_window[];
 
 namespace deja {
 
@@ -479,7 +480,8 @@ std::string check_interrupt_window(Backend& cpu, std::string& detail) {
 }
 
 // Every feature probe of `model` on a fresh VM of that model (an emulation failure may leave a vCPU unusable), in the
-// state an OS leaves for it; with XSAVE, also CPUID's run-time bits under XCR0 = x87 alone and every component.
+// state an OS leaves for it; with XSAVE, also the guest's own XSETBV and CPUID's run-time bits under XCR0 = x87 alone
+// and every component.
 std::string check_model(const UsabilityProbeHost& host, const CpuModel& model) {
   auto vm = make_probe_vm(host, model);
   if (!vm) return vm.error().message;
@@ -497,7 +499,8 @@ std::string check_model(const UsabilityProbeHost& host, const CpuModel& model) {
              "): KVM never saw the XSETBV (QEMU 7.2's TCG does not intercept it for a nested guest)";
     }
     for (const CpuState& s : {x87_only, entry}) {
-      if (std::string problem = check_cpuid(*vm->cpu, model, kXsaveLeaves, s); !problem.empty()) return "CPUID " + problem;
+      std::string problem = check_cpuid(*vm->cpu, model, kXsaveLeaves, s);
+      if (!problem.empty()) return "CPUID " + problem;
     }
   }
   return {};
@@ -582,7 +585,8 @@ KvmUsability check_kvm_usability_with(const UsabilityProbeHost& host) {
              result.models.empty() ? "no CPU model runs here: " + not_runnable.substr(2) : std::string(),
              "models " + runnable + not_runnable);
 
-  checks.add(kCpuid, check_cpuid(cpu, baseline, kBaselineLeaves, long_mode(kCode)), fmt::format("leaves 0, 1, 7, 0x80000000-1 match {}", baseline.name()));
+  checks.add(kCpuid, check_cpuid(cpu, baseline, kBaselineLeaves, long_mode(kCode)),
+             fmt::format("leaves 0, 1, 7, 0x80000000-1 match {}", baseline.name()));
   checks.add(kSingleStep, check_single_step(cpu), "a debug exit after each instruction, at CPL0 and CPL3");
   std::string window;
   std::string late = check_interrupt_window(cpu, window);

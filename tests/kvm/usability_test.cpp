@@ -212,7 +212,8 @@ class StaticXsaveSize final : public AlteredVcpu {
 // Raises #UD in one snippet, as a host without the feature does (the #UD stub reports vector 6 on port 0xe0).
 class UdAt final : public AlteredVcpu {
  public:
-  UdAt(GuestMemory& memory, const CpuModel& model, const uint8_t* snippet) : AlteredVcpu(memory, model), at_(at(snippet)) {}
+  UdAt(GuestMemory& memory, const CpuModel& model, const uint8_t* snippet)
+      : AlteredVcpu(memory, model), at_(at(snippet)) {}
   Result<VcpuExit*> run() override {
     auto st = inner_.get_state();
     if (st && st->rip == at_) {
