@@ -38,6 +38,8 @@ TSC_DEPENDENT = {"nondet"}
 DIVERGED, REFUSED = 6, 2
 # Checkpoints on KVM replays (docs/debugging.md): through the dirty log, restored, with identical digests.
 CHECKPOINTED = {"serial-echo": "16", "paging": "32", "threads-race": "20", "avx": "64"}
+
+
 def dense_digests(name, backend):
     """A state digest every 2 events, so that the replays (on the other backend too) compare the whole state nearly
     everywhere: apic recorded on KVM (MMIO-write exits, the local APIC's EOI, included, where KVM has finished the
