@@ -100,6 +100,9 @@ inline constexpr std::string_view kCpuQuirkAccessedBitOnlyBySegmentLoads = "acce
 inline constexpr std::string_view kCpuQuirkFxsaveNoX87Pointers = "fxsave-no-x87-pointers";
 // QEMU's TCG writes only the 10 register bytes of each 16-byte x87 slot: FXSAVE leaves bytes 10-15 as they were.
 inline constexpr std::string_view kCpuQuirkFxsaveSkipsReservedBytes = "fxsave-skips-reserved-bytes";
+// QEMU's TCG (7.2) writes the x87 environment of FNSTENV/FNSAVE with its words zero-extended (processors set the
+// reserved upper halves of the 28-byte form to ones) and the last-instruction pointers, selectors and FOP as zero.
+inline constexpr std::string_view kCpuQuirkX87EnvironmentZeroed = "x87-environment-zeroed";
 
 // The software CPU's TLB (interp): direct-mapped, this many entries. Part of its machine model (a stale entry,
 // and the accessed bits a walk sets, are guest-visible), so a trace records it (MachineConfig.software_tlb_entries)

@@ -523,6 +523,7 @@ std::vector<std::string> InterpBackend::cpu_quirks() const {
   if (quirks_.accessed_only_by_segment_loads) out.emplace_back(kCpuQuirkAccessedBitOnlyBySegmentLoads);
   if (quirks_.fxsave_no_x87_pointers) out.emplace_back(kCpuQuirkFxsaveNoX87Pointers);
   if (quirks_.fxsave_skips_reserved_bytes) out.emplace_back(kCpuQuirkFxsaveSkipsReservedBytes);
+  if (quirks_.x87_environment_zeroed) out.emplace_back(kCpuQuirkX87EnvironmentZeroed);
   return out;
 }
 
@@ -545,6 +546,8 @@ Result<> InterpBackend::adopt_cpu_quirks(std::span<const std::string> quirks) {
       adopted.fxsave_no_x87_pointers = true;
     } else if (quirk == kCpuQuirkFxsaveSkipsReservedBytes) {
       adopted.fxsave_skips_reserved_bytes = true;
+    } else if (quirk == kCpuQuirkX87EnvironmentZeroed) {
+      adopted.x87_environment_zeroed = true;
     } else {
       return fail(ErrorKind::kUnsupported, "the software CPU cannot reproduce CPU quirk '{}'", quirk);
     }

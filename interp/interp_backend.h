@@ -518,6 +518,7 @@ class InterpBackend : public Backend {
     bool accessed_only_by_segment_loads = false;
     bool fxsave_no_x87_pointers = false;
     bool fxsave_skips_reserved_bytes = false;
+    bool x87_environment_zeroed = false;
   } quirks_;
   std::map<std::string, uint64_t> unimplemented_;
 

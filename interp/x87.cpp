@@ -389,6 +389,13 @@ void InterpBackend::exec_x87(const DecodedInsn& insn) {
     auto put32 = [&](size_t offset, uint32_t v) { std::memcpy(&env[offset], &v, 4); };
     const uint32_t fip = uint32_t(regs.quad(kFipOffset)), fdp = uint32_t(regs.quad(kFdpOffset));
     const uint32_t fop = regs.word(kFopOffset) & 0x7ffu;
+    if (quirks_.x87_environment_zeroed) {  // the words only, in either size (core/backend.h)
+      const unsigned stride = env16 ? 2 : 4;
+      put16(0, regs.control());
+      put16(stride, regs.status());
+      put16(2 * stride, regs.tag_word());
+      return env;
+    }
     if (env16) {
       put16(0, regs.control());
       put16(2, regs.status());

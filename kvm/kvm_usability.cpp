@@ -15,7 +15,7 @@
 #include "kvm/kvm_backend.h"
 
 extern "C" const uint8_t deja_usability_guest_begin[], deja_usability_guest_end[], deja_probe_accessed[],
-    deja_probe_fxsave[];
+    deja_probe_fxsave[], deja_probe_fnstenv[];
 extern "C" const uint8_t deja_probe_loop[], deja_probe_sse[], deja_probe_sse2[], deja_probe_fpu[], deja_probe_cmov[],
     deja_probe_cx8[], deja_probe_cx16[], deja_probe_popcnt[], deja_probe_lzcnt[], deja_probe_movbe[],
     deja_probe_fxsr[], deja_probe_lahf[], deja_probe_clflush[], deja_probe_tsc[], deja_probe_mmx[], deja_probe_sse3[],
@@ -446,10 +446,23 @@ std::string check_quirks(Backend& cpu, GuestMemory& memory, std::vector<std::str
   const bool reserved_kept = image[32 + 10] == 0xaa;  // ST0's slot: bytes 10-15 are reserved
   if (!pointers_kept) quirks.emplace_back(kCpuQuirkFxsaveNoX87Pointers);
   if (reserved_kept) quirks.emplace_back(kCpuQuirkFxsaveSkipsReservedBytes);
+
+  image.fill(0xaa);
+  if (auto ok = memory.write(Gpa{kFxsaveArea}, image); !ok) return ok.error().message;
+  s = long_mode(kCode + offset_of(deja_probe_fnstenv));
+  s.gpr[kRdi] = kFxsaveArea;
+  run = run_snippet(cpu, s);
+  if (!run.at_hlt) return "FNSTENV " + run.problem;
+  if (auto ok = memory.read(Gpa{kFxsaveArea}, image); !ok) return ok.error().message;
+  uint32_t control = 0, env_fip = 0;
+  std::memcpy(&control, image.data(), 4);
+  std::memcpy(&env_fip, image.data() + 12, 4);
+  const bool environment_zeroed = (control >> 16) == 0 && env_fip == 0;
+  if (environment_zeroed) quirks.emplace_back(kCpuQuirkX87EnvironmentZeroed);
   detail = fmt::format("IRET {} a code descriptor's accessed bit; FXSAVE {} FOP/FIP (FOP {:#x}, FIP {:#x}) and {} "
-                       "the reserved bytes of the register slots{}",
+                       "the reserved bytes of the register slots; FNSTENV writes FCW as {:#010x} and FIP as {:#x}{}",
                        accessed_set ? "sets" : "leaves clear", pointers_kept ? "stores" : "does not store", fop, fip,
-                       reserved_kept ? "leaves" : "writes",
+                       reserved_kept ? "leaves" : "writes", control, env_fip,
                        quirks.empty() ? ", as the SDM says" : " (QEMU's TCG does): traces name the quirks");
   return {};
 }

@@ -351,6 +351,15 @@ deja_probe_fxsave:
         fxsave64 (%rdi)
         hlt
 
+// FNSTENV's 28-byte environment: RDI points at bytes the VMM filled with 0xaa; FLD1 is the last x87 instruction.
+// The VMM reads the reserved upper half of the control word and FIP back.
+        .globl deja_probe_fnstenv
+deja_probe_fnstenv:
+        fninit
+        fld1
+        fnstenv (%rdi)
+        hlt
+
         .globl deja_usability_guest_end
 deja_usability_guest_end:
         .section .note.GNU-stack, "", @progbits

@@ -738,6 +738,12 @@ TEST(InterpX87, DatapathAgreesWithTheHostX87) {
       }
       default: r = fp::round_to_integer(a, c); break;
     }
+    // Where Intel and AMD part: FPREM/FPREM1 of a denormal by an infinity with underflow unmasked. AMD (the vendor of
+    // deja's models, and of the host this was written on) raises #U and delivers the result with its exponent biased
+    // by 24576, as the model does; Intel Xeons return the denormal with only DE.
+    const bool denormal_a = (a.sign_exp & 0x7fff) == 0 && a.sig != 0;
+    const bool infinite_b = (b.sign_exp & 0x7fff) == 0x7fff && b.sig == 1ull << 63;
+    if ((operation == 5 || operation == 6) && denormal_a && infinite_b && !(control & kUe)) continue;
     const HostResult h = host_binary(operation, a, b, control);
     // The model of an x87 instruction: an unmasked #I, #D or #Z leaves the register and flags only those.
     Float80 expected_value = r.value;

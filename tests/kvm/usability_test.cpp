@@ -62,14 +62,16 @@ TEST(KvmUsability, PassesOnAFaithfulVcpu) {
   EXPECT_TRUE(r.cpu_quirks.empty());
 }
 
-// QEMU's TCG (the nested harness) leaves a descriptor's accessed bit clear on IRET and writes FXSAVE images of its
-// own: the check finds each quirk, on the software CPU told to reproduce them (as the replay of such a trace tells it).
+// QEMU's TCG (the nested harness) leaves a descriptor's accessed bit clear on IRET and writes FXSAVE images and x87
+// environments of its own: the check finds each quirk, on the software CPU told to reproduce them (as the replay of such a trace tells it).
 TEST(KvmUsability, FindsEachQuirkOfQemuTcg) {
   const std::vector<std::string> all{std::string(kCpuQuirkAccessedBitOnlyBySegmentLoads),
                                      std::string(kCpuQuirkFxsaveNoX87Pointers),
-                                     std::string(kCpuQuirkFxsaveSkipsReservedBytes)};
+                                     std::string(kCpuQuirkFxsaveSkipsReservedBytes),
+                                     std::string(kCpuQuirkX87EnvironmentZeroed)};
   for (const std::vector<std::string>& quirks : {std::vector<std::string>{all[0]}, std::vector<std::string>{all[1]},
-                                                  std::vector<std::string>{all[2]}, all}) {
+                                                  std::vector<std::string>{all[2]}, std::vector<std::string>{all[3]},
+                                                  all}) {
     UsabilityProbeHost host{.make_vcpu = [&](GuestMemory& memory, const CpuModel& model) -> Result<std::unique_ptr<Backend>> {
                               auto cpu = std::make_unique<InterpBackend>(memory, model);
                               if (auto ok = cpu->adopt_cpu_quirks(quirks); !ok) return std::unexpected(ok.error());

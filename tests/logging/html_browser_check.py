@@ -188,7 +188,11 @@ def check_page(html, png=None, timeout=60, expressions=None):
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             "--disable-default-apps", "--disable-extensions", "--user-data-dir=" + profile,
             "--remote-debugging-port=0", "--window-size=1280,1600", "about:blank"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Chromium's crash handler refuses to start ("--database is required") where HOME and the XDG directories are
+    # missing or read-only, as in the nested-KVM harness: give it the profile's.
+    env = dict(os.environ, HOME=profile, XDG_CONFIG_HOME=os.path.join(profile, "config"),
+               XDG_CACHE_HOME=os.path.join(profile, "cache"))
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         ws_url, stderr_lines, deadline = None, [], time.monotonic() + timeout
         while time.monotonic() < deadline:
