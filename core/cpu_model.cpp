@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "core/cpu_state.h"
 #include "core/error.h"
 
 namespace deja {
@@ -411,6 +412,26 @@ CpuidResult CpuModel::cpuid(uint32_t leaf, uint32_t subleaf) const {
   if (!(klass && leaf <= klass->result.eax) && basic) leaf = basic->result.eax;
   const CpuidEntry* entry = find(leaf, subleaf);
   return entry ? entry->result : CpuidResult{};
+}
+
+CpuidResult CpuModel::cpuid(uint32_t leaf, uint32_t subleaf, uint64_t cr4, uint64_t xcr0) const {
+  CpuidResult r = cpuid(leaf, subleaf);
+  constexpr uint32_t kXsave = 1u << 26, kOsxsave = 1u << 27, kXsavec = 1u << 1;
+  if (leaf == 1) {
+    r.ecx = (r.ecx & ~kOsxsave) | ((cr4 & cr4::kOsxsave) && (r.ecx & kXsave) ? kOsxsave : 0);
+  } else if (leaf == 0xd && cpuid(0, 0).eax >= 0xd && (subleaf == 0 || (subleaf == 1 && (r.eax & kXsavec)))) {
+    // KVM's xstate_required_size: the legacy area and header (576 bytes), then each component XCR0 enables, from
+    // its sub-leaf (EAX size, EBX offset in the standard format, ECX bit 1 64-byte aligned when compacted).
+    const bool compacted = subleaf == 1;
+    uint32_t size = 576;
+    for (uint32_t i = 2; i < 64; ++i) {
+      if (!((xcr0 >> i) & 1)) continue;
+      const CpuidResult c = cpuid(0xd, i);
+      size = compacted ? ((c.ecx & 2) ? (size + 63) & ~63u : size) + c.eax : std::max(size, c.eax + c.ebx);
+    }
+    r.ebx = size;
+  }
+  return r;
 }
 
 static constexpr std::array<uint32_t, 12> kCpuOwnedMsrs = {

@@ -89,6 +89,10 @@ class CpuModel {
   // out-of-range leaf reads as the highest basic leaf and an in-range leaf with no entry as zeros), so both
   // backends answer identically.
   CpuidResult cpuid(uint32_t leaf, uint32_t subleaf) const;
+  // What CPUID returns in a vCPU whose CR4 and XCR0 are these: CPUID.01H:ECX.OSXSAVE follows CR4.OSXSAVE, and
+  // leaf 0DH's EBX (sub-leaf 0; sub-leaf 1 where XSAVEC is offered) the size of the XSAVE area XCR0 enables, as KVM
+  // computes them (arch/x86/kvm/cpuid.c, kvm_update_cpuid_runtime), so that every backend answers alike.
+  CpuidResult cpuid(uint32_t leaf, uint32_t subleaf, uint64_t cr4, uint64_t xcr0) const;
   // The vendor string of CPUID leaf 0 ("AuthenticAMD", or deja's own "DejaVuReplay" in the first models).
   std::string vendor() const;
   bool is_amd() const;
@@ -106,6 +110,7 @@ class CpuModel {
   // never recorded): the AMD MSRs that AuthenticAMD software relies on and the performance counters of a CPU
   // without a PMU, as KVM answers them (docs/cpu-models.md). None for deja-v1 and the first x86-64-v1.
   const ModelMsr* msr(uint32_t index) const;
+  std::span<const ModelMsr> msrs() const { return msrs_; }
 
   // TSC frequency every model promises (the guest's TSC ticks at this rate of virtual time).
   static constexpr uint64_t kTscHz = 2'000'000'000;

@@ -33,6 +33,12 @@ static void mmx(void) {
       "sub $32, %%rsp\n\t"
       "fnstenv (%%rsp)\n\t"
       "movzwl 8(%%rsp), %k[tags]\n\t"
+      /* The image cleared: its pointers and reserved halves differ between CPUs (QEMU's TCG zeroes them), and a
+         trace recorded on the software CPU replays on such a KVM only if memory never shows the difference. */
+      "movq $0, (%%rsp)\n\t"
+      "movq $0, 8(%%rsp)\n\t"
+      "movq $0, 16(%%rsp)\n\t"
+      "movq $0, 24(%%rsp)\n\t"
       "add $32, %%rsp\n\t"
       "emms\n\t"
       "fld1\n\t"                                   /* the x87 again after EMMS */

@@ -34,27 +34,7 @@ bool InterpBackend::model_has(uint32_t leaf, int reg, int bit) const {
 }
 
 CpuidResult InterpBackend::cpuid(uint32_t leaf, uint32_t subleaf) const {
-  CpuidResult r = model_.cpuid(leaf, subleaf);
-  const CpuidResult max = model_.cpuid(0, 0);
-  if (leaf == 1) {
-    // OSXSAVE (bit 27) mirrors CR4.OSXSAVE.
-    r.ecx = (r.ecx & ~(1u << 27)) | ((s_.cr4 & cr4::kOsxsave) && (r.ecx & (1u << 26)) ? 1u << 27 : 0);
-  } else if (leaf == 0xd && max.eax >= 0xd && (subleaf == 0 || subleaf == 1)) {
-    // EBX: the size of an XSAVE area for the components XCR0 enables now (standard format for sub-leaf 0, compacted
-    // for sub-leaf 1 where XSAVEC is offered), from the model's component sub-leaves (EAX size, EBX offset, ECX
-    // bit 1 64-byte aligned when compacted): KVM's xstate_required_size.
-    const bool compacted = subleaf == 1;
-    if (compacted && !(r.eax & 0x2)) return r;
-    uint32_t size = kAvxOffset;
-    for (uint32_t i = 2; i < 32; ++i) {
-      if (!((s_.xcr0 >> i) & 1)) continue;
-      const CpuidResult c = model_.cpuid(0xd, i);
-      if (compacted) size = ((c.ecx & 2) ? (size + 63) & ~63u : size) + c.eax;
-      else size = std::max(size, c.eax + c.ebx);
-    }
-    r.ebx = size;
-  }
-  return r;
+  return model_.cpuid(leaf, subleaf, s_.cr4, s_.xcr0);
 }
 
 void InterpBackend::exec_xsave(const DecodedInsn& insn) {

@@ -19,8 +19,10 @@ extern "C" const uint8_t deja_usability_guest_begin[], deja_usability_guest_end[
 extern "C" const uint8_t deja_probe_loop[], deja_probe_sse[], deja_probe_sse2[], deja_probe_fpu[], deja_probe_cmov[],
     deja_probe_cx8[], deja_probe_cx16[], deja_probe_popcnt[], deja_probe_lzcnt[], deja_probe_movbe[],
     deja_probe_fxsr[], deja_probe_lahf[], deja_probe_clflush[], deja_probe_tsc[], deja_probe_mmx[], deja_probe_sse3[],
-    deja_probe_ssse3[], deja_probe_sse41[], deja_probe_sse42[], deja_probe_cpuid[], deja_probe_step[],
-    deja_probe_user_step[], deja_probe_halt[], deja_probe_vectors[], deja_probe_window[];
+    deja_probe_ssse3[], deja_probe_sse41[], deja_probe_sse42[], deja_probe_avx[], deja_probe_avx2[], deja_probe_fma[],
+    deja_probe_f16c[], deja_probe_bmi1[], deja_probe_bmi2[], deja_probe_xsave[], deja_probe_xsetbv[],
+    deja_probe_cpuid[], deja_probe_step[], deja_probe_user_step[], deja_probe_halt[], deja_probe_vectors[],
+    deja_probe_window[];
 
 namespace deja {
 
@@ -96,6 +98,13 @@ const FeatureProbe kFeatureProbes[] = {
     {"SSSE3", deja_probe_ssse3, 5},
     {"SSE4.1", deja_probe_sse41, 7},
     {"SSE4.2", deja_probe_sse42, 0x93ad1061},
+    {"XSAVE", deja_probe_xsave, 0x112233445566778f},
+    {"AVX", deja_probe_avx, 0x40000000},
+    {"AVX2", deja_probe_avx2, 0x2468acf02468acf0},
+    {"FMA", deja_probe_fma, 7},
+    {"F16C", deja_probe_f16c, 0x40000000},
+    {"BMI1", deja_probe_bmi1, 0xf},
+    {"BMI2", deja_probe_bmi2, 0xb0},
 };
 
 SegmentReg flat(uint16_t selector, uint8_t type, bool code64) {
@@ -122,6 +131,23 @@ CpuState long_mode(uint64_t rip) {
   const uint32_t mxcsr = 0x1f80;
   std::memcpy(s.fxsave.data(), &fcw, sizeof(fcw));
   std::memcpy(s.fxsave.data() + 24, &mxcsr, sizeof(mxcsr));
+  return s;
+}
+
+// XSAVE's state components of `model` (CPUID.0DH:EDX:EAX), 0 without XSAVE.
+uint64_t xsave_components(const CpuModel& model) {
+  if (!model.has(feature("XSAVE"))) return 0;
+  const CpuidResult r = model.cpuid(0xd, 0);
+  return uint64_t{r.edx} << 32 | r.eax;
+}
+
+// long_mode as an OS leaves it for `model`: with XSAVE, CR4.OSXSAVE set and every state component enabled in XCR0.
+CpuState os_state(const CpuModel& model, uint64_t rip) {
+  CpuState s = long_mode(rip);
+  if (uint64_t components = xsave_components(model)) {
+    s.cr4 |= cr4::kOsxsave;
+    s.xcr0 = components;
+  }
   return s;
 }
 
@@ -248,9 +274,12 @@ SnippetRun run_snippet(Backend& cpu, const CpuState& state, bool stop_at_window 
 // A value as printf's %#x writes it: "0" for zero (fmt's {:#x} would write "0x0").
 std::string hex_value(uint64_t value) { return value == 0 ? "0" : fmt::format("{:#x}", value); }
 
-// Runs a snippet that leaves its answer in RAX; "" when it equals `expected`.
-std::string answer_problem(Backend& cpu, const uint8_t* snippet, uint64_t expected, const char* hint = "") {
-  SnippetRun run = run_snippet(cpu, long_mode(kCode + offset_of(snippet)));
+// Runs a snippet (from `entry`, long_mode by default) that leaves its answer in RAX; "" when it equals `expected`.
+std::string answer_problem(Backend& cpu, const uint8_t* snippet, uint64_t expected, const char* hint = "",
+                           std::optional<CpuState> entry = std::nullopt) {
+  CpuState state = entry.value_or(long_mode(0));
+  state.rip = kCode + offset_of(snippet);
+  SnippetRun run = run_snippet(cpu, state);
   if (!run.at_hlt) return run.problem;
   uint64_t got = run.at_hlt->gpr[kRax];
   if (got == expected) return {};
@@ -321,26 +350,33 @@ std::string check_native_speed(Backend& cpu, uint64_t limit_ns, std::string& det
                      host_kvm_is_pvm() ? " (this /dev/kvm is kvm-pvm: /sys/module/kvm_pvm)" : "");
 }
 
-std::string check_cpuid(Backend& cpu, const CpuModel& model) {
-  const std::pair<uint32_t, uint32_t> leaves[] = {{0, 0}, {1, 0}, {7, 0}, {0x80000000, 0}, {0x80000001, 0}};
+// CPUID in the guest for `leaves` from `entry` (its CR4 and XCR0 decide the run-time bits) against the model's answers.
+std::string check_cpuid(Backend& cpu, const CpuModel& model, std::span<const std::pair<uint32_t, uint32_t>> leaves,
+                        const CpuState& entry) {
   for (auto [leaf, subleaf] : leaves) {
-    CpuState s = long_mode(kCode + offset_of(deja_probe_cpuid));
+    CpuState s = entry;
+    s.rip = kCode + offset_of(deja_probe_cpuid);
     s.gpr[kRdi] = leaf;
     s.gpr[kRsi] = subleaf;
     SnippetRun run = run_snippet(cpu, s);
     if (!run.at_hlt) return "CPUID " + run.problem;
     const auto& g = run.at_hlt->gpr;
     CpuidResult got{uint32_t(g[kRax]), uint32_t(g[kRbx]), uint32_t(g[kRcx]), uint32_t(g[kRdx])};
-    CpuidResult want = model.cpuid(leaf, subleaf);
+    CpuidResult want = model.cpuid(leaf, subleaf, s.cr4, s.xcr0);
     if (got != want) {
-      return fmt::format("leaf {:#x}: the guest read {:08x} {:08x} {:08x} {:08x}, model {} says {:08x} {:08x} {:08x} "
-                         "{:08x} (the host's values leak through)",
-                         leaf, got.eax, got.ebx, got.ecx, got.edx, model.name(), want.eax, want.ebx, want.ecx,
-                         want.edx);
+      return fmt::format("leaf {:#x}{}: the guest read {:08x} {:08x} {:08x} {:08x}, model {} says {:08x} {:08x} {:08x} "
+                         "{:08x}{}",
+                         leaf, subleaf ? fmt::format(".{}", subleaf) : "", got.eax, got.ebx, got.ecx, got.edx,
+                         model.name(), want.eax, want.ebx, want.ecx, want.edx,
+                         s.cr4 & cr4::kOsxsave ? fmt::format(" with CR4.OSXSAVE set and XCR0 = {:#x}", s.xcr0) : "");
     }
   }
   return {};
 }
+
+constexpr std::pair<uint32_t, uint32_t> kBaselineLeaves[] = {{0, 0}, {1, 0}, {7, 0}, {0x80000000, 0}, {0x80000001, 0}};
+// Leaf 1 (OSXSAVE follows CR4) and leaf 0DH (its sizes follow XCR0), read under each XCR0 an OS may set.
+constexpr std::pair<uint32_t, uint32_t> kXsaveLeaves[] = {{1, 0}, {0xd, 0}, {0xd, 1}, {0xd, 2}};
 
 // Three steps over NOPs, each a debug exit after exactly one instruction, at CPL0 and at CPL3 (where a
 // seeker stops user code); the debug controls are then cleared so the end (HLT, SYSCALL) runs freely.
@@ -457,19 +493,29 @@ std::string check_interrupt_window(Backend& cpu, std::string& detail) {
                      late, kWindowLateMax);
 }
 
-// Every feature probe of `model` on a fresh VM of that model (an emulation failure may leave a vCPU unusable).
+// Every feature probe of `model` on a fresh VM of that model (an emulation failure may leave a vCPU unusable), in the
+// state an OS leaves for it; with XSAVE, also the guest's own XSETBV and CPUID's run-time bits under XCR0 = x87 alone
+// and every component.
 std::string check_model(const UsabilityProbeHost& host, const CpuModel& model) {
-  // The state of these the KVM backend does not transfer yet (the AVX registers' upper halves, XCR0): a model
-  // with them would lose it at every get_state/set_state (checkpoints, digests).
-  for (std::string_view stateful : {"XSAVE"}) {
-    if (model.has(feature(stateful))) return std::string(stateful) + ": the KVM backend does not transfer its state yet";
-  }
   auto vm = make_probe_vm(host, model);
   if (!vm) return vm.error().message;
+  const CpuState entry = os_state(model, kCode);
   for (const FeatureProbe& p : kFeatureProbes) {
     if (!model.has(feature(p.feature))) continue;
-    std::string problem = answer_problem(*vm->cpu, p.snippet, p.expected, p.wrong_answer_hint);
+    std::string problem = answer_problem(*vm->cpu, p.snippet, p.expected, p.wrong_answer_hint, entry);
     if (!problem.empty()) return std::string(p.feature) + " " + problem;
+  }
+  if (entry.xcr0 > 1) {
+    CpuState x87_only = entry;
+    x87_only.xcr0 = xcr0::kX87;
+    if (std::string problem = answer_problem(*vm->cpu, deja_probe_xsetbv, 0x40000000, "", x87_only); !problem.empty()) {
+      return "XSETBV in the guest: the AVX state it enabled was lost at the next exit to KVM (the sum " + problem +
+             "): KVM never saw the XSETBV (QEMU 7.2's TCG does not intercept it for a nested guest)";
+    }
+    for (const CpuState& s : {x87_only, entry}) {
+      std::string problem = check_cpuid(*vm->cpu, model, kXsaveLeaves, s);
+      if (!problem.empty()) return "CPUID " + problem;
+    }
   }
   return {};
 }
@@ -553,7 +599,8 @@ KvmUsability check_kvm_usability_with(const UsabilityProbeHost& host) {
              result.models.empty() ? "no CPU model runs here: " + not_runnable.substr(2) : std::string(),
              "models " + runnable + not_runnable);
 
-  checks.add(kCpuid, check_cpuid(cpu, baseline), fmt::format("leaves 0, 1, 7, 0x80000000-1 match {}", baseline.name()));
+  checks.add(kCpuid, check_cpuid(cpu, baseline, kBaselineLeaves, long_mode(kCode)),
+             fmt::format("leaves 0, 1, 7, 0x80000000-1 match {}", baseline.name()));
   checks.add(kSingleStep, check_single_step(cpu), "a debug exit after each instruction, at CPL0 and CPL3");
   std::string window;
   std::string late = check_interrupt_window(cpu, window);

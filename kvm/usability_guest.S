@@ -180,6 +180,107 @@ deja_probe_sse42:
         crc32b %cl, %eax
         hlt
 
+// The x86-64-v3 snippets run with CR4.OSXSAVE set and XCR0 = x87 | SSE | AVX, as an OS leaves them.
+// AVX: 1.0f broadcast to YMM0 and added to itself; the upper lane's first single: 2.0f (0x40000000).
+        .globl deja_probe_avx
+deja_probe_avx:
+        movl $0x3f800000, 0x6000
+        vbroadcastss 0x6000, %ymm0
+        vaddps %ymm0, %ymm0, %ymm0
+        vextractf128 $1, %ymm0, %xmm1
+        vmovd %xmm1, %eax
+        vzeroupper
+        hlt
+
+// AVX2: VPADDQ of 0x1234567812345678 broadcast to YMM0 with itself; the upper lane: 0x2468acf02468acf0.
+        .globl deja_probe_avx2
+deja_probe_avx2:
+        movabs $0x1234567812345678, %rax
+        vmovq %rax, %xmm0
+        vpbroadcastq %xmm0, %ymm0
+        vpaddq %ymm0, %ymm0, %ymm0
+        vextracti128 $1, %ymm0, %xmm1
+        vmovq %xmm1, %rax
+        vzeroupper
+        hlt
+
+// FMA: 2.0 * 3.0 + 1.0 = 7 (VFMADD231SD), truncated to an integer.
+        .globl deja_probe_fma
+deja_probe_fma:
+        mov $2, %eax
+        vcvtsi2sd %eax, %xmm0, %xmm0
+        mov $3, %eax
+        vcvtsi2sd %eax, %xmm1, %xmm1
+        mov $1, %eax
+        vcvtsi2sd %eax, %xmm2, %xmm2
+        vfmadd231sd %xmm1, %xmm0, %xmm2
+        vcvttsd2si %xmm2, %eax
+        hlt
+
+// F16C: the half-precision 2.0 (0x4000) converted to single precision: 0x40000000.
+        .globl deja_probe_f16c
+deja_probe_f16c:
+        mov $0x4000, %eax
+        vmovd %eax, %xmm0
+        vcvtph2ps %xmm0, %xmm1
+        vmovd %xmm1, %eax
+        hlt
+
+// BMI1: ANDN of 0xf0 with 0xff = 0x0f.
+        .globl deja_probe_bmi1
+deja_probe_bmi1:
+        mov $0xf0, %ecx
+        mov $0xff, %edx
+        andn %edx, %ecx, %eax
+        hlt
+
+// BMI2: PDEP deposits 0b1011 into the mask 0xf0: 0xb0.
+        .globl deja_probe_bmi2
+deja_probe_bmi2:
+        mov $0xb, %edx
+        mov $0xf0, %ecx
+        pdep %ecx, %edx, %eax
+        hlt
+
+// XSAVE: XGETBV reads XCR0 (7); XSAVE and XSAVEOPT store YMM0 = 4 x 0x1122334455667788 at 0x6000 (header zeroed
+// first), VXORPS clears it, XRSTOR brings it back. RAX = YMM0's upper quadword XOR XCR0 = 0x112233445566778f.
+        .globl deja_probe_xsave
+deja_probe_xsave:
+        xor %ecx, %ecx
+        xgetbv
+        mov %rax, %r8
+        movabs $0x1122334455667788, %rax
+        mov %rax, 0x6800
+        vbroadcastsd 0x6800, %ymm0
+        xor %eax, %eax
+        mov $0x6200, %edi
+        mov $8, %ecx
+        rep stosq
+        mov $7, %eax
+        xor %edx, %edx
+        xsave 0x6000
+        xsaveopt 0x6000
+        vxorps %ymm0, %ymm0, %ymm0
+        xrstor 0x6000
+        vextractf128 $1, %ymm0, %xmm1
+        vmovq %xmm1, %rax
+        xor %r8, %rax
+        vzeroupper
+        hlt
+
+// XSETBV in the guest: entered with XCR0 = x87 alone, it enables the SSE and AVX state, leaves the guest (CPUID exits
+// to KVM) and runs deja_probe_avx's sum: 2.0f. A KVM that never saw the XSETBV restores its own XCR0 = 1 on the
+// way back in, and the AVX instruction raises #UD.
+        .globl deja_probe_xsetbv
+deja_probe_xsetbv:
+        xor %ecx, %ecx
+        mov $7, %eax
+        xor %edx, %edx
+        xsetbv
+        xor %eax, %eax
+        cpuid
+        jmp deja_probe_avx
+
 // CPUID of leaf RDI, sub-leaf RSI: the answer stays in EAX, EBX, ECX, EDX.
         .globl deja_probe_cpuid
 deja_probe_cpuid:

@@ -27,7 +27,7 @@ sys.path.insert(0, HERE)
 import guest_test  # noqa: E402  (check_expected)
 
 # Output independent of time and entropy: the final state must be identical on both backends.
-DETERMINISTIC = ["hello", "cpuid", "exceptions", "paging", "memory", "cpu-bound"]
+DETERMINISTIC = ["hello", "cpuid", "exceptions", "paging", "memory", "cpu-bound", "simd", "avx"]
 # Spins on a timer without I/O: a KVM recording without a PMU cannot deliver its interrupts (docs/kvm.md).
 NO_KVM_RECORD = {"timer"}
 # Prints RDTSC values: stock KVM cannot trap RDTSC, so replaying a stock-KVM trace on KVM, or on interp, must be
@@ -37,11 +37,15 @@ NO_KVM_RECORD = {"timer"}
 TSC_DEPENDENT = {"nondet"}
 DIVERGED, REFUSED = 6, 2
 # Checkpoints on KVM replays (docs/debugging.md): through the dirty log, restored, with identical digests.
-CHECKPOINTED = {"serial-echo": "16", "paging": "32", "threads-race": "20"}
-# Recorded on KVM with a state digest every 2 events, so that the replays (on interp too) compare the whole state
-# nearly everywhere, at MMIO-write exits (the local APIC's EOI) included, where KVM has finished the instruction and
-# the software CPU has not yet.
-DENSE_DIGESTS = {"apic": ["--digest-every", "2"], "simd": ["--digest-every", "2"]}
+CHECKPOINTED = {"serial-echo": "16", "paging": "32", "threads-race": "20", "avx": "64"}
+
+
+def dense_digests(name, backend):
+    """A state digest every 2 events, so that the replays (on the other backend too) compare the whole state nearly
+    everywhere: apic recorded on KVM (MMIO-write exits, the local APIC's EOI, included, where KVM has finished the
+    instruction and the software CPU has not yet); simd and avx recorded on either backend (their XMM/YMM registers,
+    MXCSR and XCR0 at every port exit)."""
+    return ["--digest-every", "2"] if name in ("simd", "avx") or (name, backend) == ("apic", "kvm") else []
 
 results = []
 
@@ -134,13 +138,44 @@ def kvm_deja_checks(args, name, image, opts, expected, kvm_trace):
                                                                   stock_trace], expect_status=DIVERGED)
 
 
-# Guests whose output or state holds FXSAVE images.
-FXSAVE_IMAGES = {"simd"}
+def guest_model(name):
+    """One CPU model on both backends, so that final states compare: x86-64-v2, the richest the nested harness's KVM
+    provides (docs/kvm.md); cpuid on x86-64-v1 (cpuid.expected-deja is its answers), avx on x86-64-v3."""
+    return {"cpuid": "x86-64-v1", "avx": "x86-64-v3"}.get(name, "x86-64-v2")
+
+
+def kvm_models(args):
+    """The CPU models this KVM provides (nested: from `deja selftest`, kept for host-after), or None on the host."""
+    path = os.path.join(args.work, "kvm-models.json")
+    if args.phase == "host-after":
+        return json.load(open(path)) if os.path.exists(path) else None
+    if args.phase != "nested":
+        return None
+    p = subprocess.run([args.deja, "selftest"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    m = re.search(r"CPU model features execute\s+ok: models ([^;\n]*)", p.stdout.decode(errors="replace"))
+    models = m.group(1).split(", ") if m else []
+    print(f"note: this KVM provides {', '.join(models) or 'no model'}")
+    with open(path, "w") as f:
+        json.dump(models, f)
+    return models
+
+
+def model_refused(args, name, image, opts, interp_trace, model):
+    """A guest whose model this KVM lacks: run and replay on KVM are refused up front, naming why."""
+    if args.phase != "nested":
+        print(f"note {name:<13} no KVM steps: KVM in the harness lacks {model}")
+        return
+    why = f"cannot run CPU model {model}"
+    step(name, f"run on kvm: {model} refused", [args.deja, "run", "--backend", "kvm", *opts, image],
+         expect_status=REFUSED, stderr_expected=why)
+    if os.path.exists(interp_trace):
+        step(name, f"replay interp trace on kvm: {model} refused", [args.deja, "replay", "--backend", "kvm",
+                                                                    interp_trace],
+             expect_status=REFUSED, stderr_expected=why)
 
 
 def guest_options(name, sources):
-    # One CPU model on both backends, so that final states compare (and cpuid.expected-deja is its answers).
-    opts = ["--cpu", "x86-64-v1"]
+    opts = ["--cpu", guest_model(name)]
     if name == "cpu-bound":
         opts += ["--cmdline", "n=100000"]
     if name == "serial-echo":
@@ -164,9 +199,10 @@ def pmu_fallback(args):
     image = os.path.join(args.guests, "hello.elf")
     exact_trace = os.path.join(args.work, "hello.exact.trace")
     if args.phase == "host-before":
-        # x86-64-v1: a model the nested harness's KVM runs, so that the refusal below is the PMU's, not the model's.
+        # x86-64-v2: the richest model the nested harness's KVM runs (docs/kvm.md), so that the refusal below is the
+        # PMU's, not the model's.
         step("pmu", "record on interp (exact)", [args.deja, "record", "-o", exact_trace, "--backend", "interp",
-                                                 "--cpu", "x86-64-v1", image])
+                                                 "--cpu", "x86-64-v2", image])
         return
     if args.phase != "nested":
         return
@@ -184,6 +220,13 @@ def pmu_fallback(args):
                        f"the warning names the self-test's failed check {failed}"))
         header = subprocess.run([args.deja, "inspect", "--json", trace], stdout=subprocess.PIPE).stdout.decode()
         checks.append(('"progress_mode":"exit-sync"' in header, f"the trace header says exit-sync: {header[:400]}"))
+        # No --cpu: the richest model the usability check found running here.
+        richest = re.search(r"CPU model features execute\s+ok: models ([\w.-]+)",
+                            selftest.stdout.decode() if selftest else "")
+        model = re.search(r'"cpu_model":"([^"]*)"', header)
+        checks.append((richest is not None and model is not None and model.group(1) == richest.group(1),
+                       f"the default model on kvm, {model and model.group(1)}, is the richest the selftest lists "
+                       f"({richest and richest.group(1)})"))
     for ok, why in checks:
         print(f"{'ok  ' if ok else 'FAIL'} pmu           {why.split(',')[0][:60]}")
         if not ok:
@@ -215,17 +258,23 @@ def main():
     digests = {}
 
     pmu_fallback(args)
+    provided = kvm_models(args)
+    lacking = {name for name in args.names if provided is not None and guest_model(name) not in provided}
     for name in args.names:
         image = os.path.join(args.guests, name + ".elf")
         opts = guest_options(name, args.sources)
         expected = expected_file(name, args.sources)
         interp_trace = os.path.join(args.work, f"{name}.interp.trace")
         kvm_trace = os.path.join(args.work, f"{name}.kvm.trace")
+        if name in lacking:
+            model_refused(args, name, image, opts, interp_trace, guest_model(name))
+            continue
         if args.phase == "host-before":
             if name in NO_KVM_RECORD:
                 continue
-            step(name, "record on interp (exit-sync)", [args.deja, "record", "-o", interp_trace, "--backend", "interp",
-                                                         "--progress", "exit-sync", *opts, image], stdout_expected=expected)
+            step(name, "record on interp (exit-sync)",
+                 [args.deja, "record", "-o", interp_trace, "--backend", "interp", "--progress", "exit-sync", *opts,
+                  *dense_digests(name, "interp"), image], stdout_expected=expected)
             if name in DETERMINISTIC:
                 digests[name] = digest_of(step(name, "digest on interp",
                                                [args.deja, "run", "--digest", "--backend", "interp", *opts, image]))
@@ -235,7 +284,8 @@ def main():
                 kvm_deja_checks(args, name, image, opts, expected, kvm_trace)
             elif name not in NO_KVM_RECORD:
                 rec = step(name, "record on kvm", [args.deja, "record", "-o", kvm_trace, "--backend", "kvm", *opts,
-                                                    *DENSE_DIGESTS.get(name, []), image], stdout_expected=expected)
+                                                    *dense_digests(name, "kvm"), image],
+                       stdout_expected=expected)
                 if rec is not None and rec.returncode == 1:
                     if name in TSC_DEPENDENT:
                         step(name, "replay kvm trace on kvm: divergence", [args.deja, "replay", "--backend", "kvm",
@@ -256,17 +306,6 @@ def main():
                     step(name, "replay interp trace on kvm: refused", [args.deja, "replay", "--backend", "kvm",
                                                                        interp_trace],
                          expect_status=REFUSED, stderr_expected="kvm-deja")
-                elif name in FXSAVE_IMAGES:
-                    # Its FXSAVE images are in its output and state: a host KVM whose CPU writes them differently
-                    # (QEMU TCG, the nested harness: CPU quirks in docs/kvm.md) diverges, and says why up front.
-                    p = subprocess.run([args.deja, "replay", "--backend", "kvm", interp_trace], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=900)
-                    quirky = b"fxsave-" in p.stderr and b"warning: the trace was recorded on a CPU with quirks" in p.stderr
-                    ok = p.returncode == (DIVERGED if quirky else 1)
-                    print(f"{'ok  ' if ok else 'FAIL'} {name:<13} {'replay interp trace on kvm (quirks: ' + str(quirky) + ')':<44}")
-                    if not ok:
-                        sys.stdout.write(p.stderr.decode(errors="replace")[-2000:])
-                    results.append(ok)
                 else:
                     step(name, "replay interp trace on kvm", [args.deja, "replay", "--backend", "kvm", interp_trace])
                     if name in TSC_DEPENDENT:
@@ -301,7 +340,7 @@ def main():
             print(f"FAIL digests missing: {e}")
             return 1
         for name in args.names:
-            if name not in DETERMINISTIC:
+            if name not in DETERMINISTIC or name in lacking:
                 continue
             same = before.get(name) is not None and before.get(name) == nested.get(name)
             print(f"{'ok  ' if same else 'FAIL'} {name:<13} {'final digest kvm == interp':<44} "

@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "kvm/kvm_backend.h"
 #include "tests/kvm/kvm_test_support.h"
 #include "kvm/perf_counter.h"
@@ -517,6 +519,35 @@ TEST_F(KvmTest, UnownedMsrsExitOwnedMsrsStayInTheCpu) {
   EXPECT_EQ(s.gpr[kRdx], 0x00230010u);
 }
 
+// Every MSR the CPU model answers by itself (the AMD MSRs and the legacy performance counters, docs/cpu-models.md)
+// exits to the VMM on KVM, read and write, so that the session answers them on KVM exactly as on the software CPU;
+// KVM's own answers (HWCR, DE_CFG, PATCH_LEVEL, its PMU's) never reach the guest.
+TEST_F(KvmTest, ModelMsrsExitToTheVmm) {
+  const CpuModel& model = CpuModel::x86_64_v2();
+  ASSERT_FALSE(model.msrs().empty());
+  auto v2 = make_kvm_backend(*memory_, model);
+  ASSERT_TRUE(v2) << v2.error().message;
+  backend_ = std::move(*v2);
+  load(kCode, {0x0f, 0x32,   // rdmsr
+               0x0f, 0x30,   // wrmsr: what it read, back
+               0xf4});
+  for (const ModelMsr& m : model.msrs()) {
+    SCOPED_TRACE(fmt::format("MSR {:#x}", m.index));
+    CpuState s = long_mode(kCode);
+    s.gpr[kRcx] = m.index;
+    start(s);
+    VcpuExit* exit = run();
+    ASSERT_EQ(exit->kind, ExitKind::kMsrRead) << exit_kind_name(exit->kind);
+    EXPECT_EQ(exit->msr, m.index);
+    exit->value = m.value;
+    exit = run();
+    ASSERT_EQ(exit->kind, ExitKind::kMsrWrite) << exit_kind_name(exit->kind);
+    EXPECT_EQ(exit->msr, m.index);
+    EXPECT_EQ(exit->value, m.value);
+    ASSERT_EQ(run()->kind, ExitKind::kHlt);
+  }
+}
+
 TEST_F(KvmTest, MsrFaultAnswerRaisesGeneralProtection) {
   load(kCode, {
                   0xb9, 0x78, 0x56, 0x34, 0x12,  // 10000: mov ecx, 0x12345678
@@ -786,6 +817,31 @@ TEST_F(KvmTest, YmmStateAndXcr0RoundTrip) {
   EXPECT_EQ(after.gpr[kRbx], ymm0_high);
   EXPECT_EQ(after.gpr[kRax], 7u);
   for (int i = 0; i < 16; ++i) EXPECT_EQ(after.ymmh[32 + i], 0xff) << i;
+}
+
+// The guest's own XSETBV must reach KVM, which keeps the guest's XCR0 across exits and reports it in get_state. QEMU's
+// TCG (the nested harness) does not intercept XSETBV for a nested guest, so there L1 KVM never sees it and restores
+// XCR0 = 1 at the next entry: the usability check then refuses x86-64-v3 (docs/kvm.md).
+TEST_F(KvmTest, GuestXsetbvReachesKvm) {
+  auto v3 = make_kvm_backend(*memory_, CpuModel::x86_64_v3());
+  if (!v3) GTEST_SKIP() << "no x86-64-v3 on this host's KVM: " << v3.error().message;
+  backend_ = std::move(*v3);
+  CpuState s = long_mode(kCode);
+  s.cr4 |= cr4::kOsxsave;
+  load(kCode, {0x31, 0xc9,                    // xor ecx, ecx
+               0xb8, 0x07, 0x00, 0x00, 0x00,  // mov eax, 7: x87, SSE and AVX state
+               0x31, 0xd2,                    // xor edx, edx
+               0x0f, 0x01, 0xd1,              // xsetbv
+               0xf4});
+  start(s);
+  VcpuExit* exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kHlt) << exit->detail;
+  const uint64_t xcr0 = state().xcr0;
+  if (xcr0 == 1 && under_qemu_tcg()) {
+    std::printf("[   INFO   ] the guest's XSETBV did not reach KVM: known QEMU 7.2 TCG nested-SVM limitation\n");
+    return;
+  }
+  EXPECT_EQ(xcr0, 7u);
 }
 
 TEST_F(KvmTest, ProtectedModeMultibootEntryRuns) {

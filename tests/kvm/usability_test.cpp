@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -11,7 +12,7 @@
 #include "kvm/kvm_usability.h"
 
 extern "C" const uint8_t deja_usability_guest_begin[], deja_probe_loop[], deja_probe_sse[], deja_probe_cpuid[],
-    deja_probe_lzcnt[];
+    deja_probe_lzcnt[], deja_probe_avx2[], deja_probe_xsetbv[];
 
 namespace deja {
 namespace {
@@ -37,13 +38,21 @@ UsabilityProbeHost interp_host() {
           .max_ns_per_iteration = 1'000'000};
 }
 
+const CpuModel* richest_interp_model() {
+  for (const CpuModel* m : CpuModel::all()) {
+    if (!m->first_missing(interp_features())) return m;
+  }
+  return nullptr;
+}
+
 TEST(KvmUsability, PassesOnAFaithfulVcpu) {
   KvmUsability r = check_kvm_usability_with(interp_host());
   EXPECT_TRUE(r.usable()) << r.failures();
   EXPECT_EQ(r.checks.size(), 9u);
   ASSERT_FALSE(r.models.empty());
-  // The richest model the KVM backend can carry (x86-64-v3 waits for its transfer of the AVX state).
-  EXPECT_EQ(r.default_model(), &CpuModel::x86_64_v2());
+  // The richest model: every model the vCPU implements (the software CPU: x86-64-v3 on a host with AVX2) runs.
+  EXPECT_EQ(r.default_model(), richest_interp_model());
+  EXPECT_TRUE(r.supports(*richest_interp_model()));
   EXPECT_TRUE(r.supports(CpuModel::x86_64_v1()));
   EXPECT_EQ(r.summary(), "");
   EXPECT_TRUE(contains(check(r, "guest code runs natively").detail, "20,000-iteration loop took"));
@@ -188,6 +197,72 @@ TEST(KvmUsability, AWrongAnswerIsNamedWithWhatCameBack) {
                        "deja-v1: ABM/LZCNT returned 0 where 0x1f is right (BSR's answer: the instruction was run as BSR)"))
       << refused.error().message;
   EXPECT_TRUE(r.supports(CpuModel::x86_64_v1()));
+}
+
+// A KVM whose leaf 0DH keeps the reset size whatever XCR0 enables, one without AVX2, one that loses the guest's own
+// XSETBV: x86-64-v3 is refused naming what went wrong, and the default is the richest model left.
+class StaticXsaveSize final : public AlteredVcpu {
+ public:
+  using AlteredVcpu::AlteredVcpu;
+  Result<VcpuExit*> run() override {
+    return run_and_alter(at(deja_probe_cpuid), kRbx, [](uint64_t ebx, const CpuState& before) -> uint64_t {
+      return before.gpr[kRdi] == 0xd && before.gpr[kRsi] == 0 ? 576 : ebx;
+    });
+  }
+};
+
+// Raises #UD in one snippet, as a host without the feature does (the #UD stub reports vector 6 on port 0xe0).
+class UdAt final : public AlteredVcpu {
+ public:
+  UdAt(GuestMemory& memory, const CpuModel& model, const uint8_t* snippet)
+      : AlteredVcpu(memory, model), at_(at(snippet)) {}
+  Result<VcpuExit*> run() override {
+    auto st = inner_.get_state();
+    if (st && st->rip == at_) {
+      ud_ = VcpuExit{};
+      ud_.kind = ExitKind::kIoOut;
+      ud_.port = 0xe0;
+      ud_.value = 6;
+      ud_.rip = st->rip;
+      return &ud_;
+    }
+    return inner_.run();
+  }
+
+ private:
+  uint64_t at_;
+  VcpuExit ud_;
+};
+
+TEST(KvmUsability, AnXsaveModelNeedsEveryFeatureAndTheRunTimeCpuid) {
+  if (richest_interp_model() != &CpuModel::x86_64_v3()) GTEST_SKIP() << "the software CPU has no x86-64-v3 here";
+  struct Case {
+    std::function<std::unique_ptr<Backend>(GuestMemory&, const CpuModel&)> make;
+    std::string refusal;
+  };
+  const Case cases[] = {
+      {[](GuestMemory& m, const CpuModel& model) { return std::make_unique<StaticXsaveSize>(m, model); },
+       "x86-64-v3: CPUID leaf 0xd: the guest read 00000007 00000240 00000340 00000000, model x86-64-v3 says 00000007 "
+       "00000340 00000340 00000000 with CR4.OSXSAVE set and XCR0 = 0x7"},
+      {[](GuestMemory& m, const CpuModel& model) { return std::make_unique<UdAt>(m, model, deja_probe_avx2); },
+       "x86-64-v3: AVX2 raises #UD (vector 6)"},
+      // QEMU 7.2's TCG under nested KVM: the guest's XSETBV never reaches KVM, which restores XCR0 = 1 at the next
+      // entry, so the AVX instruction after it raises #UD.
+      {[](GuestMemory& m, const CpuModel& model) { return std::make_unique<UdAt>(m, model, deja_probe_xsetbv); },
+       "x86-64-v3: XSETBV in the guest: the AVX state it enabled was lost at the next exit to KVM (the sum raises #UD "
+       "(vector 6)): KVM never saw the XSETBV"},
+  };
+  for (const Case& c : cases) {
+    UsabilityProbeHost host{.make_vcpu = [&](GuestMemory& memory, const CpuModel& model)
+                                -> Result<std::unique_ptr<Backend>> { return c.make(memory, model); },
+                            .max_ns_per_iteration = 1'000'000};
+    KvmUsability r = check_kvm_usability_with(host);
+    EXPECT_TRUE(r.usable()) << r.failures();
+    EXPECT_EQ(r.default_model(), &CpuModel::x86_64_v2());
+    auto refused = r.supports(CpuModel::x86_64_v3());
+    ASSERT_FALSE(refused);
+    EXPECT_TRUE(contains(refused.error().message, c.refusal)) << refused.error().message;
+  }
 }
 
 TEST(KvmUsability, NoVmMeansOneFailedCheckAndNothingElse) {
