@@ -36,6 +36,7 @@ Engine::Engine(Mode mode, ProgressMode progress) : mode_(mode), progress_(progre
 Engine::~Engine() = default;
 
 uint64_t Engine::host_now_ns() {
+  if (simulated_) return derived_now_ns();
   uint64_t t = host_clock_.elapsed_ns();
   if (t < last_now_) t = last_now_;  // virtual time never runs backwards
   last_now_ = t;
@@ -44,11 +45,33 @@ uint64_t Engine::host_now_ns() {
 
 uint64_t Engine::idle_now_ns(std::optional<uint64_t> deadline) {
   const uint64_t running = running_now_ns();
+  // Simulated: the wait lasts until the next deadline is met, however long that takes the host.
+  if (simulated_) return deadline ? std::max(running, timer_due_ns(*deadline)) : running;
   const uint64_t host = host_clock_.elapsed_ns();
   // Host time, as on a real machine (where the interrupt lands is what a recording captures), unless host time is
   // more than kCatchUpNs past the next deadline: then the guest catches up through its timers one deadline at a time.
   if (deadline && host > *deadline + kCatchUpNs) return std::max(running, *deadline);
   return std::max(running, host);
+}
+
+Result<> Engine::simulate_host(SimulatedHost host) {
+  if (!derived_) {
+    return fail(ErrorKind::kUnsupported, "a simulated host needs derived time (--backend interp, exact progress)");
+  }
+  simulated_ = host;
+  simulated_random_.set_state(host.seed ^ 0x656e74726f7079ull);  // ("entropy": apart from the schedule's draws)
+  return {};
+}
+
+uint64_t Engine::timer_due_ns(uint64_t deadline) const {
+  if (!simulated_ || simulated_->max_timer_delay_ns == 0) return deadline;
+  return deadline + seeded_hash(simulated_->seed, deadline) % (simulated_->max_timer_delay_ns + 1);
+}
+
+uint64_t Engine::host_random(bool* ok) {
+  if (!simulated_) return host_random64(ok);
+  *ok = true;
+  return simulated_random_.next();
 }
 
 void Engine::remember(const trace::Event& e) {
@@ -247,7 +270,7 @@ std::pair<uint64_t, bool> Engine::rdrand(uint64_t rip, bool rdseed) {
     return {0, false};
   }
   bool ok = false;
-  uint64_t value = host_random64(&ok);
+  uint64_t value = host_random(&ok);
   if (mode_ == Mode::kRecord) {
     trace::Event e;
     auto* r = e.mutable_rdrand();

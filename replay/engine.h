@@ -15,6 +15,7 @@
 #include "logging/trace_reader.h"
 #include "logging/trace_writer.h"
 #include "core/backend.h"
+#include "core/seeded_random.h"
 #include "replay/digest.h"
 #include "vmm/disk_image.h"
 #include "vmm/host_io.h"
@@ -138,6 +139,21 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   // Derived time's state that the guest's own reads make (device reads; the anchor's time, instructions and device
   // reads; the last TSC read), zeros without it: what every replay that reaches this point has too.
   std::array<uint64_t, 5> derived_time_state() const;
+
+  // ---- exploration (docs/explore.md) ----------------------------------------------------------------
+  // Run and record with nothing from the host: host time is derived time (a wait in HLT ends when the next device
+  // deadline is met, not after a host sleep), entropy and RDRAND come from a generator seeded with `seed`, and a
+  // device deadline is met up to `max_timer_delay_ns` late, by an amount drawn from (seed, deadline): the timer and
+  // interrupt jitter of a real machine, chosen by the seed. Needs derived time. A recording is still an ordinary
+  // trace: what the generator handed out is recorded like host input, so replay needs neither the seed nor this.
+  struct SimulatedHost {
+    uint64_t seed = 0;
+    uint64_t max_timer_delay_ns = 0;
+  };
+  Result<> simulate_host(SimulatedHost host);
+  bool host_simulated() const { return simulated_.has_value(); }
+  // When a device deadline is met: the deadline, or later by the simulated host's delay for it.
+  uint64_t timer_due_ns(uint64_t deadline) const;
 
   // ---- asynchronous events (time advancing, host input arriving) ------------------------------
   // Record/run: what host time says now (virtual ns), without logging.
@@ -273,6 +289,9 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
              last_tsc = 0;
   };
   std::optional<DerivedTime> derived_;
+  std::optional<SimulatedHost> simulated_;
+  SplitMix64 simulated_random_{0};
+  uint64_t host_random(bool* ok);  // host_random64(), or the simulated host's generator
 
   std::unique_ptr<TraceWriter> writer_;
   std::vector<uint8_t> pending_output_;  // record: not yet logged

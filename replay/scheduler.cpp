@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "core/seeded_random.h"
 #include "devices/state_codec.h"
 
 namespace deja {
@@ -21,31 +22,6 @@ ScheduleConfig default_schedule(SliceUnit unit, uint64_t seed) {
 }
 
 namespace {
-
-// splitmix64 (Steele, Lea, Flood 2014): fully specified, so the same seed gives the same schedule on every
-// host and build (the standard library's distributions are not).
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, n) (n > 0), by rejection: no modulo bias.
-  uint64_t below(uint64_t n) {
-    const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
-    uint64_t v;
-    do v = next(); while (v >= limit);
-    return v % n;
-  }
-  uint64_t state() const { return state_; }
-  void set_state(uint64_t state) { state_ = state; }
-
- private:
-  uint64_t state_;
-};
 
 class QuantumScheduler : public Scheduler {
  public:
@@ -89,8 +65,8 @@ class QuantumScheduler : public Scheduler {
 }  // namespace
 
 Result<std::unique_ptr<Scheduler>> make_scheduler(const ScheduleConfig& config) {
-  if (config.policy != "quantum") {
-    return fail(ErrorKind::kUnsupported, "schedule policy '{}' is not one this deja implements (quantum)",
+  if (config.policy != "quantum" && config.policy != "pct" && config.policy != "random") {
+    return fail(ErrorKind::kUnsupported, "schedule policy '{}' is not one this deja implements (quantum, pct, random)",
                 config.policy);
   }
   if (config.quantum < 2 || config.quantum > (uint64_t{1} << 40)) {
@@ -100,6 +76,8 @@ Result<std::unique_ptr<Scheduler>> make_scheduler(const ScheduleConfig& config) 
     return fail(ErrorKind::kInvalidArgument, "schedule PAUSE limit {} is out of range (1 to 2^20)",
                 config.pause_limit);
   }
+  if (config.policy == "pct") return make_pct_scheduler(config);
+  if (config.policy == "random") return make_random_scheduler(config);
   return std::unique_ptr<Scheduler>(new QuantumScheduler(config));
 }
 

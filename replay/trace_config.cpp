@@ -72,6 +72,8 @@ trace::Header to_header(const TraceConfig& t) {
     sc->set_unit(std::string(slice_unit_name(t.schedule->unit)));
     sc->set_quantum(t.schedule->quantum);
     sc->set_pause_limit(t.schedule->pause_limit);
+    sc->set_depth(t.schedule->depth);
+    sc->set_change_window(t.schedule->change_window);
   }
   c->set_memory_bytes(t.memory_bytes);
   c->set_cmdline(t.cmdline);
@@ -157,6 +159,8 @@ Result<TraceConfig> from_header(const trace::Header& h) {
     }
     schedule.quantum = sc.quantum();
     schedule.pause_limit = sc.pause_limit();
+    schedule.depth = sc.depth();
+    schedule.change_window = sc.change_window();
     if (auto usable = make_scheduler(schedule); !usable) return fail(ErrorKind::kBadTrace, "{}", usable.error().message);
     t.schedule = schedule;
   }

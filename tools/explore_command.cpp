@@ -1,0 +1,396 @@
+// `deja explore`: run a guest under many seeds (schedules, timer jitter, faults), keep the trace of every run that fails.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/exit_status.h"
+#include "core/messages.h"
+#include "explore/campaign.h"
+#include "explore/predicates.h"
+#include "logging/output_file.h"
+#include "segments/executor.h"
+#include "segments/manifest.h"
+#include "segments/merge.h"
+#include "segments/tasks.h"
+#include "tools/command_support.h"
+#include "tools/progress_line.h"
+#include "tools/run_options.h"
+
+namespace deja {
+namespace {
+
+using explore::Predicate;
+using explore::SeedResult;
+
+struct ExploreArgs {
+  RunArgs run;
+  std::string seeds;
+  std::optional<uint64_t> seed;
+  unsigned jobs = 1;
+  std::vector<std::string> until;
+  std::string directory;
+  std::string schedule = "pct:2";
+  std::string timer_jitter = "10us";
+  uint64_t max_instructions = 20'000'000'000;
+  bool json = false;
+  ProgressDisplay display;
+  std::string shard;
+  // A campaign in shards run by an executor (segments/): plan, run, merge.
+  uint32_t shards = 0;
+  std::string workdir;
+  std::string executor = "local";
+};
+
+// What every seed of the campaign shares, resolved once.
+struct Campaign {
+  SessionOptions session;
+  std::vector<Predicate> predicates;
+  std::string directory;
+  std::string policy;  // pct, random, none
+  uint32_t depth = 2;
+  uint64_t change_window = 10'000;
+  std::optional<uint64_t> quantum;
+  uint64_t max_timer_delay_ns = 0;
+  uint64_t max_instructions = 0;
+};
+
+Result<uint64_t> parse_duration_ns(const std::string& text) {
+  static const std::pair<const char*, uint64_t> units[] = {{"ns", 1}, {"us", 1'000}, {"ms", 1'000'000}, {"s", 1'000'000'000}};
+  for (const auto& [suffix, scale] : units) {
+    if (!text.ends_with(suffix)) continue;
+    const std::string number = text.substr(0, text.size() - std::strlen(suffix));
+    if (number.empty() || !std::all_of(number.begin(), number.end(), ::isdigit) || number.size() > 12) break;
+    return std::stoull(number) * scale;
+  }
+  if (text == "0") return 0;
+  return fail(ErrorKind::kInvalidArgument, "--timer-jitter {}: give a duration (0, 500ns, 20us, 1ms)", text);
+}
+
+// --schedule pct:D[:K] | random | none.
+Result<> parse_schedule(const std::string& text, Campaign& c) {
+  if (text == "random" || text == "none") {
+    c.policy = text;
+    return {};
+  }
+  if (text.starts_with("pct")) {
+    c.policy = "pct";
+    std::string rest = text.substr(3);
+    unsigned long long depth = 2, window = c.change_window;
+    if (rest.empty() || std::sscanf(rest.c_str(), ":%llu:%llu", &depth, &window) >= 1) {
+      if (depth >= 1 && depth <= 64 && window >= 1 && window <= (1ull << 40)) {
+        c.depth = uint32_t(depth);
+        c.change_window = window;
+        return {};
+      }
+    }
+  }
+  return fail(ErrorKind::kInvalidArgument,
+              "--schedule {}: pct[:D[:K]] (bug depth D from 1 to 64, K scheduling events), random, or none", text);
+}
+
+// The schedule of `seed`'s run (several vCPUs).
+ScheduleConfig schedule_for(const Campaign& c, uint64_t seed) {
+  if (c.policy == "none") {
+    ScheduleConfig s = default_schedule(SliceUnit::kInstructions, 0);  // the same schedule whatever the seed
+    if (c.quantum) s.quantum = *c.quantum;
+    return s;
+  }
+  ScheduleConfig s = default_schedule(SliceUnit::kInstructions, seed);
+  s.policy = c.policy;
+  if (c.policy == "pct") {
+    s.depth = c.depth;
+    s.change_window = c.change_window;
+    s.quantum = c.quantum.value_or(1'000'000);  // a vCPU runs until it blocks, spins or a change point: re-decided
+  } else {
+    s.quantum = c.quantum.value_or(10'000);     // random: short slices, uniform in [1, 2 quantum]
+  }
+  return s;
+}
+
+std::string seed_file(const Campaign& c, uint64_t seed, const char* suffix) {
+  return fmt::format("{}/seed-{}{}", c.directory, seed, suffix);
+}
+
+// One seed's run, in its own process: a recording whose inputs all come from the seed. Its messages go to
+// DIR/seed-S.log, the guest's serial output to DIR/seed-S.serial; a run that meets no predicate leaves nothing.
+SeedResult run_seed(const Campaign& c, uint64_t seed) {
+  SeedResult result;
+  result.seed = seed;
+  const auto started = std::chrono::steady_clock::now();
+  const std::string trace = seed_file(c, seed, ".trace"), serial = seed_file(c, seed, ".serial"),
+                    log = seed_file(c, seed, ".log");
+  if (auto console = open_console_file(log, "the run's log"); console) {
+    ::dup2(console->fd, STDOUT_FILENO);
+    ::dup2(console->fd, STDERR_FILENO);
+    if (console->owned) ::close(console->fd);
+  }
+  explore::SerialWatch watch(c.predicates);
+  SeededRecording recording;
+  recording.seed = seed;
+  if (c.session.machine.vcpus > 1) recording.schedule = schedule_for(c, seed);
+  recording.max_timer_delay_ns = c.max_timer_delay_ns;
+  recording.limits.max_steps = c.max_instructions;
+  recording.limits.hang_steps = explore::hang_instructions(c.predicates);
+  if (recording.limits.hang_steps) recording.limits.max_idle_ns = 10'000'000'000;  // 10 s of guest time asleep
+  recording.serial_tap = [&watch](std::span<const uint8_t> bytes) { watch.feed(bytes); };
+  recording.limits.stop = [&watch]() { return watch.matched(); };
+  SessionOptions options = c.session;
+  options.trace_path = trace;
+  options.serial_out = serial;
+  options.seeded = &recording;
+  const int status = run_or_record(options, Mode::kRecord);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (!recording.outcome) {
+    result.error = true;
+    result.status = status;
+    result.reason = fmt::format("the run failed (status {}): see {}", status, log);
+    return result;  // (its files are kept, to say why)
+  }
+  const Outcome& o = *recording.outcome;
+  result.status = o.status;
+  result.reason = o.reason;
+  result.digest = recording.digest;
+  result.instructions = recording.instructions;
+  result.schedule_events = recording.schedule_events;
+  explore::RunEnd end;
+  end.guest_exit = o.guest_exit;
+  end.status = o.status;
+  end.hang = o.reason.starts_with(Session::kHangReason) ||
+             (o.status == exit_status::kGuestStopped && o.reason.find("halted") != std::string::npos);
+  end.digest = recording.digest;
+  result.met = explore::met_predicates(c.predicates, end, watch.matched());
+  if (result.failed()) {
+    result.trace = trace;
+  } else {
+    std::error_code ec;
+    for (const std::string& f : {trace, serial, log}) std::filesystem::remove(f, ec);
+  }
+  return result;
+}
+
+Result<Campaign> resolve(ExploreArgs& a) {
+  Campaign c;
+  if (a.run.backend == "kvm") {
+    return fail(ErrorKind::kInvalidArgument,
+                "deja explore runs on the software CPU (--backend interp): a seed's run must count every instruction");
+  }
+  a.run.backend = "interp";
+  if (!a.run.progress.empty() && a.run.progress != "exact") {
+    return fail(ErrorKind::kInvalidArgument, "deja explore needs exact progress (--progress exact, the default)");
+  }
+  if (a.run.schedule_seed) {
+    return fail(ErrorKind::kInvalidArgument, "deja explore draws each run's schedule from its seed: drop --schedule-seed");
+  }
+  if (!a.run.serial_in.empty() || !a.run.nets.empty()) {
+    return fail(ErrorKind::kInvalidArgument,
+                "deja explore takes no input from the host: --serial-in and --net are not available (yet) in a "
+                "seeded run");
+  }
+  if (a.until.empty()) return fail(ErrorKind::kInvalidArgument, "give at least one --until PREDICATE");
+  for (const std::string& u : a.until) {
+    auto p = explore::parse_predicate(u);
+    if (!p) return std::unexpected(p.error());
+    c.predicates.push_back(*p);
+  }
+  if (auto r = parse_schedule(a.schedule, c); !r) return std::unexpected(r.error());
+  c.quantum = a.run.schedule_quantum;
+  a.run.schedule_quantum.reset();  // (ours: run/record would refuse it with one vCPU)
+  auto jitter = parse_duration_ns(a.timer_jitter);
+  if (!jitter) return std::unexpected(jitter.error());
+  c.max_timer_delay_ns = *jitter;
+  c.max_instructions = a.max_instructions;
+  auto session = to_session(a.run);
+  if (!session) return std::unexpected(session.error());
+  c.session = std::move(*session);
+  if (a.directory.empty()) return fail(ErrorKind::kInvalidArgument, "give the directory for failing runs' traces: -o DIR");
+  struct stat st{};
+  if (::lstat(a.directory.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) return fail(ErrorKind::kInvalidArgument, "-o {}: not a directory", a.directory);
+  } else if (::mkdir(a.directory.c_str(), 0700) != 0) {
+    return fail(ErrorKind::kHost, "-o {}: cannot make the directory ({})", a.directory, strerror(errno));
+  }
+  c.directory = a.directory;
+  return c;
+}
+
+// Runs the campaign's seeds (its shard's, with --shard); each result goes to `records` as a JSON line when given,
+// else to the output. Returns the exit status: 0 nothing found, kFound a run failed, else an error's.
+int run_campaign(ExploreArgs& a, std::vector<std::string>* records) {
+  if (a.seed && !a.seeds.empty()) return report_error({ErrorKind::kInvalidArgument, "give --seed or --seeds, not both"});
+  if (!a.seed && a.seeds.empty()) return report_error({ErrorKind::kInvalidArgument, "give --seeds A..B or --seed S"});
+  auto range = explore::parse_seed_range(a.seed ? std::to_string(*a.seed) : a.seeds);
+  if (!range) return report_error(range.error());
+  explore::Shard shard;
+  if (!a.shard.empty()) {
+    auto s = explore::parse_shard(a.shard);
+    if (!s) return report_error(s.error());
+    shard = *s;
+  }
+  auto campaign = resolve(a);
+  if (!campaign) return report_error(campaign.error());
+  const std::vector<uint64_t> seeds = explore::shard_seeds(*range, shard);
+
+  ProgressLine line("explore", a.display);
+  uint64_t done = 0, failures = 0;
+  line.set_source([&] {
+    return std::vector<ProgressMeasure>{{"seeds", done, seeds.size()}, {"failures", failures, std::nullopt}};
+  });
+  line.poll();
+  const auto started = std::chrono::steady_clock::now();
+  auto results = explore::run_seeds(
+      seeds, a.jobs, [&](uint64_t seed) { return run_seed(*campaign, seed); },
+      [&](const SeedResult& r) {
+        ++done;
+        failures += r.failed();
+        if (records) {
+          records->push_back(explore::to_json(r));
+        } else if (a.json) {
+          std::printf("%s\n", explore::to_json(r).c_str());
+          std::fflush(stdout);
+        } else if (r.failed() || r.error) {
+          line.finish();  // (cleared, drawn again by the next poll)
+          say("seed {}: {} ({}){}", r.seed, r.outcome_class(), r.reason, r.trace.empty() ? "" : ": " + r.trace);
+        }
+        line.poll();
+      });
+  line.finish();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const explore::Summary summary = explore::summarize(results, seconds);
+  if (!records) {
+    if (a.json) std::printf("%s\n", explore::summary_json(summary).c_str());
+    else std::printf("%s\n", explore::summary_text(summary).c_str());
+  }
+  if (summary.failures) return exit_status::kFound;
+  return summary.errors ? exit_status::kHostFailure : 0;
+}
+
+void add_explore_options(CLI::App* cmd, ExploreArgs& a) {
+  add_run_options(cmd, a.run);
+  cmd->add_option("--seeds", a.seeds, "the seeds to run: A..B (both included)");
+  cmd->add_option("--seed", a.seed, "one seed (its trace is a function of the seed: run it again, get the same bytes)");
+  cmd->add_option("-j,--jobs", a.jobs, "seeds run at a time, each in a process of its own (default 1)")
+      ->check(CLI::Range(1u, 1024u));
+  cmd->add_option("--until", a.until,
+                  "what makes a run a failure, whose trace is kept: exit:N[,N...] or exit:!N (deja's exit status for "
+                  "the run), serial:REGEX (a line of serial output), digest:HEX (the final --digest starts with it), "
+                  "hang[:N] (no serial output in N instructions, default 1G, or every vCPU halted for good); repeatable: "
+                  "any one")
+      ->allow_extra_args(false);
+  cmd->add_option("-o,--output", a.directory, "the directory that keeps failing runs: seed-S.trace, .serial, .log");
+  cmd->add_option("--schedule", a.schedule,
+                  "several vCPUs: pct[:D[:K]] (PCT priorities with D-1 change points among the first K scheduling "
+                  "events: PAUSEs, port and MMIO accesses, interrupts; default pct:2:10000), random (uniform random "
+                  "slices and next vCPU), none (the default schedule, the same for every seed)");
+  cmd->add_option("--timer-jitter", a.timer_jitter,
+                  "device deadlines (timers, completions) are met up to this late, by a delay drawn from the seed "
+                  "(default 10us; 0: on time)");
+  cmd->add_option("--max-instructions", a.max_instructions,
+                  "a run stops after this many instructions (a limit, not a failure; default 20G)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 50));
+  cmd->add_flag("--json", a.json, "a JSON line per seed and a last one with the summary, on standard output");
+  add_progress_display_options(cmd, a.display);
+  cmd->add_option("--shard", a.shard, "run only shard I of N of the seeds (every N-th from the I-th): I/N");
+  cmd->add_option("--shards", a.shards,
+                  "split the campaign into N shards run by an executor (--executor) through a job's manifest in "
+                  "--workdir, then merge their results (docs/segments.md)")
+      ->check(CLI::Range(1u, 1'000'000u));
+  cmd->add_option("--workdir", a.workdir, "with --shards: where the manifest, results and logs go");
+  cmd->add_option("--executor", a.executor, "with --shards: local (processes here, -j at a time) or slurm")
+      ->check(CLI::IsMember({"local", "slurm"}));
+}
+
+// The campaign's arguments without the options that split it (what each shard runs).
+std::vector<std::string> shard_arguments(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& s = args[i];
+    bool with_value = false;
+    for (const char* name : {"--shards", "--workdir", "--executor", "-j", "--jobs", "--shard"}) {
+      if (s == name) with_value = true;
+      if (s.starts_with(std::string(name) + "=")) goto skip;
+    }
+    if (with_value) {
+      ++i;
+      continue;
+    }
+    out.push_back(s);
+  skip:;
+  }
+  return out;
+}
+
+int run_sharded(const ExploreArgs& a) {
+  if (a.workdir.empty()) return report_error({ErrorKind::kInvalidArgument, "--shards needs --workdir DIR"});
+  const std::vector<std::string> args = shard_arguments(command_line_arguments());
+  auto manifest = plan_shards("explore", args, a.shards, a.workdir);
+  if (!manifest) return report_error(manifest.error());
+  auto path = write_manifest(*manifest);
+  if (!path) return report_error(path.error());
+  auto loaded = read_manifest(*path);
+  if (!loaded) return report_error(loaded.error());
+  ExecutorOptions executor;
+  executor.kind = a.executor;
+  executor.jobs = a.jobs;
+  if (a.executor == "slurm") {
+    if (a.json) executor.merge_args.push_back("--json");
+    auto ran = run_slurm(*loaded, executor);
+    return ran ? *ran : report_error(ran.error());
+  }
+  if (auto ran = run_local(*loaded, executor); !ran) return report_error(ran.error());
+  return print_merge(merge_results(*loaded), *loaded, a.json);
+}
+
+// The campaign as shards of a job (segments/tasks.h): each shard runs its seeds; the merge sums them up.
+class ExploreShardTask : public ShardTask {
+ public:
+  Result<int> run_shard(std::span<const std::string> args, uint32_t index, uint32_t count,
+                        std::vector<std::string>& records) override {
+    CLI::App app;
+    ExploreArgs a;
+    add_explore_options(&app, a);
+    std::vector<std::string> reversed(args.rbegin(), args.rend());
+    try {
+      app.parse(reversed);
+    } catch (const CLI::ParseError& e) {
+      return fail(ErrorKind::kInvalidArgument, "the campaign's arguments: {}", e.what());
+    }
+    a.shard = fmt::format("{}/{}", index, count);
+    a.display.quiet = true;
+    return run_campaign(a, &records);
+  }
+
+  int merge(std::span<const std::string>, const std::vector<std::vector<std::string>>& records) override {
+    std::vector<SeedResult> results;
+    for (const auto& shard : records) {
+      for (const std::string& line : shard) {
+        auto r = explore::seed_result_from_json(line);
+        if (!r) return report_error(r.error());
+        if (r->failed()) say("seed {}: {} ({}): {}", r->seed, r->outcome_class(), r->reason, r->trace);
+        results.push_back(std::move(*r));
+      }
+    }
+    const explore::Summary summary = explore::summarize(results, 0);
+    std::printf("%s\n", explore::summary_text(summary).c_str());
+    return summary.failures ? exit_status::kFound : 0;
+  }
+};
+
+}  // namespace
+
+Subcommand add_explore_command(CLI::App& app) {
+  register_shard_task("explore", [] { return std::make_unique<ExploreShardTask>(); });
+  auto a = std::make_shared<ExploreArgs>();
+  auto* cmd = app.add_subcommand("explore",
+                                 "run a guest under many seeds (vCPU schedules, timer jitter) and keep the trace of "
+                                 "every run that fails (docs/explore.md)");
+  add_explore_options(cmd, *a);
+  return {cmd, [a] { return a->shards ? run_sharded(*a) : run_campaign(*a, nullptr); }};
+}
+
+}  // namespace deja
