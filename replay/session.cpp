@@ -994,7 +994,8 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
     if (std::string host = host_failure(); !host.empty()) {
       return end(Outcome{exit_status::kInterrupted, fmt::format("{}: {}", kHostFailureReason, host), false, false, true});
     }
-    if (limits_ && !completes_on_next_run(now().last_exit_kind)) {
+    // (Anywhere an interruption may stop a recording: its End is found again the same way.)
+    if (limits_) {
       if (auto o = limit_reached()) return end(*o);
     }
   }

@@ -115,15 +115,15 @@ def shards(args, tmp):
     work = os.path.join(tmp, "work")
     out = os.path.join(tmp, "sharded")
     image = os.path.join(args.guests, "explore-race.elf")
-    p = run([args.deja, "explore", "--machine", "pc-apic", "--cpus", "2", "--seeds", "0..39", "--schedule", "pct:2:200",
+    p = run([args.deja, "explore", "--machine", "pc-apic", "--cpus", "2", "--seeds", "0..99", "--schedule", "pct:2:200",
              "--until", "serial:BUG", "-o", out, "--shards", "4", "--workdir", work, "-j", "2", image])
     text = p.stdout.decode(errors="replace")
-    if p.returncode not in (0, FOUND) or "40 seeds" not in text:
+    if p.returncode not in (0, FOUND) or "100 seeds" not in text:
         sys.exit(f"FAIL: a campaign in 4 shards on the local executor:\n{show(p)}")
     again = run([args.deja, "merge", os.path.join(work, "manifest.json")])
-    if again.returncode != p.returncode or "40 seeds" not in again.stdout.decode(errors="replace"):
+    if again.returncode != p.returncode or "100 seeds" not in again.stdout.decode(errors="replace"):
         sys.exit(f"FAIL: deja merge of the shards:\n{show(again)}")
-    direct = explore(args, os.path.join(tmp, "direct"), "--seeds", "0..39", "-j", "2", "--schedule", "pct:2:200",
+    direct = explore(args, os.path.join(tmp, "direct"), "--seeds", "0..99", "-j", "2", "--schedule", "pct:2:200",
                      "--until", "serial:BUG", guest="explore-race")
     _, summary = results(direct)
     if f"{summary['failures']} failing" not in text:
