@@ -84,6 +84,7 @@ std::string to_json(const SeedResult& r) {
   j["digest"] = r.digest;
   j["instructions"] = r.instructions;
   j["schedule_events"] = r.schedule_events;
+  j["faults"] = r.faults;
   j["seconds"] = r.seconds;
   if (r.error) j["error"] = true;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -104,6 +105,7 @@ Result<SeedResult> seed_result_from_json(const std::string& line) {
     r.digest = j.value("digest", std::string());
     r.instructions = j.value("instructions", uint64_t{0});
     r.schedule_events = j.value("schedule_events", uint64_t{0});
+    r.faults = j.value("faults", uint64_t{0});
     r.seconds = j.value("seconds", 0.0);
     r.error = j.value("error", false);
     return r;

@@ -34,7 +34,7 @@ struct SeedResult {
   std::vector<std::string> met;  // the --until predicates it met: non-empty is a failure, whose trace is kept
   std::string trace;             // the kept trace (failures only)
   std::string digest;            // final CPU and RAM digest
-  uint64_t instructions = 0, schedule_events = 0;
+  uint64_t instructions = 0, schedule_events = 0, faults = 0;
   double seconds = 0;  // host time of the run, for rates only (never part of the run)
   bool error = false;  // deja could not run the seed (the reason says why)
   bool failed() const { return !met.empty(); }

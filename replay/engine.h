@@ -55,7 +55,17 @@ struct NetFrameIn {
   std::vector<uint8_t> data;
 };
 
-class Engine : public Clock, public Entropy, public NetworkPort, public DiskBlockChecker {
+// Exploration's faults (docs/explore.md), in parts per million of requests; recorded in the trace header
+// (MachineConfig.faults) so that replay decides the same.
+struct FaultPlan {
+  uint64_t seed = 0;
+  uint32_t disk_eio_ppm = 0;
+  uint32_t disk_torn_ppm = 0;
+  bool any() const { return disk_eio_ppm || disk_torn_ppm; }
+  bool operator==(const FaultPlan&) const = default;
+};
+
+class Engine : public Clock, public Entropy, public NetworkPort, public DiskBlockChecker, public BlockFaults {
  public:
   Engine(Mode mode, ProgressMode progress);
   ~Engine() override;
@@ -100,6 +110,12 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   // A read or write of a disk's contents (engine_block.cpp): recorded as a disk_io event for inspect, like serial
   // output outside the event count; replay skips those events.
   void disk_io(unsigned disk, bool write, bool zeroes, uint64_t offset, uint64_t length) override;
+  // Exploration: the faults disk requests suffer (engine_faults.cpp), a pure function of the plan, the request and
+  // the derived-time state where it is served, which recording and replay share (and a checkpoint restores).
+  void set_fault_plan(const FaultPlan& plan) { faults_ = plan; }
+  const FaultPlan& fault_plan() const { return faults_; }
+  BlockFault block_fault(unsigned disk, bool write, uint64_t sector, uint64_t sectors) override;
+  uint64_t faults_injected() const { return faults_injected_; }
   // The disks' paths, for messages naming a block that differs.
   void set_disk_names(std::vector<std::string> names) { disk_names_ = std::move(names); }
 
@@ -290,6 +306,8 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   };
   std::optional<DerivedTime> derived_;
   std::optional<SimulatedHost> simulated_;
+  FaultPlan faults_;
+  uint64_t faults_injected_ = 0;
   SplitMix64 simulated_random_{0};
   uint64_t host_random(bool* ok);  // host_random64(), or the simulated host's generator
 

@@ -117,6 +117,12 @@ std::string Session::counter_description() {
 
 uint64_t Session::serial_bytes() const { return tee_ ? tee_->bytes() : 0; }
 
+void Session::set_fault_plan(const FaultPlan& plan) {
+  engine_.set_fault_plan(plan);
+  const auto& disks = machine_->disks();
+  for (unsigned i = 0; i < disks.size(); ++i) disks[i]->set_faults(plan.any() ? &engine_ : nullptr, i);
+}
+
 void Session::set_serial_tap(std::function<void(std::span<const uint8_t>)> tap) {
   DEJA_ASSERT(tee_ != nullptr, "set_serial_tap() after build()");
   tee_->tap_ = std::move(tap);

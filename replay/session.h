@@ -172,6 +172,8 @@ class Session {
     std::function<std::optional<std::string>()> stop;
   };
   void set_run_limits(RunLimits limits) { limits_ = std::move(limits); }
+  // Exploration's injected faults: the engine decides them for every disk (call after build()).
+  void set_fault_plan(const FaultPlan& plan);
   // The guest's serial output as it is written (after the serial sink and the engine).
   void set_serial_tap(std::function<void(std::span<const uint8_t>)> tap);
   // The reasons a run ended by its limits start with these (an Outcome's reason).

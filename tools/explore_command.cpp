@@ -37,6 +37,7 @@ struct ExploreArgs {
   std::string directory;
   std::string schedule = "pct:2";
   std::string timer_jitter = "10us";
+  std::string faults;
   uint64_t max_instructions = 20'000'000'000;
   bool json = false;
   ProgressDisplay display;
@@ -57,6 +58,7 @@ struct Campaign {
   uint64_t change_window = 10'000;
   std::optional<uint64_t> quantum;
   uint64_t max_timer_delay_ns = 0;
+  FaultPlan faults;  // (its seed is each run's)
   uint64_t max_instructions = 0;
 };
 
@@ -70,6 +72,39 @@ Result<uint64_t> parse_duration_ns(const std::string& text) {
   }
   if (text == "0") return 0;
   return fail(ErrorKind::kInvalidArgument, "--timer-jitter {}: give a duration (0, 500ns, 20us, 1ms)", text);
+}
+
+// --faults disk-eio:RATE,disk-torn:RATE (RATE a fraction of requests, 0.01, or a percentage, 1%).
+Result<FaultPlan> parse_faults(const std::string& text) {
+  FaultPlan plan;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const std::string item(rest.substr(0, std::min(rest.find(','), rest.size())));
+    rest.remove_prefix(std::min(item.size() + 1, rest.size()));
+    const size_t colon = item.find(':');
+    const std::string name = item.substr(0, colon), rate = colon == std::string::npos ? "" : item.substr(colon + 1);
+    char* end = nullptr;
+    double value = rate.empty() ? -1 : std::strtod(rate.c_str(), &end);
+    if (end && *end == '%') value /= 100, ++end;
+    if (!end || *end || !(value >= 0 && value <= 1)) {
+      return fail(ErrorKind::kInvalidArgument, "--faults {}: give KIND:RATE, RATE a fraction (0.01) or a percentage", item);
+    }
+    const uint32_t ppm = uint32_t(value * 1'000'000 + 0.5);
+    if (name == "disk-eio") {
+      plan.disk_eio_ppm = ppm;
+    } else if (name == "disk-torn") {
+      plan.disk_torn_ppm = ppm;
+    } else if (name == "net-drop" || name == "net-dup" || name == "net-reorder") {
+      return fail(ErrorKind::kUnsupported, "--faults {}: network faults need --net, which deja explore does not take yet",
+                  name);
+    } else {
+      return fail(ErrorKind::kInvalidArgument, "--faults {}: the faults are disk-eio and disk-torn", name);
+    }
+  }
+  if (plan.disk_eio_ppm + uint64_t(plan.disk_torn_ppm) > 1'000'000) {
+    return fail(ErrorKind::kInvalidArgument, "--faults {}: the rates add up to more than one", text);
+  }
+  return plan;
 }
 
 // --schedule pct:D[:K] | random | none.
@@ -135,6 +170,8 @@ SeedResult run_seed(const Campaign& c, uint64_t seed) {
   recording.seed = seed;
   if (c.session.machine.vcpus > 1) recording.schedule = schedule_for(c, seed);
   recording.max_timer_delay_ns = c.max_timer_delay_ns;
+  recording.faults = c.faults;
+  recording.faults.seed = seed;
   recording.limits.max_steps = c.max_instructions;
   recording.limits.hang_steps = explore::hang_instructions(c.predicates);
   if (recording.limits.hang_steps) recording.limits.max_idle_ns = 10'000'000'000;  // 10 s of guest time asleep
@@ -158,6 +195,7 @@ SeedResult run_seed(const Campaign& c, uint64_t seed) {
   result.digest = recording.digest;
   result.instructions = recording.instructions;
   result.schedule_events = recording.schedule_events;
+  result.faults = recording.faults_injected;
   explore::RunEnd end;
   end.guest_exit = o.guest_exit;
   end.status = o.status;
@@ -205,6 +243,14 @@ Result<Campaign> resolve(ExploreArgs& a) {
   if (!jitter) return std::unexpected(jitter.error());
   c.max_timer_delay_ns = *jitter;
   c.max_instructions = a.max_instructions;
+  if (!a.faults.empty()) {
+    auto faults = parse_faults(a.faults);
+    if (!faults) return std::unexpected(faults.error());
+    c.faults = *faults;
+    if (a.run.disks.empty() && a.run.libvirt_xml.empty() && a.run.libvirt_domain.empty()) {
+      return fail(ErrorKind::kInvalidArgument, "--faults {}: the machine has no disk (--disk)", a.faults);
+    }
+  }
   auto session = to_session(a.run);
   if (!session) return std::unexpected(session.error());
   c.session = std::move(*session);
@@ -290,6 +336,10 @@ void add_explore_options(CLI::App* cmd, ExploreArgs& a) {
   cmd->add_option("--timer-jitter", a.timer_jitter,
                   "device deadlines (timers, completions) are met up to this late, by a delay drawn from the seed "
                   "(default 10us; 0: on time)");
+  cmd->add_option("--faults", a.faults,
+                  "faults drawn from the seed: disk-eio:RATE (a read or write answered VIRTIO_BLK_S_IOERR), "
+                  "disk-torn:RATE (a write cut short: a prefix of its sectors written, then IOERR); RATE a fraction of "
+                  "requests (0.01) or a percentage (1%); comma-separated");
   cmd->add_option("--max-instructions", a.max_instructions,
                   "a run stops after this many instructions (a limit, not a failure; default 20G)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 50));

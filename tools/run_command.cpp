@@ -471,6 +471,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     if (auto r = session.engine().simulate_host(Engine::SimulatedHost{seeded->seed, seeded->max_timer_delay_ns}); !r)
       return report_error(r.error());
     session.set_run_limits(seeded->limits);
+    if (seeded->faults.any()) session.set_fault_plan(seeded->faults);
     if (seeded->serial_tap) session.set_serial_tap(seeded->serial_tap);
   }
 
@@ -562,6 +563,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     seeded->outcome = *outcome;
     seeded->digest = session.final_cpu_ram_digest().hex();
     seeded->schedule_events = session.schedule_events();
+    seeded->faults_injected = session.engine().faults_injected();
     for (uint32_t v = 0; v < config.vcpus; ++v) seeded->instructions += session.vcpu_counts(v).instructions;
   }
   finish_outcome_message(*outcome);

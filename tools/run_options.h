@@ -65,11 +65,12 @@ struct SeededRecording {
   uint64_t seed = 0;
   std::optional<ScheduleConfig> schedule;  // several vCPUs: instead of the default schedule
   uint64_t max_timer_delay_ns = 0;
+  FaultPlan faults;
   Session::RunLimits limits;
   std::function<void(std::span<const uint8_t>)> serial_tap;
   std::optional<Outcome> outcome;
   std::string digest;  // the final CPU and RAM digest (`--digest`)
-  uint64_t instructions = 0, schedule_events = 0;
+  uint64_t instructions = 0, schedule_events = 0, faults_injected = 0;
 };
 
 // What a run or a recording needs, resolved from the options.

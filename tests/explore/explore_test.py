@@ -131,6 +131,24 @@ def shards(args, tmp):
     print(f"ok: 4 shards through deja segment/merge (local executor) = one campaign ({summary['failures']} failing)")
 
 
+def linux_disk_eio(args, tmp):
+    """The bundled Linux guest reads its disk under injected I/O errors: the kernel logs them and the run replays."""
+    out = os.path.join(tmp, "linux")
+    disk = os.path.join(args.linux, "disk.img")
+    p = run([args.deja, "explore", "--linux", "--append", "deja.script=disk-read", "--disk", disk, "--faults",
+             "disk-eio:2%", "--seed", "1", "--until", "serial:disk-read: done", "-o", out, "--json"])
+    seeds, _ = results(p)
+    serial = open(os.path.join(out, "seed-1.serial"), errors="replace").read() if seeds else ""
+    if p.returncode != FOUND or seeds[0]["faults"] < 1 or "I/O error, dev vda" not in serial:
+        sys.exit(f"FAIL: an injected disk I/O error should reach the Linux guest:\n{serial}\n{show(p)}")
+    check_replay(args, seeds[0]["trace"], 12)
+    again = run([args.deja, "explore", "--linux", "--append", "deja.script=disk-read", "--disk", disk, "--faults",
+                 "disk-eio:2%", "--seed", "1", "--until", "serial:disk-read: done", "-o", out + "-again", "--json"])
+    if not filecmp.cmp(seeds[0]["trace"], os.path.join(out + "-again", "seed-1.trace"), shallow=False):
+        sys.exit("FAIL: the Linux run with faults gave another trace the second time")
+    print(f"ok: {seeds[0]['faults']} injected disk errors seen by Linux (dmesg: I/O error, dev vda), replayed exactly")
+
+
 def refusals(args, tmp):
     image = os.path.join(args.guests, "smp-counter.elf")
     for extra in (["--seeds", "5..1", "--until", "hang"], ["--seed", "1"], ["--seed", "1", "--until", "bogus:1"],
@@ -147,10 +165,13 @@ def main():
     ap.add_argument("--deja", required=True)
     ap.add_argument("--guests", required=True, help="the build's guest-tests/ directory")
     ap.add_argument("--only", help="run only this part")
+    ap.add_argument("--linux", help="the build's guest-linux/ directory: also the Linux disk-fault test")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        for part in (refusals, kept_only_failures, same_bytes, race, hang, shards):
+        for part in (refusals, kept_only_failures, same_bytes, race, hang, shards, linux_disk_eio):
             if args.only and part.__name__ != args.only:
+                continue
+            if part is linux_disk_eio and not args.linux:
                 continue
             part(args, tmp)
     print("PASS")
