@@ -87,6 +87,12 @@ std::string to_json(const SeedResult& r) {
   j["faults"] = r.faults;
   j["seconds"] = r.seconds;
   if (r.error) j["error"] = true;
+  if (!r.perturbations.empty()) {
+    auto& list = j["perturbations"] = nlohmann::ordered_json::array();
+    for (const Perturbation& p : r.perturbations) {
+      list.push_back({{"kind", p.kind}, {"index", p.index}, {"vcpu", p.vcpu}, {"rip", p.rip}, {"detail", p.detail}});
+    }
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -108,6 +114,13 @@ Result<SeedResult> seed_result_from_json(const std::string& line) {
     r.faults = j.value("faults", uint64_t{0});
     r.seconds = j.value("seconds", 0.0);
     r.error = j.value("error", false);
+    if (j.contains("perturbations")) {
+      for (const auto& p : j.at("perturbations")) {
+        r.perturbations.push_back(Perturbation{p.at("kind").get<std::string>(), p.at("index").get<uint64_t>(),
+                                               p.at("vcpu").get<uint32_t>(), p.at("rip").get<uint64_t>(),
+                                               p.at("detail").get<std::string>()});
+      }
+    }
     return r;
   } catch (const nlohmann::json::exception& e) {
     return fail(ErrorKind::kInvalidArgument, "a seed's result is malformed ({})", e.what());

@@ -26,6 +26,15 @@ Result<Shard> parse_shard(const std::string& text);
 // The seeds of `shard`: every N-th from first + I, so that each shard covers the range evenly.
 std::vector<uint64_t> shard_seeds(const SeedRange& range, const Shard& shard);
 
+// A perturbation of a run that --minimize may take away: a PCT change point that preempted a vCPU, or an injected fault.
+struct Perturbation {
+  std::string kind;    // "change-point", "fault"
+  uint64_t index = 0;  // change point: its number (bit of dropped_change_points); fault: its order among those drawn
+  uint32_t vcpu = 0;
+  uint64_t rip = 0;
+  std::string detail;  // "scheduling event 97", "disk 0 read sector 5600 (I/O error)"
+};
+
 // What one seed's run came to.
 struct SeedResult {
   uint64_t seed = 0;
@@ -35,6 +44,7 @@ struct SeedResult {
   std::string trace;             // the kept trace (failures only)
   std::string digest;            // final CPU and RAM digest
   uint64_t instructions = 0, schedule_events = 0, faults = 0;
+  std::vector<Perturbation> perturbations;  // those that happened (--minimize; not in --json's lines)
   double seconds = 0;  // host time of the run, for rates only (never part of the run)
   bool error = false;  // deja could not run the seed (the reason says why)
   bool failed() const { return !met.empty(); }

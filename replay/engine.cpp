@@ -65,7 +65,10 @@ Result<> Engine::simulate_host(SimulatedHost host) {
 
 uint64_t Engine::timer_due_ns(uint64_t deadline) const {
   if (!simulated_ || simulated_->max_timer_delay_ns == 0) return deadline;
-  return deadline + seeded_hash(simulated_->seed, deadline) % (simulated_->max_timer_delay_ns + 1);
+  // Keyed by the deadline and the last asynchronous event (stable until the deadline is met): each completion and
+  // timer gets its own delay, a virtio request "due now" (deadline 0) included.
+  const uint64_t key = seeded_hash(deadline, derived_ ? derived_->anchor_instructions : 0);
+  return deadline + seeded_hash(simulated_->seed, key) % (simulated_->max_timer_delay_ns + 1);
 }
 
 uint64_t Engine::host_random(bool* ok) {

@@ -61,6 +61,7 @@ struct FaultPlan {
   uint64_t seed = 0;
   uint32_t disk_eio_ppm = 0;
   uint32_t disk_torn_ppm = 0;
+  std::vector<uint64_t> suppressed;  // the faults drawn (by their order, from 0) that are not injected
   bool any() const { return disk_eio_ppm || disk_torn_ppm; }
   bool operator==(const FaultPlan&) const = default;
 };
@@ -116,6 +117,16 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   const FaultPlan& fault_plan() const { return faults_; }
   BlockFault block_fault(unsigned disk, bool write, uint64_t sector, uint64_t sectors) override;
   uint64_t faults_injected() const { return faults_injected_; }
+  // The faults drawn so far (those suppressed too; the first 4096), each where it was decided: what --minimize reports.
+  struct FaultDrawn {
+    uint64_t ordinal = 0;
+    bool suppressed = false;
+    unsigned disk = 0;
+    bool write = false;
+    uint64_t sector = 0;
+    Position where;
+  };
+  const std::vector<FaultDrawn>& faults_drawn() const { return faults_drawn_; }
   // The disks' paths, for messages naming a block that differs.
   void set_disk_names(std::vector<std::string> names) { disk_names_ = std::move(names); }
 
@@ -308,6 +319,9 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   std::optional<SimulatedHost> simulated_;
   FaultPlan faults_;
   uint64_t faults_injected_ = 0;
+  std::vector<FaultDrawn> faults_drawn_;  // the first kFaultsKept
+  uint64_t faults_drawn_count_ = 0;
+  static constexpr size_t kFaultsKept = 4096;
   SplitMix64 simulated_random_{0};
   uint64_t host_random(bool* ok);  // host_random64(), or the simulated host's generator
 

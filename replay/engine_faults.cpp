@@ -1,4 +1,6 @@
 // The engine's choke point for injected faults (deja explore): whether a disk request fails, decided from the seed.
+#include <algorithm>
+
 #include "replay/engine.h"
 
 namespace deja {
@@ -21,6 +23,14 @@ BlockFault Engine::block_fault(unsigned disk, bool write, uint64_t sector, uint6
   } else {
     return f;
   }
+  // (A run's faults are few: at most one a disk request; kept to report them.)
+  const uint64_t ordinal = faults_drawn_count_++;
+  const bool suppressed =
+      std::find(faults_.suppressed.begin(), faults_.suppressed.end(), ordinal) != faults_.suppressed.end();
+  if (faults_drawn_.size() < kFaultsKept) {
+    faults_drawn_.push_back(FaultDrawn{ordinal, suppressed, disk, write, sector, where_ ? where_() : Position{}});
+  }
+  if (suppressed) return {};
   ++faults_injected_;
   return f;
 }

@@ -42,6 +42,7 @@ struct ScheduleConfig {
   uint32_t pause_limit = 0;  // PAUSEs a slice may execute: each slice draws from [1, pause_limit]
   uint32_t depth = 0;          // "pct": the bug depth d it aims at (d - 1 priority change points)
   uint64_t change_window = 0;  // "pct": the change points are drawn from the first k scheduling events
+  uint64_t dropped_change_points = 0;  // "pct": bit i leaves out the i-th change point (deja explore --minimize)
   bool operator==(const ScheduleConfig&) const = default;
 };
 // The defaults: a quantum of 200,000 instructions (0.2 ms of the guest's clock per slice), 32 guest exits in

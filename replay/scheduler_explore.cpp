@@ -21,7 +21,10 @@ class PctScheduler : public Scheduler {
   explicit PctScheduler(const ScheduleConfig& config) : config_(config), random_(config.seed) {
     // Random priorities, all at least d, distinct but for a 2^-48 chance (a tie goes to the lower index).
     for (uint64_t& p : priorities_) p = config.depth + (random_.next() >> 16);
-    for (uint32_t i = 1; i < config.depth; ++i) change_points_.push_back(1 + random_.below(config.change_window));
+    for (uint32_t i = 1; i < config.depth; ++i) {
+      const uint64_t at = 1 + random_.below(config.change_window);  // (drawn even when left out: the others stay)
+      change_points_.push_back(i - 1 < 64 && (config.dropped_change_points >> (i - 1) & 1) ? 0 : at);
+    }
   }
 
   const ScheduleConfig& config() const override { return config_; }
@@ -29,7 +32,7 @@ class PctScheduler : public Scheduler {
   void event(uint32_t current, ScheduleEvent) override {
     ++events_;
     for (size_t i = 0; i < change_points_.size(); ++i) {
-      if (change_points_[i] == events_ && current < priorities_.size()) {
+      if (change_points_[i] != 0 && change_points_[i] == events_ && current < priorities_.size()) {
         priorities_[current] = config_.depth - 1 - i;  // below every starting priority, each lower
         preempting_ = true;
       }

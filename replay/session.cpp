@@ -358,7 +358,7 @@ Result<> Session::deliver_interrupts() {
   }
   uint8_t vector = interrupts.acknowledge();
   engine_.interrupt(vector, position());
-  schedule_event(ScheduleEvent::kInterrupt);
+  if (scheduler_) schedule_event(ScheduleEvent::kInterrupt, position().at.rip);
   cpu.request_interrupt_window(false);
   now().last_exit_kind = ExitKind::kKicked;  // one injection per exit
   now().halted = false;
@@ -494,10 +494,10 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
     case ExitKind::kIoOut:
     case ExitKind::kMmioRead:
     case ExitKind::kMmioWrite:
-      schedule_event(ScheduleEvent::kDeviceAccess);
+      schedule_event(ScheduleEvent::kDeviceAccess, exit.rip);
       break;
     case ExitKind::kPause:
-      schedule_event(ScheduleEvent::kPause);
+      schedule_event(ScheduleEvent::kPause, exit.rip);
       break;
     default:
       break;
@@ -780,9 +780,14 @@ Result<std::optional<Outcome>> Session::schedule() {
   return std::nullopt;
 }
 
-void Session::schedule_event(ScheduleEvent event) {
+void Session::schedule_event(ScheduleEvent event, uint64_t rip) {
   ++schedule_events_;
-  if (scheduler_) scheduler_->event(current_, event);
+  if (!scheduler_) return;
+  const bool was_preempting = scheduler_->preempting();
+  scheduler_->event(current_, event);
+  if (!was_preempting && scheduler_->preempting() && preemptions_.size() < 4096) {
+    preemptions_.push_back(Preemption{current_, rip, schedule_events_});
+  }
 }
 
 std::optional<Outcome> Session::limit_reached() {

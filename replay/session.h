@@ -180,6 +180,13 @@ class Session {
   static constexpr std::string_view kHangReason = "hang: ", kLimitReason = "limit: ";
   // Scheduling-relevant events so far (PAUSEs, device accesses, interrupts: what a PCT schedule counts).
   uint64_t schedule_events() const { return schedule_events_; }
+  // Where the schedule's policy preempted a vCPU at a scheduling event (PCT's change points; the first 4096).
+  struct Preemption {
+    uint32_t vcpu = 0;
+    uint64_t rip = 0;
+    uint64_t event = 0;  // its number among the scheduling events, from 1
+  };
+  const std::vector<Preemption>& preemptions() const { return preemptions_; }
 
   // Progress lines (tools/progress_line.h): the run loop calls `hook` at most every 100 ms of host time.
   void set_progress_hook(std::function<void()> hook) { progress_hook_ = std::move(hook); }
@@ -228,7 +235,7 @@ class Session {
   // Run / record with limits: the Outcome the run ends with here, if a limit is reached.
   std::optional<Outcome> limit_reached();
   // Several vCPUs: a scheduling-relevant event on the running vCPU, which a policy may preempt it at.
-  void schedule_event(ScheduleEvent event);
+  void schedule_event(ScheduleEvent event, uint64_t rip);
   Result<std::optional<Outcome>> wait_for_wake();
   void maybe_digest();
   void start_kicker();
@@ -291,6 +298,7 @@ class Session {
   uint64_t slice_end_ = 0;
   uint32_t pauses_left_ = 0;
   uint64_t schedule_events_ = 0;
+  std::vector<Preemption> preemptions_;
   std::optional<RunLimits> limits_;
   uint64_t limit_serial_seen_ = 0, limit_progress_step_ = 0;
   std::vector<uint64_t> saved_branches_;  // decode_loop_state(): each vCPU's branch count, for its counter

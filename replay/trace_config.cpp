@@ -74,12 +74,14 @@ trace::Header to_header(const TraceConfig& t) {
     sc->set_pause_limit(t.schedule->pause_limit);
     sc->set_depth(t.schedule->depth);
     sc->set_change_window(t.schedule->change_window);
+    sc->set_dropped_change_points(t.schedule->dropped_change_points);
   }
   if (t.faults) {
     auto* f = c->mutable_faults();
     f->set_seed(t.faults->seed);
     f->set_disk_eio_ppm(t.faults->disk_eio_ppm);
     f->set_disk_torn_ppm(t.faults->disk_torn_ppm);
+    for (uint64_t n : t.faults->suppressed) f->add_suppressed(n);
   }
   c->set_memory_bytes(t.memory_bytes);
   c->set_cmdline(t.cmdline);
@@ -167,6 +169,7 @@ Result<TraceConfig> from_header(const trace::Header& h) {
     schedule.pause_limit = sc.pause_limit();
     schedule.depth = sc.depth();
     schedule.change_window = sc.change_window();
+    schedule.dropped_change_points = sc.dropped_change_points();
     if (auto usable = make_scheduler(schedule); !usable) return fail(ErrorKind::kBadTrace, "{}", usable.error().message);
     t.schedule = schedule;
   }
@@ -175,7 +178,9 @@ Result<TraceConfig> from_header(const trace::Header& h) {
     if (f.disk_eio_ppm() > 1'000'000 || f.disk_torn_ppm() > 1'000'000) {
       return fail(ErrorKind::kBadTrace, "its fault rates are above one in one");
     }
-    t.faults = FaultPlan{f.seed(), f.disk_eio_ppm(), f.disk_torn_ppm()};
+    if (f.suppressed_size() > 1'000'000) return fail(ErrorKind::kBadTrace, "it suppresses too many faults");
+    t.faults = FaultPlan{f.seed(), f.disk_eio_ppm(), f.disk_torn_ppm(),
+                         std::vector<uint64_t>(f.suppressed().begin(), f.suppressed().end())};
   }
   if ((t.vcpus > 1) != t.schedule.has_value()) {
     return fail(ErrorKind::kBadTrace, "it has {} vCPUs and {} schedule", t.vcpus, t.schedule ? "a" : "no");

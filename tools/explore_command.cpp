@@ -13,6 +13,8 @@
 #include "core/messages.h"
 #include "explore/campaign.h"
 #include "explore/predicates.h"
+#include "explore/symbols.h"
+#include "logging/trace_reader.h"
 #include "logging/output_file.h"
 #include "segments/executor.h"
 #include "segments/manifest.h"
@@ -46,6 +48,9 @@ struct ExploreArgs {
   uint32_t shards = 0;
   std::string workdir;
   std::string executor = "local";
+  // --minimize TRACE: the fewest perturbations of a failing run that still fail.
+  std::string minimize;
+  std::string symbols;
 };
 
 // What every seed of the campaign shares, resolved once.
@@ -60,6 +65,11 @@ struct Campaign {
   uint64_t max_timer_delay_ns = 0;
   FaultPlan faults;  // (its seed is each run's)
   uint64_t max_instructions = 0;
+  std::vector<std::string> args;  // the campaign's own arguments, recorded in each trace (Header.exploration)
+  std::string file_prefix = "seed-";
+  // --minimize: the perturbations taken away.
+  uint64_t dropped_change_points = 0;
+  std::vector<uint64_t> suppressed_faults;
 };
 
 Result<uint64_t> parse_duration_ns(const std::string& text) {
@@ -141,6 +151,7 @@ ScheduleConfig schedule_for(const Campaign& c, uint64_t seed) {
   if (c.policy == "pct") {
     s.depth = c.depth;
     s.change_window = c.change_window;
+    s.dropped_change_points = c.dropped_change_points;
     s.quantum = c.quantum.value_or(1'000'000);  // a vCPU runs until it blocks, spins or a change point: re-decided
   } else {
     s.quantum = c.quantum.value_or(10'000);     // random: short slices, uniform in [1, 2 quantum]
@@ -149,7 +160,7 @@ ScheduleConfig schedule_for(const Campaign& c, uint64_t seed) {
 }
 
 std::string seed_file(const Campaign& c, uint64_t seed, const char* suffix) {
-  return fmt::format("{}/seed-{}{}", c.directory, seed, suffix);
+  return fmt::format("{}/{}{}{}", c.directory, c.file_prefix, seed, suffix);
 }
 
 // One seed's run, in its own process: a recording whose inputs all come from the seed. Its messages go to
@@ -172,6 +183,9 @@ SeedResult run_seed(const Campaign& c, uint64_t seed) {
   recording.max_timer_delay_ns = c.max_timer_delay_ns;
   recording.faults = c.faults;
   recording.faults.seed = seed;
+  recording.faults.suppressed = c.suppressed_faults;
+  for (const std::string& arg : c.args) recording.provenance.add_args(arg);
+  recording.provenance.set_seed(seed);
   recording.limits.max_steps = c.max_instructions;
   recording.limits.hang_steps = explore::hang_instructions(c.predicates);
   if (recording.limits.hang_steps) recording.limits.max_idle_ns = 10'000'000'000;  // 10 s of guest time asleep
@@ -196,6 +210,7 @@ SeedResult run_seed(const Campaign& c, uint64_t seed) {
   result.instructions = recording.instructions;
   result.schedule_events = recording.schedule_events;
   result.faults = recording.faults_injected;
+  result.perturbations = recording.perturbations;
   explore::RunEnd end;
   end.guest_exit = o.guest_exit;
   end.status = o.status;
@@ -265,9 +280,34 @@ Result<Campaign> resolve(ExploreArgs& a) {
   return c;
 }
 
+// The campaign's arguments without those that choose seeds, jobs, outputs and shards (`with_values` take one value):
+// what each shard runs, and what a trace records of its campaign.
+std::vector<std::string> without_options(const std::vector<std::string>& args, std::initializer_list<const char*> with_values,
+                                         std::initializer_list<const char*> flags = {}) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& s = args[i];
+    auto named = [&s](const char* name) { return s == name || s.starts_with(std::string(name) + "="); };
+    if (std::any_of(flags.begin(), flags.end(), named)) continue;
+    const auto valued = std::find_if(with_values.begin(), with_values.end(), named);
+    if (valued != with_values.end()) {
+      if (s == *valued) ++i;  // "--name value" (not "--name=value")
+      continue;
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<std::string> campaign_arguments(const std::vector<std::string>& args) {
+  return without_options(args, {"--seeds", "--seed", "-o", "--output", "-j", "--jobs", "--shard", "--shards", "--workdir",
+                                "--executor", "--minimize", "--symbols"},
+                         {"--json", "--progress-json", "--quiet"});
+}
+
 // Runs the campaign's seeds (its shard's, with --shard); each result goes to `records` as a JSON line when given,
 // else to the output. Returns the exit status: 0 nothing found, kFound a run failed, else an error's.
-int run_campaign(ExploreArgs& a, std::vector<std::string>* records) {
+int run_campaign(ExploreArgs& a, const std::vector<std::string>& args, std::vector<std::string>* records) {
   if (a.seed && !a.seeds.empty()) return report_error({ErrorKind::kInvalidArgument, "give --seed or --seeds, not both"});
   if (!a.seed && a.seeds.empty()) return report_error({ErrorKind::kInvalidArgument, "give --seeds A..B or --seed S"});
   auto range = explore::parse_seed_range(a.seed ? std::to_string(*a.seed) : a.seeds);
@@ -280,6 +320,7 @@ int run_campaign(ExploreArgs& a, std::vector<std::string>* records) {
   }
   auto campaign = resolve(a);
   if (!campaign) return report_error(campaign.error());
+  campaign->args = campaign_arguments(args);
   const std::vector<uint64_t> seeds = explore::shard_seeds(*range, shard);
 
   ProgressLine line("explore", a.display);
@@ -345,6 +386,11 @@ void add_explore_options(CLI::App* cmd, ExploreArgs& a) {
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 50));
   cmd->add_flag("--json", a.json, "a JSON line per seed and a last one with the summary, on standard output");
   add_progress_display_options(cmd, a.display);
+  cmd->add_option("--minimize", a.minimize,
+                  "a failing run's trace (kept by deja explore): run it again taking away its perturbations one by one "
+                  "(timer jitter, PCT change points, faults), keep what it still fails without, report the critical "
+                  "events and write the minimized trace into -o DIR");
+  cmd->add_option("--symbols", a.symbols, "with --minimize: an ELF or System.map naming the critical events' RIPs");
   cmd->add_option("--shard", a.shard, "run only shard I of N of the seeds (every N-th from the I-th): I/N");
   cmd->add_option("--shards", a.shards,
                   "split the campaign into N shards run by an executor (--executor) through a job's manifest in "
@@ -355,29 +401,10 @@ void add_explore_options(CLI::App* cmd, ExploreArgs& a) {
       ->check(CLI::IsMember({"local", "slurm"}));
 }
 
-// The campaign's arguments without the options that split it (what each shard runs).
-std::vector<std::string> shard_arguments(const std::vector<std::string>& args) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& s = args[i];
-    bool with_value = false;
-    for (const char* name : {"--shards", "--workdir", "--executor", "-j", "--jobs", "--shard"}) {
-      if (s == name) with_value = true;
-      if (s.starts_with(std::string(name) + "=")) goto skip;
-    }
-    if (with_value) {
-      ++i;
-      continue;
-    }
-    out.push_back(s);
-  skip:;
-  }
-  return out;
-}
-
 int run_sharded(const ExploreArgs& a) {
   if (a.workdir.empty()) return report_error({ErrorKind::kInvalidArgument, "--shards needs --workdir DIR"});
-  const std::vector<std::string> args = shard_arguments(command_line_arguments());
+  const std::vector<std::string> args =
+      without_options(command_line_arguments(), {"--shards", "--workdir", "--executor", "-j", "--jobs", "--shard"});
   auto manifest = plan_shards("explore", args, a.shards, a.workdir);
   if (!manifest) return report_error(manifest.error());
   auto path = write_manifest(*manifest);
@@ -396,6 +423,117 @@ int run_sharded(const ExploreArgs& a) {
   return print_merge(merge_results(*loaded), *loaded, a.json);
 }
 
+// --minimize TRACE: the failing run again, from the campaign and seed its header records, taking away one perturbation
+// at a time (timer jitter, each PCT change point, each injected fault) and keeping it away when the run still fails:
+// what is left is needed for the failure (greedy, one pass: one-minimal for perturbations that act alone).
+int run_minimize(const ExploreArgs& given) {
+  if (given.directory.empty()) return report_error({ErrorKind::kInvalidArgument, "--minimize needs -o DIR"});
+  auto reader = TraceReader::open(given.minimize);
+  if (!reader) return report_error(reader.error());
+  const trace::Header& header = (*reader)->header();
+  if (!header.has_exploration()) {
+    return report_error({ErrorKind::kInvalidArgument,
+                         fmt::format("{} was not recorded by deja explore (its header names no campaign)", given.minimize)});
+  }
+  std::optional<explore::Symbols> symbols;
+  if (!given.symbols.empty()) {
+    auto loaded = explore::Symbols::load(given.symbols);
+    if (!loaded) return report_error(loaded.error());
+    symbols = std::move(*loaded);
+  }
+  const uint64_t seed = header.exploration().seed();
+  const std::vector<std::string> args(header.exploration().args().begin(), header.exploration().args().end());
+  CLI::App app;
+  ExploreArgs a;
+  add_explore_options(&app, a);
+  try {
+    app.parse(std::vector<std::string>(args.rbegin(), args.rend()));
+  } catch (const CLI::ParseError& e) {
+    return report_error({ErrorKind::kBadTrace, fmt::format("{}: its campaign's arguments: {}", given.minimize, e.what())});
+  }
+  a.directory = given.directory;
+  auto campaign = resolve(a);
+  if (!campaign) return report_error(campaign.error());
+  Campaign& c = *campaign;
+  c.args = args;
+  if (header.config().has_faults()) {
+    c.suppressed_faults.assign(header.config().faults().suppressed().begin(), header.config().faults().suppressed().end());
+  }
+  if (header.config().has_schedule()) c.dropped_change_points = header.config().schedule().dropped_change_points();
+
+  unsigned attempt = 0;
+  auto try_run = [&](const Campaign& variant) {
+    Campaign v = variant;
+    v.file_prefix = fmt::format("minimize-{}-seed-", attempt++);
+    std::vector<SeedResult> r = explore::run_seeds({seed}, 1, [&v](uint64_t s) { return run_seed(v, s); },
+                                                   [](const SeedResult&) {});
+    return r.front();
+  };
+  SeedResult last = try_run(c);
+  if (!last.failed()) {
+    return report_error({ErrorKind::kInvalidArgument,
+                         fmt::format("seed {} does not fail again ({}): another deja build or guest image?", seed,
+                                     last.reason)});
+  }
+  struct Step {
+    std::string what;
+    std::function<void(Campaign&)> take_away;
+  };
+  std::vector<Step> steps;
+  if (c.max_timer_delay_ns) steps.push_back({"timer jitter", [](Campaign& v) { v.max_timer_delay_ns = 0; }});
+  if (c.policy == "pct") {
+    for (uint32_t i = 0; i + 1 < c.depth && i < 64; ++i) {
+      if (!(c.dropped_change_points >> i & 1)) {
+        steps.push_back({fmt::format("change point {}", i), [i](Campaign& v) { v.dropped_change_points |= uint64_t{1} << i; }});
+      }
+    }
+  }
+  for (const explore::Perturbation& p : last.perturbations) {
+    if (p.kind != "fault") continue;
+    steps.push_back({fmt::format("fault {} ({})", p.index, p.detail),
+                     [n = p.index](Campaign& v) { v.suppressed_faults.push_back(n); }});
+  }
+  std::vector<std::string> previous_files{last.trace};
+  unsigned removed = 0;
+  for (const Step& step : steps) {
+    Campaign variant = c;
+    step.take_away(variant);
+    SeedResult r = try_run(variant);
+    say("without {}: {}", step.what, r.failed() ? "still fails (taken away)" : "passes (" + r.outcome_class() + ": needed)");
+    if (!r.failed()) continue;
+    c = variant;
+    previous_files.push_back(r.trace);
+    last = r;
+    ++removed;
+  }
+  // Keep the last failing run as the minimized trace; drop the failing attempts before it.
+  const std::string minimized = fmt::format("{}/minimized-seed-{}.trace", c.directory, seed);
+  std::error_code ec;
+  for (const std::string& trace : previous_files) {
+    if (trace == last.trace) continue;
+    for (const char* suffix : {".trace", ".serial", ".log"}) {
+      std::filesystem::remove(trace.substr(0, trace.size() - 6) + suffix, ec);
+    }
+  }
+  const std::string base = last.trace.substr(0, last.trace.size() - 6);
+  std::filesystem::rename(last.trace, minimized, ec);
+  if (ec) return report_error({ErrorKind::kHost, fmt::format("cannot rename {} to {}: {}", last.trace, minimized, ec.message())});
+  for (const char* suffix : {".serial", ".log"}) {
+    std::filesystem::rename(base + suffix, minimized.substr(0, minimized.size() - 6) + suffix, ec);
+  }
+  std::printf("seed %llu: %u of %zu perturbations taken away, still %s\n", (unsigned long long)seed, removed,
+              steps.size(), last.outcome_class().c_str());
+  std::printf("critical events:\n");
+  for (const explore::Perturbation& p : last.perturbations) {
+    const std::string symbol = symbols ? symbols->describe(p.rip) : std::string();
+    std::printf("  %s %llu: vCPU %u rip %#llx%s (%s)\n", p.kind.c_str(), (unsigned long long)p.index, p.vcpu,
+                (unsigned long long)p.rip, symbol.empty() ? "" : (" " + symbol).c_str(), p.detail.c_str());
+  }
+  if (last.perturbations.empty()) std::printf("  none: the seed's schedule and inputs fail without any\n");
+  std::printf("minimized trace: %s\n", minimized.c_str());
+  return exit_status::kFound;
+}
+
 // The campaign as shards of a job (segments/tasks.h): each shard runs its seeds; the merge sums them up.
 class ExploreShardTask : public ShardTask {
  public:
@@ -412,7 +550,7 @@ class ExploreShardTask : public ShardTask {
     }
     a.shard = fmt::format("{}/{}", index, count);
     a.display.quiet = true;
-    return run_campaign(a, &records);
+    return run_campaign(a, std::vector<std::string>(args.begin(), args.end()), &records);
   }
 
   int merge(std::span<const std::string>, const std::vector<std::vector<std::string>>& records) override {
@@ -440,7 +578,10 @@ Subcommand add_explore_command(CLI::App& app) {
                                  "run a guest under many seeds (vCPU schedules, timer jitter) and keep the trace of "
                                  "every run that fails (docs/explore.md)");
   add_explore_options(cmd, *a);
-  return {cmd, [a] { return a->shards ? run_sharded(*a) : run_campaign(*a, nullptr); }};
+  return {cmd, [a] {
+            if (!a->minimize.empty()) return run_minimize(*a);
+            return a->shards ? run_sharded(*a) : run_campaign(*a, command_line_arguments(), nullptr);
+          }};
 }
 
 }  // namespace deja

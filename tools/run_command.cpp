@@ -514,6 +514,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
                                           std::string(config.nic_macs[i].begin(), config.nic_macs[i].end())});
     }
     trace::Header header = to_header(recorded);
+    if (seeded) *header.mutable_exploration() = seeded->provenance;
     if (options.signing_key) {
       header.mutable_signer()->set_key_id(options.signing_key->id());
       header.mutable_signer()->set_public_key(options.signing_key->public_key().der());
@@ -564,6 +565,17 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     seeded->digest = session.final_cpu_ram_digest().hex();
     seeded->schedule_events = session.schedule_events();
     seeded->faults_injected = session.engine().faults_injected();
+    const auto& preemptions = session.preemptions();
+    for (size_t i = 0; i < preemptions.size(); ++i) {
+      seeded->perturbations.push_back(explore::Perturbation{"change-point", i, preemptions[i].vcpu, preemptions[i].rip,
+                                                            fmt::format("scheduling event {}", preemptions[i].event)});
+    }
+    for (const Engine::FaultDrawn& f : session.engine().faults_drawn()) {
+      if (f.suppressed) continue;
+      seeded->perturbations.push_back(explore::Perturbation{
+          "fault", f.ordinal, f.where.at.vcpu, f.where.at.rip,
+          fmt::format("disk {} {} sector {}", f.disk, f.write ? "write" : "read", f.sector)});
+    }
     for (uint32_t v = 0; v < config.vcpus; ++v) seeded->instructions += session.vcpu_counts(v).instructions;
   }
   finish_outcome_message(*outcome);

@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "explore/campaign.h"
 #include "logging/signing.h"
 #include "logging/trace_writer.h"
 #include "replay/scheduler.h"
@@ -71,6 +72,8 @@ struct SeededRecording {
   std::optional<Outcome> outcome;
   std::string digest;  // the final CPU and RAM digest (`--digest`)
   uint64_t instructions = 0, schedule_events = 0, faults_injected = 0;
+  std::vector<explore::Perturbation> perturbations;
+  trace::Exploration provenance;  // into the trace header
 };
 
 // What a run or a recording needs, resolved from the options.

@@ -95,6 +95,17 @@ def race(args, tmp):
     if ins.returncode != 0 or "pct" not in ins.stdout.decode(errors="replace"):
         sys.exit(f"FAIL: inspect of the failing trace:\n{show(ins)}")
     print(f"ok: PCT found the race at seed {first} ({summary['failures']} of 300), the trace replays")
+    mini = os.path.join(tmp, "minimized")
+    m = run([args.deja, "explore", "--minimize", trace, "-o", mini, "--symbols",
+             os.path.join(args.guests, "explore-race.elf64")])
+    text = m.stdout.decode(errors="replace")
+    minimized = os.path.join(mini, f"minimized-seed-{first}.trace")
+    if m.returncode != FOUND or "change-point 0: vCPU" not in text or "guest_main" not in text or \
+            "1 of 2 perturbations taken away" not in text or not os.path.exists(minimized):
+        sys.exit(f"FAIL: minimization of seed {first}:\n{show(m)}")
+    check_replay(args, minimized, 12)
+    print("ok: minimized to the one change point (timer jitter taken away):",
+          [l.strip() for l in text.splitlines() if "change-point" in l][0])
     none = explore(args, os.path.join(tmp, "race-none"), "--seeds", "0..19", "-j", "2", "--schedule", "none",
                    "--timer-jitter", "0", "--until", "serial:BUG", guest="explore-race")
     if none.returncode != 0:
