@@ -127,7 +127,12 @@ Result<> parse_schedule(const std::string& text, Campaign& c) {
     c.policy = "pct";
     std::string rest = text.substr(3);
     unsigned long long depth = 2, window = c.change_window;
-    if (rest.empty() || std::sscanf(rest.c_str(), ":%llu:%llu", &depth, &window) >= 1) {
+    int used = 0;
+    const bool parsed = rest.empty() ||
+                        (std::sscanf(rest.c_str(), ":%llu%n", &depth, &used) == 1 && size_t(used) == rest.size()) ||
+                        (std::sscanf(rest.c_str(), ":%llu:%llu%n", &depth, &window, &used) == 2 &&
+                         size_t(used) == rest.size());
+    if (parsed) {
       if (depth >= 1 && depth <= 64 && window >= 1 && window <= (1ull << 40)) {
         c.depth = uint32_t(depth);
         c.change_window = window;
@@ -188,7 +193,9 @@ SeedResult run_seed(const Campaign& c, uint64_t seed) {
   recording.provenance.set_seed(seed);
   recording.limits.max_steps = c.max_instructions;
   recording.limits.hang_steps = explore::hang_instructions(c.predicates);
-  if (recording.limits.hang_steps) recording.limits.max_idle_ns = 10'000'000'000;  // 10 s of guest time asleep
+  // Asleep in HLT for 10 s of guest time with nothing to wake it (a timer that fires into a masked line): a hang, and
+  // the end of the run either way (a simulated host's waits cost no host time, so nothing else would end it).
+  recording.limits.max_idle_ns = 10'000'000'000;
   recording.serial_tap = [&watch](std::span<const uint8_t> bytes) { watch.feed(bytes); };
   recording.limits.stop = [&watch]() { return watch.matched(); };
   SessionOptions options = c.session;

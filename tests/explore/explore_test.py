@@ -144,27 +144,34 @@ def shards(args, tmp):
 
 def linux_disk_eio(args, tmp):
     """The bundled Linux guest reads its disk under injected I/O errors: the kernel logs them and the run replays."""
-    out = os.path.join(tmp, "linux")
     disk = os.path.join(args.linux, "disk.img")
-    p = run([args.deja, "explore", "--linux", "--append", "deja.script=disk-read", "--disk", disk, "--faults",
-             "disk-eio:2%", "--seed", "1", "--until", "serial:disk-read: done", "-o", out, "--json"])
-    seeds, _ = results(p)
-    serial = open(os.path.join(out, "seed-1.serial"), errors="replace").read() if seeds else ""
-    if p.returncode != FOUND or seeds[0]["faults"] < 1 or "I/O error, dev vda" not in serial:
-        sys.exit(f"FAIL: an injected disk I/O error should reach the Linux guest:\n{serial}\n{show(p)}")
-    check_replay(args, seeds[0]["trace"], 12)
-    again = run([args.deja, "explore", "--linux", "--append", "deja.script=disk-read", "--disk", disk, "--faults",
-                 "disk-eio:2%", "--seed", "1", "--until", "serial:disk-read: done", "-o", out + "-again", "--json"])
-    if not filecmp.cmp(seeds[0]["trace"], os.path.join(out + "-again", "seed-1.trace"), shallow=False):
-        sys.exit("FAIL: the Linux run with faults gave another trace the second time")
-    print(f"ok: {seeds[0]['faults']} injected disk errors seen by Linux (dmesg: I/O error, dev vda), replayed exactly")
+
+    def campaign(out, seeds):
+        return run([args.deja, "explore", "--linux", "--append", "deja.script=disk-read", "--disk", disk, "--faults",
+                    "disk-eio:5%", "--seeds", seeds, "--until", "serial:I/O error, dev vda", "-o", out, "--json"])
+
+    out = os.path.join(tmp, "linux")
+    p = campaign(out, "1..4")
+    seeds, summary = results(p)
+    failing = [s for s in seeds if s["failed"]]
+    if p.returncode != FOUND or not failing or failing[0]["faults"] < 1:
+        sys.exit(f"FAIL: an injected disk I/O error should reach the Linux guest in 4 seeds:\n{show(p)}")
+    first = failing[0]
+    check_replay(args, first["trace"], 12)
+    again = campaign(out + "-again", str(first["seed"]))
+    if again.returncode != FOUND or not filecmp.cmp(first["trace"], os.path.join(out + "-again", f"seed-{first['seed']}.trace"),
+                                                    shallow=False):
+        sys.exit(f"FAIL: the Linux run with faults gave another trace the second time:\n{show(again)}")
+    print(f"ok: seed {first['seed']}: {first['faults']} injected disk errors seen by Linux (I/O error, dev vda), "
+          f"replayed exactly, the same bytes twice; {summary['failures']} of 4 seeds")
 
 
 def refusals(args, tmp):
     image = os.path.join(args.guests, "smp-counter.elf")
     for extra in (["--seeds", "5..1", "--until", "hang"], ["--seed", "1"], ["--seed", "1", "--until", "bogus:1"],
                   ["--seed", "1", "--until", "serial:("], ["--seed", "1", "--until", "hang", "--backend", "kvm"],
-                  ["--seed", "1", "--until", "hang", "--schedule", "pct:0"]):
+                  ["--seed", "1", "--until", "hang", "--schedule", "pct:0"],
+                  ["--seed", "1", "--until", "hang", "--schedule", "pct:2:x"], ["--seed", "1", "--until", "hang", "--faults", "disk-eio:2%"]):
         p = run([args.deja, "explore", "-o", os.path.join(tmp, "bad"), *extra, image])
         if p.returncode != 2 or b"deja:" not in p.stderr:
             sys.exit(f"FAIL: {extra} should be refused with status 2:\n{show(p)}")
