@@ -21,12 +21,25 @@ ScheduleConfig default_schedule(SliceUnit unit, uint64_t seed) {
   return c;
 }
 
+std::vector<uint8_t> GeneratorScheduler::save() const {
+  StateWriter w(tag_, 1);
+  w.u64(random_.state());
+  return w.take();
+}
+
+Result<> GeneratorScheduler::restore(std::span<const uint8_t> state) {
+  StateReader r(state, tag_, 1);
+  const uint64_t s = r.u64();
+  if (auto done = r.finish(); !done) return done;
+  random_.set_state(s);
+  return {};
+}
+
 namespace {
 
-class QuantumScheduler : public Scheduler {
+class QuantumScheduler : public GeneratorScheduler {
  public:
-  explicit QuantumScheduler(const ScheduleConfig& config) : config_(config), random_(config.seed) {}
-  const ScheduleConfig& config() const override { return config_; }
+  explicit QuantumScheduler(const ScheduleConfig& config) : GeneratorScheduler(config, "SCHD") {}
 
   uint32_t next(uint32_t current, SwitchPoint, std::span<const bool> runnable) override {
     const uint32_t n = uint32_t(runnable.size());
@@ -43,23 +56,6 @@ class QuantumScheduler : public Scheduler {
     t.pauses = uint32_t(1 + random_.below(config_.pause_limit));
     return t;
   }
-
-  std::vector<uint8_t> save() const override {
-    StateWriter w("SCHD", 1);
-    w.u64(random_.state());
-    return w.take();
-  }
-  Result<> restore(std::span<const uint8_t> state) override {
-    StateReader r(state, "SCHD", 1);
-    const uint64_t s = r.u64();
-    if (auto done = r.finish(); !done) return done;
-    random_.set_state(s);
-    return {};
-  }
-
- private:
-  ScheduleConfig config_;
-  SplitMix64 random_;
 };
 
 }  // namespace

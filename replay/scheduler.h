@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/seeded_random.h"
 
 namespace deja {
 
@@ -74,6 +75,22 @@ class Scheduler {
   // The policy's state (a checkpoint's part).
   virtual std::vector<uint8_t> save() const = 0;
   virtual Result<> restore(std::span<const uint8_t> state) = 0;
+};
+
+// A policy whose whole state is its generator (seeded with the schedule's seed), saved under `tag`.
+class GeneratorScheduler : public Scheduler {
+ public:
+  GeneratorScheduler(const ScheduleConfig& config, const char* tag) : config_(config), random_(config.seed), tag_(tag) {}
+  const ScheduleConfig& config() const override { return config_; }
+  std::vector<uint8_t> save() const override;
+  Result<> restore(std::span<const uint8_t> state) override;
+
+ protected:
+  ScheduleConfig config_;
+  SplitMix64 random_;
+
+ private:
+  const char* tag_;
 };
 
 // The policies, by ScheduleConfig::policy:

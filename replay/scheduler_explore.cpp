@@ -94,10 +94,9 @@ class PctScheduler : public Scheduler {
 
 // Uniformly random: each slice's length is uniform in [1, 2 quantum] and its PAUSEs in [1, pause_limit], and the vCPU
 // to run next is drawn uniformly from the runnable ones (after PAUSEs, from the others).
-class RandomScheduler : public Scheduler {
+class RandomScheduler : public GeneratorScheduler {
  public:
-  explicit RandomScheduler(const ScheduleConfig& config) : config_(config), random_(config.seed) {}
-  const ScheduleConfig& config() const override { return config_; }
+  explicit RandomScheduler(const ScheduleConfig& config) : GeneratorScheduler(config, "RNDS") {}
 
   uint32_t next(uint32_t current, SwitchPoint why, std::span<const bool> runnable) override {
     std::vector<uint32_t> choices;
@@ -109,22 +108,6 @@ class RandomScheduler : public Scheduler {
   Slice slice(uint32_t) override {
     return Slice{1 + random_.below(2 * config_.quantum), uint32_t(1 + random_.below(config_.pause_limit))};
   }
-  std::vector<uint8_t> save() const override {
-    StateWriter w("RNDS", 1);
-    w.u64(random_.state());
-    return w.take();
-  }
-  Result<> restore(std::span<const uint8_t> state) override {
-    StateReader r(state, "RNDS", 1);
-    const uint64_t s = r.u64();
-    if (auto done = r.finish(); !done) return done;
-    random_.set_state(s);
-    return {};
-  }
-
- private:
-  ScheduleConfig config_;
-  SplitMix64 random_;
 };
 
 }  // namespace

@@ -91,6 +91,9 @@ def race(args, tmp):
     if not os.path.exists(trace):
         sys.exit(f"FAIL: the failing seed's trace {trace} is missing")
     check_replay(args, trace, 12)  # (stopped where the serial predicate matched: a recorded End)
+    q = run([args.deja, "query", trace, "--at", "end", "--regs", "--cpu", "1"])
+    if q.returncode != 0 or b"rip" not in q.stdout.lower():
+        sys.exit(f"FAIL: query of the failing trace:\n{show(q)}")
     ins = run([args.deja, "inspect", trace])
     if ins.returncode != 0 or "pct" not in ins.stdout.decode(errors="replace"):
         sys.exit(f"FAIL: inspect of the failing trace:\n{show(ins)}")
