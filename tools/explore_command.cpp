@@ -276,6 +276,12 @@ Result<Campaign> resolve(ExploreArgs& a) {
   auto session = to_session(a.run);
   if (!session) return std::unexpected(session.error());
   c.session = std::move(*session);
+  // What every run reads, checked once here rather than failing in every seed's process.
+  for (const std::string& input : {c.session.image_path, c.session.load.initrd_path}) {
+    if (!input.empty() && ::access(input.c_str(), R_OK) != 0) {
+      return fail(ErrorKind::kInvalidArgument, "{}: cannot read it ({})", input, strerror(errno));
+    }
+  }
   if (a.directory.empty()) return fail(ErrorKind::kInvalidArgument, "give the directory for failing runs' traces: -o DIR");
   struct stat st{};
   if (::lstat(a.directory.c_str(), &st) == 0) {

@@ -178,6 +178,10 @@ def refusals(args, tmp):
         p = run([args.deja, "explore", "-o", os.path.join(tmp, "bad"), *extra, image])
         if p.returncode != 2 or b"deja:" not in p.stderr:
             sys.exit(f"FAIL: {extra} should be refused with status 2:\n{show(p)}")
+    p = run([args.deja, "explore", "-o", os.path.join(tmp, "bad"), "--seeds", "1..100", "--until", "hang",
+             os.path.join(tmp, "nonexistent.elf")])
+    if p.returncode != 2 or b"cannot read it" not in p.stderr:
+        sys.exit(f"FAIL: a missing image should be refused once, before any run:\n{show(p)}")
     print("ok: bad options refused")
 
 
