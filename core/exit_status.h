@@ -10,6 +10,7 @@ constexpr int kDivergence = 6;     // replay diverged from the recording
 constexpr int kTraceEnded = 8;     // replay ran out of trace (truncated recording) or hit a corrupt chunk
 constexpr int kHostFailure = 10;   // a host facility failed (KVM ioctl, file write, ...)
 constexpr int kInterrupted = 12;   // stopped by SIGINT/SIGTERM (the recording is finished properly)
+constexpr int kFound = 14;         // deja explore: a run met an --until predicate (its trace is kept)
 
 // The status an error of this kind ends deja with.
 constexpr int of(ErrorKind kind) {

@@ -27,4 +27,19 @@ class BlockStore {
   virtual Result<> restore(std::span<const uint8_t> state) = 0;
 };
 
+// What a request suffers, as exploration's fault plan decides it (docs/explore.md): nothing, an I/O error, or (a
+// write) a torn write: its first `kept_sectors` reach the disk and the guest gets an I/O error.
+struct BlockFault {
+  enum class Kind : uint8_t { kNone, kIoError, kTornWrite };
+  Kind kind = Kind::kNone;
+  uint64_t kept_sectors = 0;
+};
+// Asked once per read or write request, before it touches the disk: the engine's choke point, so that a recording and
+// its replay decide the same (replay/engine_faults.cpp).
+class BlockFaults {
+ public:
+  virtual ~BlockFaults() = default;
+  virtual BlockFault block_fault(unsigned disk, bool write, uint64_t sector, uint64_t sectors) = 0;
+};
+
 }  // namespace deja

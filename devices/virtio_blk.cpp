@@ -93,6 +93,9 @@ uint8_t VirtioBlk::handle(const VirtqChain& chain, uint32_t* written) {
     case kTypeIn: {
       const uint64_t length = chain.writable_bytes - 1;
       if (length % kSectorSize || !in_range(sector, length, store_.size_bytes())) return kStatusIoErr;
+      if (faults_ && faults_->block_fault(index_, false, sector, length / kSectorSize).kind != BlockFault::Kind::kNone) {
+        return kStatusIoErr;
+      }
       // Every data byte but the status byte; the status buffer may share the last descriptor.
       std::vector<VirtqBuffer> data = chain.writable;
       for (auto b = data.rbegin(); b != data.rend(); ++b) {
@@ -115,14 +118,20 @@ uint8_t VirtioBlk::handle(const VirtqChain& chain, uint32_t* written) {
       const uint64_t length = chain.readable_bytes - 16;
       if (length % kSectorSize || !in_range(sector, length, store_.size_bytes())) return kStatusIoErr;
       if (store_.read_only()) return kStatusIoErr;
+      // A fault: nothing written (an I/O error), or only the first sectors (a torn write), and an I/O error.
+      uint64_t writing = length;
+      const BlockFault fault =
+          faults_ ? faults_->block_fault(index_, true, sector, length / kSectorSize) : BlockFault{};
+      if (fault.kind == BlockFault::Kind::kIoError) return kStatusIoErr;
+      if (fault.kind == BlockFault::Kind::kTornWrite) writing = std::min(length, fault.kept_sectors * kSectorSize);
       buffer.resize(std::min<uint64_t>(length, kChunk));
-      for (uint64_t done = 0; done < length;) {
-        const size_t n = size_t(std::min<uint64_t>(length - done, kChunk));
+      for (uint64_t done = 0; done < writing;) {
+        const size_t n = size_t(std::min<uint64_t>(writing - done, kChunk));
         in.read(std::span(buffer).first(n));
         if (!store_.write(sector * kSectorSize + done, std::span(buffer).first(n))) return kStatusIoErr;
         done += n;
       }
-      return kStatusOk;
+      return writing == length ? kStatusOk : kStatusIoErr;
     }
     case kTypeFlush:
       if (!(negotiated & kFeatureFlush)) return kStatusUnsupp;

@@ -54,6 +54,11 @@ class VirtioBlk : public VirtioDevice {
   void restore(StateReader& r) override;
 
   void set_name(std::string name) { name_ = std::move(name); }
+  // Exploration: every read and write asks `faults` (as disk `index`) whether it fails (VIRTIO_BLK_S_IOERR).
+  void set_faults(BlockFaults* faults, unsigned index) {
+    faults_ = faults;
+    index_ = index;
+  }
   // Requests answered, by status (for tests and --stats).
   uint64_t completed(uint8_t status) const { return status < 3 ? completed_[status] : 0; }
 
@@ -67,6 +72,8 @@ class VirtioBlk : public VirtioDevice {
   std::string name_ = "virtio-blk";
   bool pending_ = false;
   uint64_t completed_[3] = {};
+  BlockFaults* faults_ = nullptr;
+  unsigned index_ = 0;
 };
 
 }  // namespace deja

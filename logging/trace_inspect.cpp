@@ -249,6 +249,14 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
     const trace::Schedule& sc = c.schedule();
     fmt::print(out, "schedule     {} seed {}: slices of {} {} on average, up to {} PAUSEs (docs/smp.md)\n", sc.policy(),
                sc.seed(), sc.quantum(), sc.unit(), sc.pause_limit());
+    if (sc.policy() == "pct") {
+      fmt::print(out, "             PCT depth {}: {} change points among the first {} scheduling events (docs/explore.md)\n",
+                 sc.depth(), sc.depth() ? sc.depth() - 1 : 0, sc.change_window());
+    }
+  }
+  if (c.has_faults()) {
+    fmt::print(out, "faults       seed {}: disk I/O errors {} ppm, torn writes {} ppm (docs/explore.md)\n", c.faults().seed(),
+               c.faults().disk_eio_ppm(), c.faults().disk_torn_ppm());
   }
   for (const auto& quirk : c.cpu_quirks()) fmt::print(out, "cpu quirk    {}\n", printable(quirk));
   if (!c.cmdline().empty()) fmt::print(out, "cmdline      {}\n", json_string(c.cmdline()));

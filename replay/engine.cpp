@@ -36,6 +36,7 @@ Engine::Engine(Mode mode, ProgressMode progress) : mode_(mode), progress_(progre
 Engine::~Engine() = default;
 
 uint64_t Engine::host_now_ns() {
+  if (simulated_) return derived_now_ns();
   uint64_t t = host_clock_.elapsed_ns();
   if (t < last_now_) t = last_now_;  // virtual time never runs backwards
   last_now_ = t;
@@ -44,6 +45,8 @@ uint64_t Engine::host_now_ns() {
 
 uint64_t Engine::idle_now_ns(std::optional<uint64_t> deadline) {
   const uint64_t running = running_now_ns();
+  // Simulated: the wait lasts until the next deadline is met, however long that takes the host.
+  if (simulated_) return deadline ? std::max(running, timer_due_ns(*deadline)) : running;
   const uint64_t elapsed = host_clock_.elapsed_ns();
   uint64_t host = elapsed > idle_lag_ns_ ? elapsed - idle_lag_ns_ : 0;
   if (deadline && host > *deadline + kCatchUpNs) {
@@ -51,6 +54,29 @@ uint64_t Engine::idle_now_ns(std::optional<uint64_t> deadline) {
     host = *deadline;
   }
   return std::max(running, host);
+}
+
+Result<> Engine::simulate_host(SimulatedHost host) {
+  if (!derived_) {
+    return fail(ErrorKind::kUnsupported, "a simulated host needs derived time (--backend interp, exact progress)");
+  }
+  simulated_ = host;
+  simulated_random_.set_state(host.seed ^ 0x656e74726f7079ull);  // ("entropy": apart from the schedule's draws)
+  return {};
+}
+
+uint64_t Engine::timer_due_ns(uint64_t deadline) const {
+  if (!simulated_ || simulated_->max_timer_delay_ns == 0) return deadline;
+  // Keyed by the deadline and the last asynchronous event (stable until the deadline is met): each completion and
+  // timer gets its own delay, a virtio request "due now" (deadline 0) included.
+  const uint64_t key = seeded_hash(deadline, derived_ ? derived_->anchor_instructions : 0);
+  return deadline + seeded_hash(simulated_->seed, key) % (simulated_->max_timer_delay_ns + 1);
+}
+
+uint64_t Engine::host_random(bool* ok) {
+  if (!simulated_) return host_random64(ok);
+  *ok = true;
+  return simulated_random_.next();
 }
 
 void Engine::remember(const trace::Event& e) {
@@ -249,7 +275,7 @@ std::pair<uint64_t, bool> Engine::rdrand(uint64_t rip, bool rdseed) {
     return {0, false};
   }
   bool ok = false;
-  uint64_t value = host_random64(&ok);
+  uint64_t value = host_random(&ok);
   if (mode_ == Mode::kRecord) {
     trace::Event e;
     auto* r = e.mutable_rdrand();

@@ -15,6 +15,7 @@
 #include "logging/trace_reader.h"
 #include "logging/trace_writer.h"
 #include "core/backend.h"
+#include "core/seeded_random.h"
 #include "replay/digest.h"
 #include "vmm/disk_image.h"
 #include "vmm/host_io.h"
@@ -54,7 +55,18 @@ struct NetFrameIn {
   std::vector<uint8_t> data;
 };
 
-class Engine : public Clock, public Entropy, public NetworkPort, public DiskBlockChecker {
+// Exploration's faults (docs/explore.md), in parts per million of requests; recorded in the trace header
+// (MachineConfig.faults) so that replay decides the same.
+struct FaultPlan {
+  uint64_t seed = 0;
+  uint32_t disk_eio_ppm = 0;
+  uint32_t disk_torn_ppm = 0;
+  std::vector<uint64_t> suppressed;  // the faults drawn (by their order, from 0) that are not injected
+  bool any() const { return disk_eio_ppm || disk_torn_ppm; }
+  bool operator==(const FaultPlan&) const = default;
+};
+
+class Engine : public Clock, public Entropy, public NetworkPort, public DiskBlockChecker, public BlockFaults {
  public:
   Engine(Mode mode, ProgressMode progress);
   ~Engine() override;
@@ -99,6 +111,22 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   // A read or write of a disk's contents (engine_block.cpp): recorded as a disk_io event for inspect, like serial
   // output outside the event count; replay skips those events.
   void disk_io(unsigned disk, bool write, bool zeroes, uint64_t offset, uint64_t length) override;
+  // Exploration: the faults disk requests suffer (engine_faults.cpp), a pure function of the plan, the request and
+  // the derived-time state where it is served, which recording and replay share (and a checkpoint restores).
+  void set_fault_plan(const FaultPlan& plan) { faults_ = plan; }
+  const FaultPlan& fault_plan() const { return faults_; }
+  BlockFault block_fault(unsigned disk, bool write, uint64_t sector, uint64_t sectors) override;
+  uint64_t faults_injected() const { return faults_injected_; }
+  // The faults drawn so far (those suppressed too; the first 4096), each where it was decided: what --minimize reports.
+  struct FaultDrawn {
+    uint64_t ordinal = 0;
+    bool suppressed = false;
+    unsigned disk = 0;
+    bool write = false;
+    uint64_t sector = 0;
+    Position where;
+  };
+  const std::vector<FaultDrawn>& faults_drawn() const { return faults_drawn_; }
   // The disks' paths, for messages naming a block that differs.
   void set_disk_names(std::vector<std::string> names) { disk_names_ = std::move(names); }
 
@@ -138,6 +166,21 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   // Derived time's state that the guest's own reads make (device reads; the anchor's time, instructions and device
   // reads; the last TSC read), zeros without it: what every replay that reaches this point has too.
   std::array<uint64_t, 5> derived_time_state() const;
+
+  // ---- exploration (docs/explore.md) ----------------------------------------------------------------
+  // Run and record with nothing from the host: host time is derived time (a wait in HLT ends when the next device
+  // deadline is met, not after a host sleep), entropy and RDRAND come from a generator seeded with `seed`, and a
+  // device deadline is met up to `max_timer_delay_ns` late, by an amount drawn from (seed, deadline): the timer and
+  // interrupt jitter of a real machine, chosen by the seed. Needs derived time. A recording is still an ordinary
+  // trace: what the generator handed out is recorded like host input, so replay needs neither the seed nor this.
+  struct SimulatedHost {
+    uint64_t seed = 0;
+    uint64_t max_timer_delay_ns = 0;
+  };
+  Result<> simulate_host(SimulatedHost host);
+  bool host_simulated() const { return simulated_.has_value(); }
+  // When a device deadline is met: the deadline, or later by the simulated host's delay for it.
+  uint64_t timer_due_ns(uint64_t deadline) const;
 
   // ---- asynchronous events (time advancing, host input arriving) ------------------------------
   // Record/run: what host time says now (virtual ns), without logging.
@@ -274,6 +317,14 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
              last_tsc = 0;
   };
   std::optional<DerivedTime> derived_;
+  std::optional<SimulatedHost> simulated_;
+  FaultPlan faults_;
+  uint64_t faults_injected_ = 0;
+  std::vector<FaultDrawn> faults_drawn_;  // the first kFaultsKept
+  uint64_t faults_drawn_count_ = 0;
+  static constexpr size_t kFaultsKept = 4096;
+  SplitMix64 simulated_random_{0};
+  uint64_t host_random(bool* ok);  // host_random64(), or the simulated host's generator
 
   std::unique_ptr<TraceWriter> writer_;
   std::vector<uint8_t> pending_output_;  // record: not yet logged

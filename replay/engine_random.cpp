@@ -25,7 +25,10 @@ void Engine::fill(std::span<uint8_t> out) {
     }
     return;
   }
-  for (size_t done = 0; done < out.size();) {
+  if (simulated_) {
+    for (uint8_t& byte : out) byte = uint8_t(simulated_random_.next());
+  }
+  for (size_t done = simulated_ ? out.size() : 0; done < out.size();) {
     ssize_t n = ::getrandom(out.data() + done, out.size() - done, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/seeded_random.h"
 
 namespace deja {
 
@@ -16,6 +17,15 @@ enum class SwitchPoint : uint8_t {
   kSliceEnd,  // it ran its slice (a quantum of retired instructions, or of guest exits in exit-sync mode)
   kPause,    // it executed its slice's number of PAUSEs: a spin-wait, whose lock holder must get to run
   kIdle,     // it cannot run: halted with nothing to wake it, waiting for STARTUP, or stopped by INIT
+  kPreempt,  // the policy preempted it at a scheduling event (Scheduler::preempt)
+};
+
+// The events a run makes where the order of vCPUs matters (PCT's steps, docs/explore.md): the same in a recording and
+// its replay, since each is an exit or an interrupt both make at the same instruction.
+enum class ScheduleEvent : uint8_t {
+  kDeviceAccess,  // a port or MMIO access (the local APIC's ICR, so every IPI sent, included)
+  kPause,         // a PAUSE (a spin-wait)
+  kInterrupt,     // an interrupt delivered (an IPI or a device's)
 };
 
 // What a scheduler's slices are measured in, which the progress mode decides: retired instructions where the
@@ -31,6 +41,9 @@ struct ScheduleConfig {
   SliceUnit unit = SliceUnit::kInstructions;
   uint64_t quantum = 0;      // mean slice length in `unit` (each slice draws from [quantum/2, 3*quantum/2))
   uint32_t pause_limit = 0;  // PAUSEs a slice may execute: each slice draws from [1, pause_limit]
+  uint32_t depth = 0;          // "pct": the bug depth d it aims at (d - 1 priority change points)
+  uint64_t change_window = 0;  // "pct": the change points are drawn from the first k scheduling events
+  uint64_t dropped_change_points = 0;  // "pct": bit i leaves out the i-th change point (deja explore --minimize)
   bool operator==(const ScheduleConfig&) const = default;
 };
 // The defaults: a quantum of 200,000 instructions (0.2 ms of the guest's clock per slice), 32 guest exits in
@@ -55,14 +68,39 @@ class Scheduler {
   virtual uint32_t next(uint32_t current, SwitchPoint why, std::span<const bool> runnable) = 0;
   // The slice of `vcpu`, which starts running now.
   virtual Slice slice(uint32_t vcpu) = 0;
+  // A scheduling event on `current`, which is running. A policy that wants to preempt it there says so in
+  // preempting() until next() is asked (with kPreempt); that wish is part of its saved state.
+  virtual void event(uint32_t /*current*/, ScheduleEvent) {}
+  virtual bool preempting() const { return false; }
   // The policy's state (a checkpoint's part).
   virtual std::vector<uint8_t> save() const = 0;
   virtual Result<> restore(std::span<const uint8_t> state) = 0;
 };
 
-// The default policy: round robin over the runnable vCPUs, in index order from the one after `current`, with
-// each slice's length and PAUSE count drawn from a generator seeded with the schedule's seed (splitmix64).
+// A policy whose whole state is its generator (seeded with the schedule's seed), saved under `tag`.
+class GeneratorScheduler : public Scheduler {
+ public:
+  GeneratorScheduler(const ScheduleConfig& config, const char* tag) : config_(config), random_(config.seed), tag_(tag) {}
+  const ScheduleConfig& config() const override { return config_; }
+  std::vector<uint8_t> save() const override;
+  Result<> restore(std::span<const uint8_t> state) override;
+
+ protected:
+  ScheduleConfig config_;
+  SplitMix64 random_;
+
+ private:
+  const char* tag_;
+};
+
+// The policies, by ScheduleConfig::policy:
+// - "quantum", the default: round robin over the runnable vCPUs, in index order from the one after `current`, with
+//   each slice's length and PAUSE count drawn from a generator seeded with the schedule's seed (splitmix64);
+// - "pct" and "random", for exploration (replay/scheduler_explore.cpp, docs/explore.md).
 // Fails on a policy name or parameters it does not take.
 Result<std::unique_ptr<Scheduler>> make_scheduler(const ScheduleConfig& config);
+// The exploration policies (make_scheduler() has checked the common parameters).
+Result<std::unique_ptr<Scheduler>> make_pct_scheduler(const ScheduleConfig& config);
+Result<std::unique_ptr<Scheduler>> make_random_scheduler(const ScheduleConfig& config);
 
 }  // namespace deja

@@ -62,8 +62,10 @@ class Session::TeeSink : public ByteSink {
     out_.write(bytes);
     engine_.serial_output(bytes);
     bytes_ += bytes.size();
+    if (tap_) tap_(bytes);
   }
   uint64_t bytes() const { return bytes_; }
+  std::function<void(std::span<const uint8_t>)> tap_;
 
  private:
   ByteSink& out_;
@@ -114,6 +116,17 @@ std::string Session::counter_description() {
 }
 
 uint64_t Session::serial_bytes() const { return tee_ ? tee_->bytes() : 0; }
+
+void Session::set_fault_plan(const FaultPlan& plan) {
+  engine_.set_fault_plan(plan);
+  const auto& disks = machine_->disks();
+  for (unsigned i = 0; i < disks.size(); ++i) disks[i]->set_faults(plan.any() ? &engine_ : nullptr, i);
+}
+
+void Session::set_serial_tap(std::function<void(std::span<const uint8_t>)> tap) {
+  DEJA_ASSERT(tee_ != nullptr, "set_serial_tap() after build()");
+  tee_->tap_ = std::move(tap);
+}
 
 bool Session::guest_caused(ExitKind kind) const {
   switch (kind) {
@@ -257,7 +270,7 @@ std::vector<NetFrameIn> Session::take_network_frames() {
 // mode then stops the vCPU at the next instruction boundary to let it in, rather than at the next timer tick.
 bool Session::async_work_due() {
   auto deadline = machine_->next_deadline_ns();
-  if (deadline && *deadline <= engine_.running_now_ns()) return true;
+  if (deadline && engine_.timer_due_ns(*deadline) <= engine_.running_now_ns()) return true;
   auto& networks = engine_.networks();
   const auto& nics = machine_->nics();
   for (size_t i = 0; i < networks.size() && i < nics.size(); ++i) {
@@ -270,7 +283,7 @@ bool Session::async_work_due() {
 void Session::poll_async(bool idle) {
   auto deadline = machine_->next_deadline_ns();
   uint64_t now = idle ? engine_.idle_now_ns(deadline) : engine_.running_now_ns();
-  bool due = deadline && *deadline <= now;
+  bool due = deadline && engine_.timer_due_ns(*deadline) <= now;
   uint8_t buf[256];
   size_t n = 0;
   if (input_ && !input_->at_end()) {
@@ -345,6 +358,7 @@ Result<> Session::deliver_interrupts() {
   }
   uint8_t vector = interrupts.acknowledge();
   engine_.interrupt(vector, position());
+  if (scheduler_) schedule_event(ScheduleEvent::kInterrupt, position().at.rip);
   cpu.request_interrupt_window(false);
   now().last_exit_kind = ExitKind::kKicked;  // one injection per exit
   now().halted = false;
@@ -384,6 +398,7 @@ Session::VcpuCounts Session::vcpu_counts(uint32_t vcpu) {
 // HLT in run/record: sleep (in host time) until a device event, input or a network packet can wake the guest.
 Result<std::optional<Outcome>> Session::wait_for_wake() {
   auto& networks = engine_.networks();
+  const uint64_t idle_from = engine_.running_now_ns();
   for (;;) {
     if (vcpus_.size() == 1 ? machine_->interrupts().interrupt_pending() : any_runnable()) return std::nullopt;
     if (vcpus_.size() > 1) {
@@ -395,6 +410,17 @@ Result<std::optional<Outcome>> Session::wait_for_wake() {
     bool input_open = input_ && !input_->at_end();
     if (!deadline && !input_open && networks.empty()) {
       return Outcome{exit_status::kGuestStopped, "the guest halted with no timer armed and no input attached", false};
+    }
+    if (engine_.host_simulated()) {
+      // No host to wait for: the wait ends at the next deadline, at once (Engine::idle_now_ns).
+      if (limits_ && limits_->max_idle_ns && engine_.running_now_ns() > idle_from + limits_->max_idle_ns) {
+        return Outcome{exit_status::kGuestStopped,
+                       fmt::format("{}every vCPU halted for {} ms of guest time with nothing to wake it",
+                                   kHangReason, limits_->max_idle_ns / 1'000'000),
+                       false};
+      }
+      poll_async(true);
+      continue;
     }
     uint64_t now = engine_.host_now_ns();
     std::vector<pollfd> fds{pollfd{input_open ? input_->fd() : -1, POLLIN, 0}};
@@ -463,6 +489,19 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
   ++v.exit_counts[exit.kind];
   v.last_exit_kind = exit.kind;
   v.after_mmio_write = exit.kind == ExitKind::kMmioWrite;
+  switch (exit.kind) {
+    case ExitKind::kIoIn:
+    case ExitKind::kIoOut:
+    case ExitKind::kMmioRead:
+    case ExitKind::kMmioWrite:
+      schedule_event(ScheduleEvent::kDeviceAccess, exit.rip);
+      break;
+    case ExitKind::kPause:
+      schedule_event(ScheduleEvent::kPause, exit.rip);
+      break;
+    default:
+      break;
+  }
   if (guest_caused(exit.kind)) {
     ++v.guest_exits;
     v.last_exit_rip = exit.rip;
@@ -627,7 +666,7 @@ Result<trace::Footer> Session::finish_recording(const Outcome& outcome) {
   }
   footer.set_instructions(instructions);
   footer.set_branches(branches);
-  footer.set_wall_ns(wall_ns_);
+  footer.set_wall_ns(engine_.host_simulated() ? 0 : wall_ns_);  // (a simulated run is the same on every host)
   footer.set_exit_status(outcome.status);
   const trace::Footer stated = footer;
   if (auto r = engine_.finish_record(std::move(end), std::move(footer)); !r) return std::unexpected(r.error());
@@ -725,6 +764,7 @@ Result<std::optional<Outcome>> Session::schedule() {
                               : now().guest_exits >= slice_end_;
   SwitchPoint why;
   if (!can_run) why = SwitchPoint::kIdle;
+  else if (scheduler_->preempting()) why = SwitchPoint::kPreempt;
   else if (slice_over) why = SwitchPoint::kSliceEnd;
   else if (pauses_left_ == 0) why = SwitchPoint::kPause;
   else return std::nullopt;
@@ -737,6 +777,37 @@ Result<std::optional<Outcome>> Session::schedule() {
     return std::nullopt;
   }
   switch_to(scheduler_->next(current_, why, std::span<const bool>(ready.data(), vcpus_.size())));
+  return std::nullopt;
+}
+
+void Session::schedule_event(ScheduleEvent event, uint64_t rip) {
+  ++schedule_events_;
+  if (!scheduler_) return;
+  const bool was_preempting = scheduler_->preempting();
+  scheduler_->event(current_, event);
+  if (!was_preempting && scheduler_->preempting() && preemptions_.size() < 4096) {
+    preemptions_.push_back(Preemption{current_, rip, schedule_events_});
+  }
+}
+
+std::optional<Outcome> Session::limit_reached() {
+  const RunLimits& l = *limits_;
+  const uint64_t steps = total_steps();
+  if (const uint64_t out = serial_bytes(); out != limit_serial_seen_) {
+    limit_serial_seen_ = out;
+    limit_progress_step_ = steps;
+  }
+  if (l.stop) {
+    if (auto why = l.stop()) return Outcome{exit_status::kInterrupted, fmt::format("{}{}", kLimitReason, *why), false};
+  }
+  if (l.max_steps && steps >= l.max_steps) {
+    return Outcome{exit_status::kInterrupted, fmt::format("{}{} instructions", kLimitReason, l.max_steps), false};
+  }
+  if (l.hang_steps && steps - limit_progress_step_ >= l.hang_steps) {
+    return Outcome{exit_status::kGuestStopped, fmt::format("{}no serial output in {} instructions", kHangReason,
+                                                           l.hang_steps),
+                   false};
+  }
   return std::nullopt;
 }
 
@@ -866,14 +937,23 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     uint64_t kick = deadline ? engine_.host_origin_ns() + *deadline : UINT64_MAX;
     if (derived_budget_) {
       // Derived time: the device is due where virtual time reaches its deadline, an instruction count away.
-      if (deadline) limit(engine_.instructions_until(*deadline));
+      if (deadline) limit(engine_.instructions_until(engine_.timer_due_ns(*deadline)));
       kick = UINT64_MAX;
     }
     if (input_ && !input_->at_end()) kick = std::min(kick, HostClock::monotonic_ns() + 10'000'000);
     // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
     if (!engine_.networks().empty()) kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
-    if (mode == Mode::kRecord) kick = std::min(kick, next_heartbeat_);
+    if (mode == Mode::kRecord && !engine_.host_simulated()) kick = std::min(kick, next_heartbeat_);
     kick_at_.store(kick);
+    if (limits_) {
+      // Stop where a limit is reached (the top of the next turn checks it).
+      const uint64_t steps = total_steps();
+      if (limits_->max_steps) limit(limits_->max_steps > steps ? limits_->max_steps - steps : 1);
+      if (limits_->hang_steps) {
+        const uint64_t at = limit_progress_step_ + limits_->hang_steps;
+        limit(at > steps ? at - steps : 1);
+      }
+    }
   }
   // Several vCPUs: the slice ends at an instruction count.
   if (scheduler_ && scheduler_->config().unit == SliceUnit::kInstructions) {
@@ -932,6 +1012,10 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
     if (std::string host = host_failure(); !host.empty()) {
       return end(Outcome{exit_status::kInterrupted, fmt::format("{}: {}", kHostFailureReason, host), false, false, true});
     }
+    // (Anywhere an interruption may stop a recording: its End is found again the same way.)
+    if (limits_) {
+      if (auto o = limit_reached()) return end(*o);
+    }
   }
   // Several vCPUs: the one to run now. (Not while an exit's instruction waits to be finished: a stop due there.)
   if (scheduler_ && !turn.finish_instruction) {
@@ -985,7 +1069,7 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
                 : guest_caused(kind);
     if (boundary_or_exit) {
       poll_async();
-      if (mode == Mode::kRecord && HostClock::monotonic_ns() >= next_heartbeat_) {
+      if (mode == Mode::kRecord && !engine_.host_simulated() && HostClock::monotonic_ns() >= next_heartbeat_) {
         next_heartbeat_ = HostClock::monotonic_ns() + kHeartbeatNs;
         engine_.record_heartbeat(position(), cpu.instruction_count().value_or(0));
       }

@@ -159,6 +159,35 @@ class Session {
   // The replay has ended (run_until returned kEnd) and not been restored since.
   const std::optional<Outcome>& replay_ended() const { return ended_; }
 
+  // ---- exploration (docs/explore.md): runs that end by themselves ---------------------------------------------
+  // Run / record: the run ends (and a recording with it, its End here: a replay stops at the same point) at the top
+  // of a turn once the machine has retired `max_steps` instructions (0: no limit), or `hang_steps` without serial
+  // output, or when `stop` gives a reason. With a simulated host (Engine::simulate_host) a wait in HLT that lasts
+  // `max_idle_ns` of guest time with nothing to wake the guest is a hang too. Every limit is counted in the guest's
+  // own progress, so the same run stops at the same instruction.
+  struct RunLimits {
+    uint64_t max_steps = 0;
+    uint64_t hang_steps = 0;
+    uint64_t max_idle_ns = 0;
+    std::function<std::optional<std::string>()> stop;
+  };
+  void set_run_limits(RunLimits limits) { limits_ = std::move(limits); }
+  // Exploration's injected faults: the engine decides them for every disk (call after build()).
+  void set_fault_plan(const FaultPlan& plan);
+  // The guest's serial output as it is written (after the serial sink and the engine).
+  void set_serial_tap(std::function<void(std::span<const uint8_t>)> tap);
+  // The reasons a run ended by its limits start with these (an Outcome's reason).
+  static constexpr std::string_view kHangReason = "hang: ", kLimitReason = "limit: ";
+  // Scheduling-relevant events so far (PAUSEs, device accesses, interrupts: what a PCT schedule counts).
+  uint64_t schedule_events() const { return schedule_events_; }
+  // Where the schedule's policy preempted a vCPU at a scheduling event (PCT's change points; the first 4096).
+  struct Preemption {
+    uint32_t vcpu = 0;
+    uint64_t rip = 0;
+    uint64_t event = 0;  // its number among the scheduling events, from 1
+  };
+  const std::vector<Preemption>& preemptions() const { return preemptions_; }
+
   // Progress lines (tools/progress_line.h): the run loop calls `hook` at most every 100 ms of host time.
   void set_progress_hook(std::function<void()> hook) { progress_hook_ = std::move(hook); }
 
@@ -203,6 +232,10 @@ class Session {
   // Sum of every vCPU's steps: the debugger's time axis with several vCPUs (one vCPU's step_count() with one).
   uint64_t total_steps();
   Result<std::optional<Outcome>> handle_exit(VcpuExit& exit);
+  // Run / record with limits: the Outcome the run ends with here, if a limit is reached.
+  std::optional<Outcome> limit_reached();
+  // Several vCPUs: a scheduling-relevant event on the running vCPU, which a policy may preempt it at.
+  void schedule_event(ScheduleEvent event, uint64_t rip);
   Result<std::optional<Outcome>> wait_for_wake();
   void maybe_digest();
   void start_kicker();
@@ -264,6 +297,10 @@ class Session {
   std::unique_ptr<Scheduler> scheduler_;
   uint64_t slice_end_ = 0;
   uint32_t pauses_left_ = 0;
+  uint64_t schedule_events_ = 0;
+  std::vector<Preemption> preemptions_;
+  std::optional<RunLimits> limits_;
+  uint64_t limit_serial_seen_ = 0, limit_progress_step_ = 0;
   std::vector<uint64_t> saved_branches_;  // decode_loop_state(): each vCPU's branch count, for its counter
   uint64_t digest_interval_ = kDefaultDigestInterval;
   uint64_t next_digest_at_ = kDefaultDigestInterval;

@@ -25,7 +25,7 @@ bool TraceConfig::operator==(const TraceConfig& o) const {
          host == o.host && start_unix_ns == o.start_unix_ns && libvirt_domain == o.libvirt_domain &&
          cpu_model == o.cpu_model &&
          device_model_version == o.device_model_version && backend == o.backend && machine == o.machine &&
-         vcpus == o.vcpus && schedule == o.schedule && memory_bytes == o.memory_bytes && cmdline == o.cmdline &&
+         vcpus == o.vcpus && schedule == o.schedule && faults == o.faults && memory_bytes == o.memory_bytes && cmdline == o.cmdline &&
          device_semantics == o.device_semantics && disks == o.disks && nics == o.nics && rng == o.rng &&
          inputs == o.inputs && module_args == o.module_args && serial_input == o.serial_input &&
          boot_protocol == o.boot_protocol && image_format == o.image_format && progress == o.progress &&
@@ -72,6 +72,16 @@ trace::Header to_header(const TraceConfig& t) {
     sc->set_unit(std::string(slice_unit_name(t.schedule->unit)));
     sc->set_quantum(t.schedule->quantum);
     sc->set_pause_limit(t.schedule->pause_limit);
+    sc->set_depth(t.schedule->depth);
+    sc->set_change_window(t.schedule->change_window);
+    sc->set_dropped_change_points(t.schedule->dropped_change_points);
+  }
+  if (t.faults) {
+    auto* f = c->mutable_faults();
+    f->set_seed(t.faults->seed);
+    f->set_disk_eio_ppm(t.faults->disk_eio_ppm);
+    f->set_disk_torn_ppm(t.faults->disk_torn_ppm);
+    for (uint64_t n : t.faults->suppressed) f->add_suppressed(n);
   }
   c->set_memory_bytes(t.memory_bytes);
   c->set_cmdline(t.cmdline);
@@ -157,8 +167,20 @@ Result<TraceConfig> from_header(const trace::Header& h) {
     }
     schedule.quantum = sc.quantum();
     schedule.pause_limit = sc.pause_limit();
+    schedule.depth = sc.depth();
+    schedule.change_window = sc.change_window();
+    schedule.dropped_change_points = sc.dropped_change_points();
     if (auto usable = make_scheduler(schedule); !usable) return fail(ErrorKind::kBadTrace, "{}", usable.error().message);
     t.schedule = schedule;
+  }
+  if (c.has_faults()) {
+    const auto& f = c.faults();
+    if (f.disk_eio_ppm() > 1'000'000 || f.disk_torn_ppm() > 1'000'000) {
+      return fail(ErrorKind::kBadTrace, "its fault rates are above one in one");
+    }
+    if (f.suppressed_size() > 1'000'000) return fail(ErrorKind::kBadTrace, "it suppresses too many faults");
+    t.faults = FaultPlan{f.seed(), f.disk_eio_ppm(), f.disk_torn_ppm(),
+                         std::vector<uint64_t>(f.suppressed().begin(), f.suppressed().end())};
   }
   if ((t.vcpus > 1) != t.schedule.has_value()) {
     return fail(ErrorKind::kBadTrace, "it has {} vCPUs and {} schedule", t.vcpus, t.schedule ? "a" : "no");
@@ -231,6 +253,7 @@ TraceConfig recording_config(Session& session, const MachineConfig& machine, con
   t.machine = machine.machine;
   t.vcpus = machine.vcpus;
   if (const Scheduler* scheduler = session.scheduler()) t.schedule = scheduler->config();
+  if (session.engine().fault_plan().any()) t.faults = session.engine().fault_plan();
   t.memory_bytes = machine.memory_bytes;
   t.cmdline = machine.cmdline;
   t.device_semantics = machine.device_semantics;
@@ -292,6 +315,7 @@ LoadOptions replay_load(const TraceConfig& t) {
 }
 
 Result<> adopt_recording_ways(Session& session, const TraceConfig& t) {
+  if (t.faults) session.set_fault_plan(*t.faults);
   if (t.schedule) {
     if (auto ok = session.set_schedule(*t.schedule); !ok) return ok;
   }

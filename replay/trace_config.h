@@ -79,6 +79,7 @@ struct TraceConfig {
   std::string machine = std::string(kMachinePc);  // "" in traces before the field: pc
   uint32_t vcpus = 1;
   std::optional<ScheduleConfig> schedule;  // several vCPUs: how they took turns
+  std::optional<FaultPlan> faults;         // deja explore's injected faults
   uint64_t memory_bytes = 0;
   std::string cmdline;
   std::string device_semantics;  // tests only

@@ -22,4 +22,16 @@ void finish_outcome_message(const Outcome& o) {
   }
 }
 
+namespace {
+std::vector<std::string>& remembered_arguments() {
+  static std::vector<std::string> args;
+  return args;
+}
+}  // namespace
+
+void remember_command_line(int argc, char** argv) {
+  remembered_arguments().assign(argv + std::min(argc, 2), argv + argc);
+}
+const std::vector<std::string>& command_line_arguments() { return remembered_arguments(); }
+
 }  // namespace deja

@@ -45,6 +45,11 @@ Subcommand add_keygen_command(CLI::App& app);
 Subcommand add_sign_command(CLI::App& app);
 Subcommand add_custody_command(CLI::App& app);
 Subcommand add_export_libvirt_command(CLI::App& app);
+Subcommand add_explore_command(CLI::App& app);
+
+// The command line's arguments after the subcommand's name (main() keeps them): what a sharded campaign hands on.
+void remember_command_line(int argc, char** argv);
+const std::vector<std::string>& command_line_arguments();
 
 // `deja verify --replay`: replays TRACE (serial output discarded), showing progress as `display` says; 0 when every
 // event and digest matched, else deja's status for what went wrong (tools/replay_command.cpp).

@@ -10,7 +10,7 @@ int main(int argc, char** argv) {
   CLI::App app{"deja: a virtual machine monitor for deterministic record and replay of x86-64 guests.\n"
                "Exit status: the guest's isa-debug-exit status ((value << 1) | 1, always odd), or deja's own:\n"
                "  2 bad arguments/image/trace, 4 guest stopped abnormally, 6 replay diverged,\n"
-               "  8 trace ended early (truncated/corrupt), 10 host failure, 12 interrupted."};
+               "  8 trace ended early (truncated/corrupt), 10 host failure, 12 interrupted, 14 explore found a failing run."};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string(deja_version()) + " (" + build_id() + ")");
 
@@ -29,7 +29,9 @@ int main(int argc, char** argv) {
   table.push_back(add_sign_command(app));
   table.push_back(add_custody_command(app));
   table.push_back(add_export_libvirt_command(app));
+  table.push_back(add_explore_command(app));
 
+  remember_command_line(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -16,6 +16,7 @@
 #include "replay/trace_config.h"
 #include "segments/trace_checkpoints.h"
 #include "tools/command_support.h"
+#include "tools/run_options.h"
 #include "tools/libvirt_options.h"
 #include "tools/linux_guest.h"
 #include "core/exit_status.h"
@@ -27,69 +28,6 @@
 #include "core/messages.h"
 
 namespace deja {
-namespace {
-
-struct RunArgs {
-  std::string backend;
-  std::string interp_mode;
-  std::string machine;  // "" = pc
-  int64_t cpus = 1;
-  std::optional<uint64_t> schedule_seed;
-  std::optional<uint64_t> schedule_quantum;
-  std::string mem;      // "" = 256M
-  std::string cmdline;
-  std::string serial_in;
-  std::string serial_out = "-";
-  std::vector<std::string> modules;
-  std::string progress;
-  std::string cpu;
-  bool stats = false;
-  bool digest = false;
-  std::string image;
-  std::string kernel;  // a Linux kernel (bzImage or vmlinux) instead of IMAGE
-  std::string initrd;
-  std::string boot_protocol = "auto";
-  bool linux_guest = false;  // --linux: the bundled guest
-  bool print_cmdline = false;
-  std::vector<std::string> disks;  // --disk FILE[,overlay=FILE][,readonly][,hash=full|lazy]
-  std::vector<std::string> nets;   // --net user[,hostfwd=...]
-  bool rng = false;
-  std::string libvirt_xml, libvirt_domain, libvirt_uri;  // the machine from a libvirt domain
-  std::string output;            // record: the trace
-  std::string sign;              // record: the private key that seals the trace and signs TRACE.sig
-  double seal_every = 10;        // record --sign: seconds between seals (0: by chunks only)
-  uint64_t seal_chunks = 0;      // record --sign: chunks between seals (0: by time only)
-  std::string tsa_request;       // record --sign: write an RFC 3161 request for TRACE.sig here
-  uint64_t digest_every = Session::kDefaultDigestInterval;  // record: a full state digest every N events
-  std::string checkpoint_every;  // record: checkpoints beside the trace (TRACE.ckpt)
-  uint64_t checkpoint_full_every = CheckpointWriter::kDefaultFullEvery;
-};
-
-// What a run or a recording needs, resolved from the options.
-struct SessionOptions {
-  MachineConfig machine;
-  std::optional<uint64_t> schedule_seed;     // several vCPUs: the schedule's seed (default: random)
-  std::optional<uint64_t> schedule_quantum;  // and its mean slice
-  std::string image_path;
-  LoadOptions load;
-  std::string serial_in;         // "" = none, "-" = stdin, else a file
-  std::string serial_out = "-";  // "-" = stdout
-  bool stats = false;
-  bool print_digest = false;
-  ProgressChoice progress;
-  std::vector<DiskOptions> disks;
-  std::vector<NetOptions> nets;
-  bool rng = false;
-  std::string trace_path;            // record: output file
-  std::shared_ptr<const SigningKey> signing_key;  // record --sign
-  std::string signing_key_path;
-  SealPolicy seals;
-  std::string tsa_request;
-  uint64_t digest_interval = Session::kDefaultDigestInterval;
-  std::string checkpoint_every;
-  uint64_t checkpoint_full_every = CheckpointWriter::kDefaultFullEvery;
-  std::optional<RecordedDomain> libvirt_domain;  // the domain the machine came from
-};
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--backend", a.backend,
@@ -170,6 +108,8 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("IMAGE", a.image, "guest image: Multiboot ELF32/ELF64, or ELF64 for direct 64-bit boot");
 }
 
+namespace {
+
 // libvirt's <kernel> is QEMU's -kernel, which boots Multiboot images and Linux alike: deja takes an image with a
 // Multiboot header (in its first 8 KiB) as IMAGE, anything else as a Linux kernel.
 bool multiboot_image(const std::string& path) {
@@ -211,6 +151,8 @@ Result<> take_domain(const DomainPlan& d, RunArgs& a) {
   }
   return {};
 }
+
+}  // namespace
 
 Result<SessionOptions> to_session(const RunArgs& a) {
   SessionOptions o;
@@ -313,6 +255,8 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   o.tsa_request = a.tsa_request;
   return o;
 }
+
+namespace {
 
 // The trace header stores these as text: refuse what would make the trace unreadable, naming it.
 Result<> check_text(const std::string& what, const std::string& text) {
@@ -418,6 +362,8 @@ int sign_recording(const TraceWriter& writer, const trace::Header& header, const
   return 0;
 }
 
+}  // namespace
+
 int run_or_record(const SessionOptions& options, Mode mode) {
   install_stop_signal_handlers();
   if (mode == Mode::kRecord) {
@@ -434,7 +380,9 @@ int run_or_record(const SessionOptions& options, Mode mode) {
 
   MachineConfig config = options.machine;
   trace::Header signed_header;  // record --sign: what TRACE.sig states
-  int64_t start_unix_ns = host_unix_time_ns();
+  SeededRecording* seeded = options.seeded;
+  // A seeded recording starts at a fixed wall-clock time (the RTC's): nothing in it may depend on when it ran.
+  int64_t start_unix_ns = seeded ? SeededRecording::kStartUnixNs : host_unix_time_ns();
   config.rtc_epoch_unix_seconds = start_unix_ns / 1'000'000'000;
 
   ProgressChoice progress = options.progress;
@@ -497,7 +445,9 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     return report_error(built.error());
   }
   if (auto r = session.setup_progress(progress); !r) return report_error(r.error());
-  if (config.vcpus > 1) {
+  if (config.vcpus > 1 && seeded && seeded->schedule) {
+    if (auto r = session.set_schedule(*seeded->schedule); !r) return report_error(r.error());
+  } else if (config.vcpus > 1) {
     // The schedule: its seed drawn here when not given, and said, so that a run can be repeated.
     const uint64_t seed = options.schedule_seed ? *options.schedule_seed : std::random_device{}();
     ScheduleConfig schedule = default_schedule(
@@ -517,6 +467,13 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   if (progress.mode == ProgressMode::kExact && session.machine().backend().instruction_count()) {
     if (auto r = session.derive_time(Engine::TimeRates{}); !r) return report_error(r.error());
   }
+  if (seeded) {
+    if (auto r = session.engine().simulate_host(Engine::SimulatedHost{seeded->seed, seeded->max_timer_delay_ns}); !r)
+      return report_error(r.error());
+    session.set_run_limits(seeded->limits);
+    if (seeded->faults.any()) session.set_fault_plan(seeded->faults);
+    if (seeded->serial_tap) session.set_serial_tap(seeded->serial_tap);
+  }
 
   if (mode == Mode::kRecord) {
     if (const Backend& cpu = session.machine().backend(); !cpu.traps_rdtsc()) {
@@ -529,6 +486,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
     TraceConfig recorded = recording_config(session, config, options.load, progress.mode);
     recorded.start_unix_ns = start_unix_ns;
+    if (seeded) recorded.host = "deja explore";  // (the same on every host: the trace is a function of the seed)
     recorded.libvirt_domain = options.libvirt_domain;
     recorded.inputs.push_back(
         recorded_input(options.load.linux_kernel ? "kernel" : "image", options.image_path, inputs->image));
@@ -556,6 +514,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
                                           std::string(config.nic_macs[i].begin(), config.nic_macs[i].end())});
     }
     trace::Header header = to_header(recorded);
+    if (seeded) *header.mutable_exploration() = seeded->provenance;
     if (options.signing_key) {
       header.mutable_signer()->set_key_id(options.signing_key->id());
       header.mutable_signer()->set_public_key(options.signing_key->public_key().der());
@@ -565,6 +524,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
     auto writer = TraceWriter::create_replacing(options.trace_path, header);
     if (!writer) return report_error(writer.error());
+    // Chunks sealed by size only, not by wall time: the same seed gives the same bytes.
+    if (seeded) (*writer)->set_flush_interval(std::chrono::nanoseconds::max());
     if (options.signing_key) {
       if (auto r = (*writer)->set_sealing(options.signing_key, options.seals); !r) return report_error(r.error());
     }
@@ -598,6 +559,24 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       }
     }
     return status;
+  }
+  if (seeded) {
+    seeded->outcome = *outcome;
+    seeded->digest = session.final_cpu_ram_digest().hex();
+    seeded->schedule_events = session.schedule_events();
+    seeded->faults_injected = session.engine().faults_injected();
+    const auto& preemptions = session.preemptions();
+    for (size_t i = 0; i < preemptions.size(); ++i) {
+      seeded->perturbations.push_back(explore::Perturbation{"change-point", i, preemptions[i].vcpu, preemptions[i].rip,
+                                                            fmt::format("scheduling event {}", preemptions[i].event)});
+    }
+    for (const Engine::FaultDrawn& f : session.engine().faults_drawn()) {
+      if (f.suppressed) continue;
+      seeded->perturbations.push_back(explore::Perturbation{
+          "fault", f.ordinal, f.where.at.vcpu, f.where.at.rip,
+          fmt::format("disk {} {} sector {}", f.disk, f.write ? "write" : "read", f.sector)});
+    }
+    for (uint32_t v = 0; v < config.vcpus; ++v) seeded->instructions += session.vcpu_counts(v).instructions;
   }
   finish_outcome_message(*outcome);
   if (options.stats) session.print_stats();
@@ -641,8 +620,6 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   return outcome->status;
 }
 
-
-}  // namespace
 
 std::vector<Subcommand> add_run_and_record_commands(CLI::App& app) {
   auto run_args = std::make_shared<RunArgs>();

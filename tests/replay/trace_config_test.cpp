@@ -20,7 +20,8 @@ TraceConfig everything() {
   t.backend = "kvm";
   t.machine = std::string(kMachinePcApic);
   t.vcpus = 2;
-  t.schedule = ScheduleConfig{"quantum", 0x1234'5678'9abc'def0ull, SliceUnit::kGuestExits, 48, 9};
+  t.schedule = ScheduleConfig{"pct", 0x1234'5678'9abc'def0ull, SliceUnit::kGuestExits, 48, 9, 3, 500, 2};
+  t.faults = FaultPlan{77, 20'000, 5'000, {3, 9}};
   t.memory_bytes = 512ull << 20;
   t.cmdline = "console=ttyS0 café";
   t.device_semantics = "test:uart-lsr-temt";
@@ -105,7 +106,11 @@ TEST(TraceConfig, EachFieldMatters) {
       [](TraceConfig& t) { t.cpu_quirks.pop_back(); }, [](TraceConfig& t) { t.derived_time->ns_per_device_read++; },
       [](TraceConfig& t) { t.derived_time.reset(); }, [](TraceConfig& t) { t.schedule->seed++; },
       [](TraceConfig& t) { t.schedule->unit = SliceUnit::kInstructions; }, [](TraceConfig& t) { t.schedule->quantum++; },
-      [](TraceConfig& t) { t.schedule->pause_limit++; },
+      [](TraceConfig& t) { t.schedule->pause_limit++; }, [](TraceConfig& t) { t.schedule->depth++; },
+      [](TraceConfig& t) { t.schedule->change_window++; }, [](TraceConfig& t) { t.schedule->dropped_change_points = 0; },
+      [](TraceConfig& t) { t.faults->seed++; }, [](TraceConfig& t) { t.faults->disk_eio_ppm++; },
+      [](TraceConfig& t) { t.faults->disk_torn_ppm++; }, [](TraceConfig& t) { t.faults->suppressed.pop_back(); },
+      [](TraceConfig& t) { t.faults.reset(); },
       [](TraceConfig& t) {
         t.vcpus = 1;
         t.schedule.reset();
@@ -176,6 +181,12 @@ TEST(TraceConfig, RefusesWhatItCannotReplay) {
   h = good;
   h.mutable_config()->mutable_schedule()->set_policy("lottery");
   refused(h, ErrorKind::kBadTrace, "lottery");
+  h = good;
+  h.mutable_config()->mutable_schedule()->set_depth(0);
+  refused(h, ErrorKind::kBadTrace, "PCT depth 0");
+  h = good;
+  h.mutable_config()->mutable_faults()->set_disk_eio_ppm(2'000'000);
+  refused(h, ErrorKind::kBadTrace, "fault rates");
   h = good;
   h.mutable_config()->set_vcpus(kMaxVcpus + 1);
   refused(h, ErrorKind::kBadTrace, "vCPUs");

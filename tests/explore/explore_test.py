@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""`deja explore` through the deja binary (docs/explore.md): a seed's recording is the same bytes every time (10 of 10,
+on the JIT and on the reference executor); a failing run's trace is kept and replays exactly, a passing run leaves
+nothing; the planted race (explore-race) is found by PCT and its trace replays; a hang is found; a campaign in shards
+runs through `deja segment` and `deja merge` on the local executor; bad options are refused with exit status 2."""
+import argparse
+import filecmp
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+FOUND = 14
+
+
+def run(cmd, timeout=900):
+    try:
+        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"FAIL: hang: {' '.join(cmd)} did not finish in {timeout}s")
+    if p.returncode < 0:
+        sys.exit(f"FAIL: crash: {' '.join(cmd)} died with signal {-p.returncode}\n{p.stderr.decode(errors='replace')}")
+    return p
+
+
+def show(p):
+    return f"exit {p.returncode}\n{p.stdout.decode(errors='replace')}\n{p.stderr.decode(errors='replace')}"
+
+
+def explore(args, out, *extra, guest="smp-counter", cpus=2):
+    argv = [args.deja, "explore", "-o", out, "--json"]
+    if cpus > 1:
+        argv += ["--machine", "pc-apic", "--cpus", str(cpus)]
+    return run(argv + list(extra) + [os.path.join(args.guests, f"{guest}.elf")])
+
+
+def results(p):
+    lines = [json.loads(l) for l in p.stdout.decode().splitlines() if l.strip()]
+    return [l for l in lines if "seed" in l], [l for l in lines if l.get("summary")][0]
+
+
+def check_replay(args, trace, status):
+    rep = run([args.deja, "replay", trace])
+    if rep.returncode != status or "replay OK" not in rep.stderr.decode(errors="replace"):
+        sys.exit(f"FAIL: {trace} did not replay exactly (expected exit {status}):\n{show(rep)}")
+
+
+def same_bytes(args, tmp):
+    # exit:1 is smp-counter's normal end (status 0 -> 1): every run "fails", so its trace is kept to compare.
+    for mode in ("jit", "reference"):
+        first = None
+        for i in range(10):
+            out = os.path.join(tmp, f"same-{mode}")
+            shutil.rmtree(out, ignore_errors=True)
+            p = explore(args, out, "--seed", "7", "--interp-mode", mode, "--until", "exit:1", "--append",
+                        "increments=3000")
+            if p.returncode != FOUND:
+                sys.exit(f"FAIL: explore --seed 7 ({mode}) run {i}:\n{show(p)}")
+            trace = os.path.join(out, "seed-7.trace")
+            if first is None:
+                first = os.path.join(tmp, f"first-{mode}.trace")
+                shutil.copy(trace, first)
+                check_replay(args, trace, 1)
+            elif not filecmp.cmp(first, trace, shallow=False):
+                sys.exit(f"FAIL: explore --seed 7 ({mode}) run {i} gave another trace than run 0")
+    print("ok: --seed 7 gave the same trace bytes 10 of 10 times, on the JIT and the reference executor")
+
+
+def kept_only_failures(args, tmp):
+    out = os.path.join(tmp, "kept")
+    p = explore(args, out, "--seeds", "1..4", "-j", "2", "--until", "exit:3", "--append", "increments=2000")
+    if p.returncode != 0:
+        sys.exit(f"FAIL: a campaign with nothing found should exit 0:\n{show(p)}")
+    seeds, summary = results(p)
+    if len(seeds) != 4 or summary["seeds"] != 4 or summary["failures"] != 0 or os.listdir(out):
+        sys.exit(f"FAIL: passing runs left files or the summary is wrong: {os.listdir(out)}\n{show(p)}")
+    print("ok: passing runs leave nothing; summary", summary["outcomes"])
+
+
+def race(args, tmp):
+    out = os.path.join(tmp, "race")
+    p = explore(args, out, "--seeds", "0..299", "-j", "2", "--schedule", "pct:2:200", "--until", "serial:BUG",
+                guest="explore-race")
+    seeds, summary = results(p)
+    if p.returncode != FOUND or not summary["failures"]:
+        sys.exit(f"FAIL: PCT did not find the planted race in 300 seeds:\n{show(p)}")
+    first = summary["first_failing_seed"]
+    trace = os.path.join(out, f"seed-{first}.trace")
+    if not os.path.exists(trace):
+        sys.exit(f"FAIL: the failing seed's trace {trace} is missing")
+    check_replay(args, trace, 12)  # (stopped where the serial predicate matched: a recorded End)
+    q = run([args.deja, "query", trace, "--at", "end", "--regs", "--cpu", "1"])
+    if q.returncode != 0 or b"rip" not in q.stdout.lower():
+        sys.exit(f"FAIL: query of the failing trace:\n{show(q)}")
+    ins = run([args.deja, "inspect", trace])
+    if ins.returncode != 0 or "pct" not in ins.stdout.decode(errors="replace"):
+        sys.exit(f"FAIL: inspect of the failing trace:\n{show(ins)}")
+    print(f"ok: PCT found the race at seed {first} ({summary['failures']} of 300), the trace replays")
+    mini = os.path.join(tmp, "minimized")
+    m = run([args.deja, "explore", "--minimize", trace, "-o", mini, "--symbols",
+             os.path.join(args.guests, "explore-race.elf64")])
+    text = m.stdout.decode(errors="replace")
+    minimized = os.path.join(mini, f"minimized-seed-{first}.trace")
+    if m.returncode != FOUND or "change-point 0: vCPU" not in text or "guest_main" not in text or \
+            "1 of 2 perturbations taken away" not in text or not os.path.exists(minimized):
+        sys.exit(f"FAIL: minimization of seed {first}:\n{show(m)}")
+    check_replay(args, minimized, 12)
+    print("ok: minimized to the one change point (timer jitter taken away):",
+          [l.strip() for l in text.splitlines() if "change-point" in l][0])
+    none = explore(args, os.path.join(tmp, "race-none"), "--seeds", "0..19", "-j", "2", "--schedule", "none",
+                   "--timer-jitter", "0", "--until", "serial:BUG", guest="explore-race")
+    if none.returncode != 0:
+        sys.exit(f"FAIL: the default schedule should not find the race:\n{show(none)}")
+
+
+def hang(args, tmp):
+    p = explore(args, os.path.join(tmp, "hang"), "--seeds", "1..2", "--until", "hang:2M", guest="hostile/jmp-self",
+                cpus=1)
+    seeds, summary = results(p)
+    if p.returncode != FOUND or summary["failures"] != 2 or not all(s["outcome"] == "fail: hang:2M" for s in seeds):
+        sys.exit(f"FAIL: jmp-self should be a hang:\n{show(p)}")
+    check_replay(args, seeds[0]["trace"], 4)
+    print("ok: a guest spinning without output is a hang, and its trace replays")
+
+
+def shards(args, tmp):
+    work = os.path.join(tmp, "work")
+    out = os.path.join(tmp, "sharded")
+    image = os.path.join(args.guests, "explore-race.elf")
+    p = run([args.deja, "explore", "--machine", "pc-apic", "--cpus", "2", "--seeds", "0..99", "--schedule", "pct:2:200",
+             "--until", "serial:BUG", "-o", out, "--shards", "4", "--workdir", work, "-j", "2", image])
+    text = p.stdout.decode(errors="replace")
+    if p.returncode not in (0, FOUND) or "100 seeds" not in text:
+        sys.exit(f"FAIL: a campaign in 4 shards on the local executor:\n{show(p)}")
+    again = run([args.deja, "merge", os.path.join(work, "manifest.json")])
+    if again.returncode != p.returncode or "100 seeds" not in again.stdout.decode(errors="replace"):
+        sys.exit(f"FAIL: deja merge of the shards:\n{show(again)}")
+    direct = explore(args, os.path.join(tmp, "direct"), "--seeds", "0..99", "-j", "2", "--schedule", "pct:2:200",
+                     "--until", "serial:BUG", guest="explore-race")
+    _, summary = results(direct)
+    if f"{summary['failures']} failing" not in text:
+        sys.exit(f"FAIL: the shards found other failures than one campaign:\n{text}\n{show(direct)}")
+    print(f"ok: 4 shards through deja segment/merge (local executor) = one campaign ({summary['failures']} failing)")
+
+
+def linux_disk_eio(args, tmp):
+    """The bundled Linux guest reads its disk under injected I/O errors: the kernel logs them and the run replays."""
+    disk = os.path.join(args.linux, "disk.img")
+
+    def campaign(out, seeds):
+        return run([args.deja, "explore", "--linux", "--append", "deja.script=disk-read", "--disk", disk, "--faults",
+                    "disk-eio:5%", "--seeds", seeds, "--until", "serial:I/O error, dev vda", "-o", out, "--json"])
+
+    out = os.path.join(tmp, "linux")
+    p = campaign(out, "1..4")
+    seeds, summary = results(p)
+    failing = [s for s in seeds if s["failed"]]
+    if p.returncode != FOUND or not failing or failing[0]["faults"] < 1:
+        sys.exit(f"FAIL: an injected disk I/O error should reach the Linux guest in 4 seeds:\n{show(p)}")
+    first = failing[0]
+    check_replay(args, first["trace"], 12)
+    again = campaign(out + "-again", str(first["seed"]))
+    if again.returncode != FOUND or not filecmp.cmp(first["trace"], os.path.join(out + "-again", f"seed-{first['seed']}.trace"),
+                                                    shallow=False):
+        sys.exit(f"FAIL: the Linux run with faults gave another trace the second time:\n{show(again)}")
+    print(f"ok: seed {first['seed']}: {first['faults']} injected disk errors seen by Linux (I/O error, dev vda), "
+          f"replayed exactly, the same bytes twice; {summary['failures']} of 4 seeds")
+
+
+def refusals(args, tmp):
+    image = os.path.join(args.guests, "smp-counter.elf")
+    for extra in (["--seeds", "5..1", "--until", "hang"], ["--seed", "1"], ["--seed", "1", "--until", "bogus:1"],
+                  ["--seed", "1", "--until", "serial:("], ["--seed", "1", "--until", "hang", "--backend", "kvm"],
+                  ["--seed", "1", "--until", "hang", "--schedule", "pct:0"],
+                  ["--seed", "1", "--until", "hang", "--schedule", "pct:2:x"], ["--seed", "1", "--until", "hang", "--faults", "disk-eio:2%"]):
+        p = run([args.deja, "explore", "-o", os.path.join(tmp, "bad"), *extra, image])
+        if p.returncode != 2 or b"deja:" not in p.stderr:
+            sys.exit(f"FAIL: {extra} should be refused with status 2:\n{show(p)}")
+    p = run([args.deja, "explore", "-o", os.path.join(tmp, "bad"), "--seeds", "1..100", "--until", "hang",
+             os.path.join(tmp, "nonexistent.elf")])
+    if p.returncode != 2 or b"cannot read it" not in p.stderr:
+        sys.exit(f"FAIL: a missing image should be refused once, before any run:\n{show(p)}")
+    print("ok: bad options refused")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--deja", required=True)
+    ap.add_argument("--guests", required=True, help="the build's guest-tests/ directory")
+    ap.add_argument("--only", help="run only this part")
+    ap.add_argument("--linux", help="the build's guest-linux/ directory: also the Linux disk-fault test")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in (refusals, kept_only_failures, same_bytes, race, hang, shards, linux_disk_eio):
+            if args.only and part.__name__ != args.only:
+                continue
+            if part is linux_disk_eio and not args.linux:
+                continue
+            part(args, tmp)
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()
