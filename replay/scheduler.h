@@ -30,7 +30,9 @@ struct ScheduleConfig {
   uint64_t seed = 0;
   SliceUnit unit = SliceUnit::kInstructions;
   uint64_t quantum = 0;      // mean slice length in `unit` (each slice draws from [quantum/2, 3*quantum/2))
-  uint32_t pause_limit = 0;  // PAUSEs a slice may execute: each slice draws from [1, pause_limit]
+  // PAUSEs a slice may execute: each slice draws from [1, pause_limit]. 0: PAUSE is no switch point, and no exit
+  // (a backend that cannot stop there: KVM without the kvm-deja module).
+  uint32_t pause_limit = 0;
   bool operator==(const ScheduleConfig&) const = default;
 };
 // The defaults: a quantum of 200,000 instructions (0.2 ms of the guest's clock per slice), 32 guest exits in

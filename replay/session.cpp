@@ -97,11 +97,6 @@ Result<> Session::build(const MachineConfig& config, const std::string& serial_o
   // Application processors wait for STARTUP (docs/smp.md) in the state INIT leaves.
   for (size_t i = 1; i < vcpus_.size(); ++i) {
     if (auto s = vcpus_[i].cpu->set_state(cpu_state_after_init(cpu_signature())); !s) return std::unexpected(s.error());
-    // A spin-wait yields to the other vCPUs: every PAUSE is an exit the schedule sees.
-    if (auto r = vcpus_[i].cpu->set_pause_exits(true); !r) return r;
-  }
-  if (vcpus_.size() > 1) {
-    if (auto r = machine_->backend().set_pause_exits(true); !r) return r;
   }
   engine_.set_position_source([this] { return position(); });
   has_budget_ = machine_->backend().set_instruction_budget(0).has_value();
@@ -124,7 +119,7 @@ bool Session::guest_caused(ExitKind kind) const {
     case ExitKind::kHlt:
     case ExitKind::kMsrRead:
     case ExitKind::kMsrWrite:
-    case ExitKind::kPause:  // (only with several vCPUs, which stop at every PAUSE on every backend)
+    case ExitKind::kPause:  // (only with several vCPUs whose schedule stops at PAUSE)
       return true;
     case ExitKind::kRdtsc:
     case ExitKind::kRdrand:
@@ -147,6 +142,12 @@ Result<> Session::setup_progress(const ProgressChoice& choice) {
                     "--progress emulated-pmu needs the software CPU (--backend interp): {}", r.error().message);
       }
     } else if (!cpu.progress_counter()) {
+      if (vcpus_.size() > 1) {
+        // (the vCPUs take turns on this thread, whose PMU counter would count every vCPU's branches)
+        return fail(ErrorKind::kUnsupported,
+                    "exact progress through the host PMU is not implemented for several vCPUs on KVM; record with "
+                    "--progress exit-sync");
+      }
       if (auto r = attach_pmu_counter(cpu); !r) return r;
     }
     if (engine_.mode() == Mode::kReplay) {
@@ -545,6 +546,7 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
       }
       break;
     case ExitKind::kKicked:
+      kicked_ = true;
       if (engine_.mode() == Mode::kRecord && engine_.progress() == ProgressMode::kExitSync) {
         // Exit-synchronous recording can let time in only at the guest's own exits. A guest that
         // spins without I/O while its timer is due would wait forever: warn, then stop cleanly.
@@ -642,6 +644,12 @@ Result<> Session::set_schedule(const ScheduleConfig& config) {
   if (vcpus_.size() < 2) return fail(ErrorKind::kInvalidArgument, "a schedule needs several vCPUs");
   auto made = make_scheduler(config);
   if (!made) return std::unexpected(made.error());
+  // A spin-wait yields to the other vCPUs: every PAUSE is an exit the schedule sees (pause_limit 0: none is).
+  for (const Vcpu& v : vcpus_) {
+    if (auto r = v.cpu->set_pause_exits(config.pause_limit > 0); !r) {
+      return fail(ErrorKind::kUnsupported, "the schedule stops vCPUs at PAUSE: {}", r.error().message);
+    }
+  }
   scheduler_ = std::move(*made);
   switch_to(0);  // the bootstrap processor's first slice
   return {};
@@ -723,10 +731,13 @@ Result<std::optional<Outcome>> Session::schedule() {
   const bool slice_over = scheduler_->config().unit == SliceUnit::kInstructions
                               ? cpu().step_count().value_or(0) >= slice_end_
                               : now().guest_exits >= slice_end_;
+  // A plain run without PAUSE exits (stock KVM) also switches where host time kicked the vCPU (aim()), so that a
+  // vCPU spinning on another without I/O lets it run; a recording cannot, as no coordinate places a kick.
+  const bool preempted = std::exchange(kicked_, false) && engine_.mode() == Mode::kRun;
   SwitchPoint why;
   if (!can_run) why = SwitchPoint::kIdle;
-  else if (slice_over) why = SwitchPoint::kSliceEnd;
-  else if (pauses_left_ == 0) why = SwitchPoint::kPause;
+  else if (slice_over || preempted) why = SwitchPoint::kSliceEnd;
+  else if (pauses_left_ == 0 && scheduler_->config().pause_limit > 0) why = SwitchPoint::kPause;
   else return std::nullopt;
   std::array<bool, kMaxVcpus> ready{};
   bool any = false;
@@ -873,6 +884,10 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
     if (!engine_.networks().empty()) kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
     if (mode == Mode::kRecord) kick = std::min(kick, next_heartbeat_);
+    // A plain run whose vCPUs do not stop at PAUSE switches at kicks (schedule()): one every slice of host time.
+    if (mode == Mode::kRun && scheduler_ && scheduler_->config().pause_limit == 0) {
+      kick = std::min(kick, HostClock::monotonic_ns() + kRunSliceNs);
+    }
     kick_at_.store(kick);
   }
   // Several vCPUs: the slice ends at an instruction count.
