@@ -642,6 +642,10 @@ uint32_t Session::cpu_signature() const { return machine_->config().cpu_model->c
 
 Result<> Session::set_schedule(const ScheduleConfig& config) {
   if (vcpus_.size() < 2) return fail(ErrorKind::kInvalidArgument, "a schedule needs several vCPUs");
+  if (config.unit == SliceUnit::kInstructions && !has_budget_) {
+    return fail(ErrorKind::kUnsupported, "the schedule's slices are counted in retired instructions, where the {} "
+                "backend cannot stop a vCPU (replay with --backend interp)", machine_->backend().name());
+  }
   auto made = make_scheduler(config);
   if (!made) return std::unexpected(made.error());
   // A spin-wait yields to the other vCPUs: every PAUSE is an exit the schedule sees (pause_limit 0: none is).
