@@ -222,6 +222,9 @@ class KvmBackend final : public Backend, public KvmVcpu {
   bool xsave2_ = false;
   bool tsc_pinned_ = false;
   bool pause_exits_ = false;  // set_pause_exits: the VM's PAUSE exits reach the caller (else run() goes on)
+  // The last exit was a PAUSE that also ended a single step: the step's kDebug comes next, without running (the
+  // software CPU reports a PAUSE it stepped over the same way).
+  bool step_owed_ = false;
 
   VcpuExit exit_;
   // A string or REP I/O exit is handed to the VMM one element at a time; this is where we are in it.
@@ -650,6 +653,11 @@ Result<VcpuExit*> KvmBackend::run() {
   }
 
   for (;;) {
+    if (std::exchange(step_owed_, false)) {
+      exit_ = VcpuExit{};
+      exit_.rip = current_rip();
+      return finish(ExitKind::kDebug);
+    }
     auto exit = run_once();
     // PAUSE exits are enabled for the whole VM: a vCPU not asked for them goes on past the (skipped) PAUSE.
     if (!exit || (*exit)->kind != ExitKind::kPause || pause_exits_) return exit;
@@ -714,6 +722,7 @@ Result<VcpuExit*> KvmBackend::translate_exit() {
       exit_.rip = current_rip();
       if (!kvm_deja::translate(run_->padding, exit_)) return stop_with_diagnostic(ExitKind::kFault, exit_.detail);
       needs_completion_ = exit_.kind != ExitKind::kPause;  // (the module skipped the PAUSE: nothing to answer)
+      step_owed_ = kvm_deja::pause_ended_step(run_->padding);
       return finish(exit_.kind);
     case KVM_EXIT_HLT:
       exit_ = VcpuExit{};
@@ -937,6 +946,7 @@ Result<> KvmBackend::set_state(const CpuState& requested) {
   halted_ = state.halted;
   state_set_since_exit_ = true;
   io_.active = false;
+  step_owed_ = false;
   needs_completion_ = false;
   return {};
 }
@@ -1083,6 +1093,7 @@ Result<> KvmBackend::set_debug(const DebugControl& control) {
     return fail(ErrorKind::kUnsupported,
                 "the KVM backend has no data watchpoints, extra breakpoints or step count (debug with --backend interp)");
   }
+  if (!control.single_step) step_owed_ = false;  // (a step owed after a PAUSE is no longer wanted)
   // KVM_SET_GUEST_DEBUG takes the complete debug configuration each time; clearing it is control = 0.
   kvm_guest_debug debug{};
   if (control.single_step || control.breakpoint) {

@@ -97,6 +97,12 @@ bool translate(const void* exit_area, VcpuExit& exit) {
   }
 }
 
+bool pause_ended_step(const void* exit_area) {
+  kvm_deja_exit e;
+  std::memcpy(&e, exit_area, sizeof(e));
+  return e.insn == KVM_DEJA_PAUSE && (e.flags & KVM_DEJA_FLAG_STEP);
+}
+
 void complete(void* exit_area, const VcpuExit& exit, uint64_t tsc_aux) {
   kvm_deja_exit e;
   std::memcpy(&e, exit_area, sizeof(e));

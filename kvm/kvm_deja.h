@@ -23,9 +23,11 @@ struct Enabled {
 // vCPU creation). Fails only when the module offers the exits and then refuses to enable them.
 Result<Enabled> enable(int kvm_fd, int vm_fd, bool wanted, bool pause);
 
-// Fills `exit` (kind, is_rdtscp / is_rdseed, size) from the exit area of kvm_run (offset of its exit union).
-// False, with `exit.detail` set, for an instruction code this deja does not know.
+// Fills `exit` (kind, is_rdtscp / is_rdseed, size; for PAUSE its rip) from the exit area of kvm_run (offset of its
+// exit union). False, with `exit.detail` set, for an instruction code this deja does not know.
 bool translate(const void* exit_area, VcpuExit& exit);
+// A PAUSE exit that also ended a host single step (KVM_DEJA_FLAG_STEP): the step's exit is owed after it.
+bool pause_ended_step(const void* exit_area);
 
 // Writes the VMM's answer in `exit` into the exit area before the next KVM_RUN. `tsc_aux` is the IA32_TSC_AUX
 // value RDTSCP loads into ECX (deja's CPU model owns it, not KVM).

@@ -45,10 +45,13 @@
 
 /* kvm_deja_exit.flags, set by userspace: RDRAND/RDSEED succeeded (the CF the guest sees). */
 #define KVM_DEJA_FLAG_CF (1u << 0)
+/* kvm_deja_exit.flags, set by the kernel for PAUSE: the host debugger single-steps the vCPU, and the step ended with
+ * the PAUSE (KVM_EXIT_DEBUG is not reported separately). */
+#define KVM_DEJA_FLAG_STEP (1u << 1)
 
 struct kvm_deja_exit {
 	__u32 insn;  /* kernel: one KVM_DEJA_* bit, the instruction that exited */
-	__u32 flags; /* userspace: KVM_DEJA_FLAG_CF for RDRAND/RDSEED; zeroed by the kernel at the exit */
+	__u32 flags; /* userspace: KVM_DEJA_FLAG_CF for RDRAND/RDSEED; kernel: KVM_DEJA_FLAG_STEP for PAUSE, else 0 */
 	__u64 value; /* userspace: the TSC (RDTSC/RDTSCP) or the random value (RDRAND/RDSEED); kernel: PAUSE's RIP */
 	__u64 aux;   /* RDTSCP: the kernel puts the guest's IA32_TSC_AUX as KVM holds it; ECX gets (u32)aux */
 	__u8 reg;    /* kernel, RDRAND/RDSEED: destination GPR number (0 RAX, 1 RCX, ... 15 R15) */

@@ -330,16 +330,26 @@ void Session::replay_async() {
 Result<> Session::deliver_interrupts() {
   Backend& cpu = this->cpu();
   InterruptController& interrupts = machine_->interrupts(current_);
+  Vcpu& v = now();
   if (!interrupts.interrupt_pending()) {
     cpu.request_interrupt_window(false);
+    v.seeking_window = false;
+    v.window_steps = 0;
     return {};
   }
   if (engine_.progress() == ProgressMode::kExitSync && engine_.mode() != Mode::kRun) {
     // Exit-synchronous: inject only at guest-caused exits (delivered right after the exiting
     // instruction), never through interrupt-window exits, whose timing an emulated CPU (nested KVM
-    // under QEMU) does not reproduce exactly from run to run.
+    // under QEMU) does not reproduce exactly from run to run; or, where the vCPU cannot take it there, at the first
+    // instruction boundary after it where it can, single-stepping to it (step_to_interrupt_windows).
     cpu.request_interrupt_window(false);
-    if (!guest_caused(now().last_exit_kind) || !cpu.can_inject_interrupt()) return {};
+    if (!guest_caused(v.last_exit_kind) && !v.seeking_window) return {};
+    if (!cpu.can_inject_interrupt()) {
+      v.seeking_window = !v.halted && v.window_steps < interrupt_window_steps_;
+      return {};
+    }
+    v.seeking_window = false;
+    v.window_steps = 0;
   } else if (!cpu.can_inject_interrupt()) {
     cpu.request_interrupt_window(true);
     return {};
@@ -347,8 +357,8 @@ Result<> Session::deliver_interrupts() {
   uint8_t vector = interrupts.acknowledge();
   engine_.interrupt(vector, position());
   cpu.request_interrupt_window(false);
-  now().last_exit_kind = ExitKind::kKicked;  // one injection per exit
-  now().halted = false;
+  v.last_exit_kind = ExitKind::kKicked;  // one injection per exit
+  v.halted = false;
   return cpu.inject_interrupt(vector);
 }
 
@@ -737,7 +747,8 @@ Result<std::optional<Outcome>> Session::schedule() {
                               : now().guest_exits >= slice_end_;
   // A plain run without PAUSE exits (stock KVM) also switches where host time kicked the vCPU (aim()), so that a
   // vCPU spinning on another without I/O lets it run; a recording cannot, as no coordinate places a kick.
-  const bool preempted = std::exchange(kicked_, false) && engine_.mode() == Mode::kRun;
+  const bool preempted =
+      std::exchange(kicked_, false) && engine_.mode() == Mode::kRun && scheduler_->config().pause_limit == 0;
   SwitchPoint why;
   if (!can_run) why = SwitchPoint::kIdle;
   else if (slice_over || preempted) why = SwitchPoint::kSliceEnd;
@@ -856,7 +867,7 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     const uint64_t own = cpu.step_count().value_or(0), others = total_steps() - own;
     if (stop.at_step) user.stop_at_step = *stop.at_step > others ? *stop.at_step - others : 0;
     if (turn.step_over) user.stop_at_step = std::min(user.stop_at_step.value_or(UINT64_MAX), own + 1);
-    user.single_step = turn.finish_instruction;
+    user.single_step = turn.finish_instruction || now().seeking_window;
     if (auto r = apply_debug(user); !r) return r;
     if (now().seeker) {
       now().seeker->set_target(seek_target());
@@ -888,6 +899,9 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
     if (!engine_.networks().empty()) kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
     if (mode == Mode::kRecord) kick = std::min(kick, next_heartbeat_);
+    if (interrupt_window_steps_ > 0) {
+      if (auto r = apply_debug(DebugControl{.single_step = now().seeking_window}); !r) return r;
+    }
     // A plain run whose vCPUs do not stop at PAUSE switches at kicks (schedule()): one every slice of host time.
     if (mode == Mode::kRun && scheduler_ && scheduler_->config().pause_limit == 0) {
       kick = std::min(kick, HostClock::monotonic_ns() + kRunSliceNs);
@@ -966,6 +980,7 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
   if (auto r = aim(stop, turn); !r) return std::unexpected(r.error());
   auto exit = now().seeker ? now().seeker->run() : cpu.run();
   if (!exit) return std::unexpected(exit.error());
+  if (now().seeking_window && (*exit)->kind == ExitKind::kDebug) ++now().window_steps;
   auto done = handle_exit(**exit);
   if (!done) return std::unexpected(done.error());
   if (*done) return end(**done);
@@ -1151,12 +1166,13 @@ std::string get_string(StateReader& r) {
 }  // namespace
 
 // The run loop's own state and the engine's trace cursor ("SESS" section of a checkpoint). Version 4 holds each
-// vCPU's loop state and the schedule's; version 3 (one vCPU, before several) is still read.
+// vCPU's loop state and the schedule's, version 5 also each vCPU's search for an interrupt window; versions 3 (one
+// vCPU, before several) and 4 are still read.
 Result<std::vector<uint8_t>> Session::encode_loop_state() {
   auto cursor = engine_.save_cursor();
   if (!cursor) return std::unexpected(cursor.error());
   const Engine::Cursor& c = *cursor;
-  StateWriter w("SESS", 4);
+  StateWriter w("SESS", 5);
   w.u64(next_digest_at_);
   w.u64(c.raw_position);
   w.boolean(c.has_lookahead);
@@ -1185,16 +1201,21 @@ Result<std::vector<uint8_t>> Session::encode_loop_state() {
   const std::vector<uint8_t> schedule = scheduler_ ? scheduler_->save() : std::vector<uint8_t>{};
   w.u32(uint32_t(schedule.size()));
   w.bytes(schedule);
+  for (const Vcpu& v : vcpus_) {
+    w.boolean(v.seeking_window);
+    w.u32(v.window_steps);
+  }
   return w.take();
 }
 
 Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
-  const uint8_t version = blob.size() > 4 && blob[4] == 3 ? 3 : 4;
+  const uint8_t version = blob.size() > 4 && (blob[4] == 3 || blob[4] == 4) ? blob[4] : 5;
   StateReader r(blob, "SESS", version);
   struct Saved {
     uint64_t guest_exits = 0, last_rip = 0, branches = 0;
     uint8_t kind = 0;
-    bool after_mmio_write = false, halted = false;
+    bool after_mmio_write = false, halted = false, seeking_window = false;
+    uint32_t window_steps = 0;
   };
   auto read_vcpu = [&r](Saved& v, bool full) {
     v.guest_exits = r.u64();
@@ -1248,6 +1269,11 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
     if (r.ok()) schedule.resize(size);
     r.bytes(schedule);
     if (current >= vcpus_.size()) r.invalid(fmt::format("running vCPU {} out of range", current));
+    for (Saved& v : saved) {
+      if (version < 5 || !r.ok()) break;
+      v.seeking_window = r.boolean();
+      v.window_steps = r.u32();
+    }
   }
   if (auto done = r.finish(); !done) return done;
   if (scheduler_ && !schedule.empty()) {
@@ -1263,6 +1289,8 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
     v.last_exit_rip = saved[i].last_rip;
     v.after_mmio_write = saved[i].after_mmio_write;
     v.halted = saved[i].halted;
+    v.seeking_window = saved[i].seeking_window;
+    v.window_steps = saved[i].window_steps;
   }
   current_ = current;
   slice_end_ = slice_end;

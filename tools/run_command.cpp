@@ -526,6 +526,9 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   session.set_digest_interval(options.digest_interval);
   session.count_rdtsc_as_guest_exits(session.machine().backend().traps_rdtsc());
   session.complete_mmio_write_exits(true);
+  if (config.vcpus > 1 && progress.mode == ProgressMode::kExitSync) {
+    session.step_to_interrupt_windows(Session::kInterruptWindowSteps);
+  }
   // Where instructions are counted exactly, time read between asynchronous events follows from them: no event per
   // clock or TSC read (format 4). The same in a plain run, so that a run and its recording see the same time.
   if (progress.mode == ProgressMode::kExact && session.machine().backend().instruction_count()) {

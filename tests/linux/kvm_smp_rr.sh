@@ -15,15 +15,18 @@ source_dir="$(realpath "$1")" build="$(realpath "$2")"
 guests="$build/guest-tests"
 smp_guests=("smp-ipi" "smp-counter increments=20000")
 
+ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+
 replay_ok() {  # label, trace, expected serial output, deja replay options...
-  local label="$1" trace="$2" expected="$3" status=0
+  local label="$1" trace="$2" expected="$3" status=0 start
   shift 3
+  start=$(date +%s%N)
   "$build/deja" replay "$@" "$trace" --serial-out "$trace.replayed" 2>"$trace.replay.err" || status=$?
   if [[ $status -ne 1 ]] || ! grep -q "replay OK" "$trace.replay.err"; then
     echo "FAIL: $label: the replay ended with status $status:"; tail -15 "$trace.replay.err"; exit 1
   fi
   cmp -s "$expected" "$trace.replayed" || { echo "FAIL: $label: the replayed serial output differs"; exit 1; }
-  echo "ok   $label: $(grep -o "replay OK: [0-9]* events" "$trace.replay.err")"
+  echo "ok   $label: $(grep -o "replay OK: [0-9]* events" "$trace.replay.err") in $(ms_since "$start") ms"
 }
 
 if [[ "${DEJA_KVM_SMP_INSIDE:-}" != 1 ]]; then
@@ -54,6 +57,13 @@ fi
 # Inside the nested guest: $3 is the shared directory the outer half reads afterwards.
 work="$3"
 mkdir -p "$work/linux"
+# The peer of the figures: the same workload (boot, then /scripts/smp from the command line), neither recorded nor
+# replayed.
+start=$(date +%s%N)
+DEJA_LINUX_GUEST_DIR="$build/guest-linux" "$build/deja" run --backend kvm --linux --machine pc-apic --cpus 2 \
+  --schedule-seed 1 --append deja.script=smp --serial-out "$work/plain.out" 2>/dev/null || true
+grep -q "smp-race: 2 threads" "$work/plain.out" || { echo "FAIL: the plain 2-vCPU run did not run smp-race"; exit 1; }
+echo "ok   plain run on KVM, 2 vCPUs, boot and /scripts/smp: $(ms_since "$start") ms"
 python3 "$source_dir/tests/linux/linux_test.py" --deja "$build/deja" --backend kvm --guest-dir "$build/guest-linux" \
   --record-replay-smp --shell --cpus 2 --schedule-seed 1 --timeout 2400 --keep "$work/linux"
 for spec in "${smp_guests[@]}"; do

@@ -48,6 +48,7 @@ TraceConfig everything() {
   t.rdtsc_trapped = true;
   t.rdtsc_exits_are_guest_exits = true;
   t.mmio_write_exits_complete = true;
+  t.interrupt_window_steps = 16384;
   t.tsc_hz = 3'000'000'000;
   t.digest_interval = 77;
   t.software_tlb_entries = 1024;
@@ -105,7 +106,7 @@ TEST(TraceConfig, EachFieldMatters) {
       [](TraceConfig& t) { t.cpu_quirks.pop_back(); }, [](TraceConfig& t) { t.derived_time->ns_per_device_read++; },
       [](TraceConfig& t) { t.derived_time.reset(); }, [](TraceConfig& t) { t.schedule->seed++; },
       [](TraceConfig& t) { t.schedule->unit = SliceUnit::kInstructions; }, [](TraceConfig& t) { t.schedule->quantum++; },
-      [](TraceConfig& t) { t.schedule->pause_limit++; },
+      [](TraceConfig& t) { t.schedule->pause_limit++; }, [](TraceConfig& t) { t.interrupt_window_steps = 0; },
       [](TraceConfig& t) {
         t.vcpus = 1;
         t.schedule.reset();
