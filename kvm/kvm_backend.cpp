@@ -147,26 +147,28 @@ class FileDescriptor {
   int fd_ = -1;
 };
 
-// What the vCPUs of one VM share: the VM itself, its RAM slot and what the kvm-deja module enabled on it.
-struct KvmVm {
-  FileDescriptor kvm;
-  FileDescriptor vm;
-  GuestMemory* ram = nullptr;  // slot 0
-  bool dirty_log = false;      // KVM_MEM_LOG_DIRTY_PAGES set on slot 0
-  kvm_deja::Enabled deja;      // the kvm-deja module's exits, when loaded (docs/kvm-deja.md)
+// A descriptor of the VM that every vCPU's backend holds: the last one closes it.
+class SharedFd {
+ public:
+  SharedFd() = default;
+  explicit SharedFd(int fd) : fd_(std::make_shared<FileDescriptor>(fd)) {}
+  int get() const { return fd_ ? fd_->get() : -1; }
+
+ private:
+  std::shared_ptr<FileDescriptor> fd_;
 };
 
 class KvmBackend final : public Backend, public KvmVcpu {
  public:
-  // vCPU `index` of `count` in the VM `vm` (the first one creates it).
-  static Result<std::unique_ptr<KvmBackend>> create(const std::shared_ptr<KvmVm>& vm, GuestMemory& memory,
+  // vCPU `index` of `count`: the first creates the VM, the others join `first`'s.
+  static Result<std::unique_ptr<KvmBackend>> create(const KvmBackend* first, GuestMemory& memory,
                                                     const CpuModel& model, uint32_t index, uint32_t count,
                                                     const KvmOptions& options);
   ~KvmBackend() override;
 
   std::string_view name() const override { return "kvm"; }
-  bool traps_rdtsc() const override { return (vm_->deja.mask & KVM_DEJA_RDTSC) != 0; }
-  std::string rdtsc_untrapped_reason() const override { return vm_->deja.why_not; }
+  bool traps_rdtsc() const override { return (deja_.mask & KVM_DEJA_RDTSC) != 0; }
+  std::string rdtsc_untrapped_reason() const override { return deja_.why_not; }
   // What the usability check measured on this host's KVM (the vCPU itself cannot be told otherwise).
   std::vector<std::string> cpu_quirks() const override { return kvm_usability().cpu_quirks; }
   Result<> adopt_cpu_quirks(std::span<const std::string> quirks) override {
@@ -212,7 +214,8 @@ class KvmBackend final : public Backend, public KvmVcpu {
   VcpuExit* stop_with_diagnostic(ExitKind kind, std::string reason);
   uint64_t current_rip();
 
-  std::shared_ptr<KvmVm> vm_;
+  SharedFd kvm_;
+  SharedFd vm_;
   FileDescriptor vcpu_;
   kvm_run* run_ = nullptr;
   size_t run_size_ = 0;
@@ -221,6 +224,7 @@ class KvmBackend final : public Backend, public KvmVcpu {
   bool xcrs_ = false;      // KVM_GET/SET_XCRS: XCR0 lives in KVM (else it can only be 1, x87 alone)
   bool xsave2_ = false;
   bool tsc_pinned_ = false;
+  kvm_deja::Enabled deja_;  // RDTSC/RDRAND exits of the kvm-deja module, when loaded (docs/kvm-deja.md)
   bool pause_exits_ = false;  // set_pause_exits: the VM's PAUSE exits reach the caller (else run() goes on)
   // The last exit was a PAUSE that also ended a single step: the step's kDebug comes next, without running (the
   // software CPU reports a PAUSE it stepped over the same way).
@@ -237,6 +241,8 @@ class KvmBackend final : public Backend, public KvmVcpu {
   bool injected_since_exit_ = false;
   bool state_set_since_exit_ = true;
   bool halted_ = false;
+  GuestMemory* ram_ = nullptr;  // slot 0
+  bool dirty_log_ = false;      // KVM_MEM_LOG_DIRTY_PAGES set on slot 0 (through this vCPU's backend)
 
   // Parts of CpuState that KVM does not hold for deja (VMM-emulated or outside kvm_fpu), kept so that
   // set_state followed by get_state returns what was set.
@@ -258,15 +264,18 @@ class KvmBackend final : public Backend, public KvmVcpu {
   uint64_t exit_serial_ = 0;
 };
 
-Result<std::unique_ptr<KvmBackend>> KvmBackend::create(const std::shared_ptr<KvmVm>& vm, GuestMemory& memory,
+Result<std::unique_ptr<KvmBackend>> KvmBackend::create(const KvmBackend* first, GuestMemory& memory,
                                                       const CpuModel& model, uint32_t index, uint32_t count,
                                                       const KvmOptions& options) {
   std::unique_ptr<KvmBackend> backend(new KvmBackend());
-  backend->vm_ = vm;
-  if (index == 0) {
+  if (!first) {
     if (auto ok = backend->setup_vm(memory, options, count); !ok) return std::unexpected(ok.error());
-  } else if (auto ok = backend->check_capabilities(); !ok) {
-    return std::unexpected(ok.error());
+  } else {
+    backend->kvm_ = first->kvm_;
+    backend->vm_ = first->vm_;
+    backend->deja_ = first->deja_;
+    backend->ram_ = first->ram_;
+    if (auto ok = backend->check_capabilities(); !ok) return std::unexpected(ok.error());
   }
   if (auto ok = backend->setup_vcpu(model, index); !ok) return std::unexpected(ok.error());
   return backend;
@@ -277,7 +286,7 @@ KvmBackend::~KvmBackend() {
 }
 
 Result<> KvmBackend::check_capabilities() {
-  int version = ::ioctl(vm_->kvm.get(), KVM_GET_API_VERSION, 0);
+  int version = ::ioctl(kvm_.get(), KVM_GET_API_VERSION, 0);
   if (version != KVM_API_VERSION) {
     return fail(ErrorKind::kUnsupported, "/dev/kvm speaks KVM API version {}, deja needs version {}", version,
                 KVM_API_VERSION);
@@ -296,15 +305,15 @@ Result<> KvmBackend::check_capabilities() {
       {KVM_CAP_X86_MSR_FILTER, "KVM_CAP_X86_MSR_FILTER"},
   };
   for (const auto& required : kRequired) {
-    if (::ioctl(vm_->kvm.get(), KVM_CHECK_EXTENSION, required.cap) <= 0) {
+    if (::ioctl(kvm_.get(), KVM_CHECK_EXTENSION, required.cap) <= 0) {
       return fail(ErrorKind::kUnsupported, "this host's KVM lacks {}, which deja needs (Linux 5.10 or newer has it)",
                   required.name);
     }
   }
-  sync_regs_ = (::ioctl(vm_->kvm.get(), KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS) & KVM_SYNC_X86_REGS) != 0;
-  xcrs_ = ::ioctl(vm_->kvm.get(), KVM_CHECK_EXTENSION, KVM_CAP_XCRS) > 0;
-  if (::ioctl(vm_->kvm.get(), KVM_CHECK_EXTENSION, KVM_CAP_XSAVE) > 0) {
-    int size2 = ::ioctl(vm_->kvm.get(), KVM_CHECK_EXTENSION, KVM_CAP_XSAVE2);
+  sync_regs_ = (::ioctl(kvm_.get(), KVM_CHECK_EXTENSION, KVM_CAP_SYNC_REGS) & KVM_SYNC_X86_REGS) != 0;
+  xcrs_ = ::ioctl(kvm_.get(), KVM_CHECK_EXTENSION, KVM_CAP_XCRS) > 0;
+  if (::ioctl(kvm_.get(), KVM_CHECK_EXTENSION, KVM_CAP_XSAVE) > 0) {
+    int size2 = ::ioctl(kvm_.get(), KVM_CHECK_EXTENSION, KVM_CAP_XSAVE2);
     xsave2_ = size2 > 0;
     xsave_size_ = std::max<size_t>(sizeof(XsaveRegion), size2 > 0 ? size_t(size2) : 0);
   }
@@ -327,7 +336,7 @@ Result<> KvmBackend::setup_vm(GuestMemory& memory, const KvmOptions& options, ui
     }
     return fail(ErrorKind::kUnsupported, "cannot open /dev/kvm: {}", errno_text(error));
   }
-  vm_->kvm = FileDescriptor(fd);
+  kvm_ = SharedFd(fd);
   if (auto ok = check_capabilities(); !ok) return ok;
 
   if (memory.size() > kKvmReservedBase) {
@@ -336,16 +345,16 @@ Result<> KvmBackend::setup_vm(GuestMemory& memory, const KvmOptions& options, ui
                 memory.size() >> 20, kKvmReservedBase, kKvmReservedBase >> 20);
   }
 
-  int vm = ::ioctl(vm_->kvm.get(), KVM_CREATE_VM, 0);
+  int vm = ::ioctl(kvm_.get(), KVM_CREATE_VM, 0);
   if (vm < 0) return fail(ErrorKind::kHost, "KVM_CREATE_VM failed: {}", errno_text(errno));
-  vm_->vm = FileDescriptor(vm);
+  vm_ = SharedFd(vm);
 
   // Both must be set before the vCPU exists; KVM would otherwise pick addresses that may lie in RAM.
   uint64_t identity_map = kKvmIdentityMapGpa;
-  if (::ioctl(vm_->vm.get(), KVM_SET_IDENTITY_MAP_ADDR, &identity_map) < 0) {
+  if (::ioctl(vm_.get(), KVM_SET_IDENTITY_MAP_ADDR, &identity_map) < 0) {
     return fail(ErrorKind::kHost, "KVM_SET_IDENTITY_MAP_ADDR({:#x}) failed: {}", identity_map, errno_text(errno));
   }
-  if (::ioctl(vm_->vm.get(), KVM_SET_TSS_ADDR, static_cast<unsigned long>(kKvmTssGpa)) < 0) {
+  if (::ioctl(vm_.get(), KVM_SET_TSS_ADDR, static_cast<unsigned long>(kKvmTssGpa)) < 0) {
     return fail(ErrorKind::kHost, "KVM_SET_TSS_ADDR({:#x}) failed: {}", kKvmTssGpa, errno_text(errno));
   }
 
@@ -354,32 +363,32 @@ Result<> KvmBackend::setup_vm(GuestMemory& memory, const KvmOptions& options, ui
   region.guest_phys_addr = 0;
   region.memory_size = memory.size();
   region.userspace_addr = reinterpret_cast<uint64_t>(memory.host_base());
-  if (::ioctl(vm_->vm.get(), KVM_SET_USER_MEMORY_REGION, &region) < 0) {
+  if (::ioctl(vm_.get(), KVM_SET_USER_MEMORY_REGION, &region) < 0) {
     return fail(ErrorKind::kHost, "KVM_SET_USER_MEMORY_REGION ({} bytes of RAM at GPA 0) failed: {}", memory.size(),
                 errno_text(errno));
   }
-  vm_->ram = &memory;
+  ram_ = &memory;
 
   kvm_enable_cap msr_exits{};
   msr_exits.cap = KVM_CAP_X86_USER_SPACE_MSR;
   msr_exits.args[0] = KVM_MSR_EXIT_REASON_FILTER | KVM_MSR_EXIT_REASON_UNKNOWN | KVM_MSR_EXIT_REASON_INVAL;
-  if (::ioctl(vm_->vm.get(), KVM_ENABLE_CAP, &msr_exits) < 0) {
+  if (::ioctl(vm_.get(), KVM_ENABLE_CAP, &msr_exits) < 0) {
     return fail(ErrorKind::kUnsupported, "enabling KVM_CAP_X86_USER_SPACE_MSR failed: {}", errno_text(errno));
   }
   if (auto ok = setup_msr_filter(); !ok) return ok;
   // Before the vCPUs exist: the module sets its intercepts when a vCPU is created. PAUSE exits only where several
   // vCPUs take turns (a one-vCPU machine's exits stay what they were).
-  auto deja = kvm_deja::enable(vm_->kvm.get(), vm_->vm.get(), options.trap_rdtsc, count > 1);
+  auto deja = kvm_deja::enable(kvm_.get(), vm_.get(), options.trap_rdtsc, count > 1);
   if (!deja) return std::unexpected(deja.error());
-  vm_->deja = *deja;
+  deja_ = *deja;
   return {};
 }
 
 Result<> KvmBackend::setup_vcpu(const CpuModel& model, uint32_t index) {
-  int vcpu = ::ioctl(vm_->vm.get(), KVM_CREATE_VCPU, index);
+  int vcpu = ::ioctl(vm_.get(), KVM_CREATE_VCPU, index);
   if (vcpu < 0) return fail(ErrorKind::kHost, "KVM_CREATE_VCPU failed: {}", errno_text(errno));
   vcpu_ = FileDescriptor(vcpu);
-  int mmap_size = ::ioctl(vm_->kvm.get(), KVM_GET_VCPU_MMAP_SIZE, 0);
+  int mmap_size = ::ioctl(kvm_.get(), KVM_GET_VCPU_MMAP_SIZE, 0);
   if (mmap_size < static_cast<int>(sizeof(kvm_run))) {
     return fail(ErrorKind::kHost, "KVM_GET_VCPU_MMAP_SIZE returned {}: {}", mmap_size, errno_text(errno));
   }
@@ -407,7 +416,7 @@ Result<> KvmBackend::setup_vcpu(const CpuModel& model, uint32_t index) {
 
   // Without TSC scaling in the host CPU, KVM refuses a rate other than the host's; the guest TSC then ticks
   // at host speed, which only matters for the (undetected) RDTSC nondeterminism documented in docs/kvm.md.
-  if (::ioctl(vm_->kvm.get(), KVM_CHECK_EXTENSION, KVM_CAP_TSC_CONTROL) > 0) {
+  if (::ioctl(kvm_.get(), KVM_CHECK_EXTENSION, KVM_CAP_TSC_CONTROL) > 0) {
     tsc_pinned_ = ::ioctl(vcpu_.get(), KVM_SET_TSC_KHZ, static_cast<unsigned long>(CpuModel::kTscHz / 1000)) == 0;
   }
   return {};
@@ -421,7 +430,7 @@ Result<> KvmBackend::setup_cpuid(const CpuModel& model) {
     supported_buffer.assign(kCpuidEntriesOffset + capacity * sizeof(kvm_cpuid_entry2), 0);
     supported = reinterpret_cast<CpuidHeader*>(supported_buffer.data());
     supported->nent = capacity;
-    if (::ioctl(vm_->kvm.get(), kGetSupportedCpuid, supported) == 0) break;
+    if (::ioctl(kvm_.get(), kGetSupportedCpuid, supported) == 0) break;
     if (errno != E2BIG) return fail(ErrorKind::kHost, "KVM_GET_SUPPORTED_CPUID failed: {}", errno_text(errno));
     supported = nullptr;
   }
@@ -507,7 +516,7 @@ Result<> KvmBackend::setup_msr_filter() {
     filter.ranges[i].nmsrs = runs[i].count;
     filter.ranges[i].bitmap = allow_all.data();
   }
-  if (::ioctl(vm_->vm.get(), KVM_X86_SET_MSR_FILTER, &filter) < 0) {
+  if (::ioctl(vm_.get(), KVM_X86_SET_MSR_FILTER, &filter) < 0) {
     return fail(ErrorKind::kUnsupported, "KVM_X86_SET_MSR_FILTER failed: {}", errno_text(errno));
   }
   return {};
@@ -1081,8 +1090,8 @@ Result<> KvmBackend::inject_nmi() {
 }
 
 Result<> KvmBackend::set_pause_exits(bool on) {
-  if (on && !(vm_->deja.mask & KVM_DEJA_PAUSE)) {
-    return fail(ErrorKind::kUnsupported, "this host's KVM cannot stop a vCPU at PAUSE: {}", vm_->deja.pause_why_not);
+  if (on && !(deja_.mask & KVM_DEJA_PAUSE)) {
+    return fail(ErrorKind::kUnsupported, "this host's KVM cannot stop a vCPU at PAUSE: {}", deja_.pause_why_not);
   }
   pause_exits_ = on;
   return {};
@@ -1122,28 +1131,28 @@ void KvmBackend::request_interrupt_window(bool enable) { run_->request_interrupt
 // Checkpoints: slot 0 re-registered with KVM_MEM_LOG_DIRTY_PAGES; from then on KVM write-protects RAM
 // and KVM_GET_DIRTY_LOG returns (and clears) the pages the guest wrote since the previous call.
 Result<> KvmBackend::start_dirty_log() {
-  if (vm_->dirty_log) return {};
+  if (dirty_log_) return {};
   kvm_userspace_memory_region region{};
   region.slot = 0;
   region.flags = KVM_MEM_LOG_DIRTY_PAGES;
-  region.memory_size = vm_->ram->size();
-  region.userspace_addr = reinterpret_cast<uint64_t>(vm_->ram->host_base());
-  if (::ioctl(vm_->vm.get(), KVM_SET_USER_MEMORY_REGION, &region) < 0) {
+  region.memory_size = ram_->size();
+  region.userspace_addr = reinterpret_cast<uint64_t>(ram_->host_base());
+  if (::ioctl(vm_.get(), KVM_SET_USER_MEMORY_REGION, &region) < 0) {
     return fail(ErrorKind::kHost, "enabling KVM's dirty log on guest RAM (KVM_MEM_LOG_DIRTY_PAGES) failed: {}",
                 errno_text(errno));
   }
-  vm_->dirty_log = true;
+  dirty_log_ = true;
   return {};
 }
 
 Result<> KvmBackend::sync_dirty_log() {
-  if (!vm_->dirty_log) return fail(ErrorKind::kInvalidArgument, "KVM dirty log read before start_dirty_log()");
-  std::span<uint64_t> bits = vm_->ram->dirty_bitmap();
+  if (!dirty_log_) return fail(ErrorKind::kInvalidArgument, "KVM dirty log read before start_dirty_log()");
+  std::span<uint64_t> bits = ram_->dirty_bitmap();
   std::vector<uint64_t> log(bits.size(), 0);
   kvm_dirty_log request{};
   request.slot = 0;
   request.dirty_bitmap = log.data();
-  if (::ioctl(vm_->vm.get(), KVM_GET_DIRTY_LOG, &request) < 0) {
+  if (::ioctl(vm_.get(), KVM_GET_DIRTY_LOG, &request) < 0) {
     return fail(ErrorKind::kHost, "KVM_GET_DIRTY_LOG failed: {}", errno_text(errno));
   }
   for (size_t i = 0; i < bits.size(); ++i) bits[i] |= log[i];
@@ -1155,11 +1164,12 @@ Result<> KvmBackend::sync_dirty_log() {
 Result<std::vector<std::unique_ptr<Backend>>> make_kvm_backends(GuestMemory& memory,
                                                                 std::span<const CpuModel* const> models,
                                                                 const KvmOptions& options) {
-  auto vm = std::make_shared<KvmVm>();
   std::vector<std::unique_ptr<Backend>> vcpus;
+  const KvmBackend* first = nullptr;
   for (uint32_t i = 0; i < models.size(); ++i) {
-    auto vcpu = KvmBackend::create(vm, memory, *models[i], i, uint32_t(models.size()), options);
+    auto vcpu = KvmBackend::create(first, memory, *models[i], i, uint32_t(models.size()), options);
     if (!vcpu) return std::unexpected(vcpu.error());
+    if (i == 0) first = vcpu->get();
     vcpus.push_back(std::move(*vcpu));
   }
   return vcpus;

@@ -745,10 +745,11 @@ Result<std::optional<Outcome>> Session::schedule() {
   const bool slice_over = scheduler_->config().unit == SliceUnit::kInstructions
                               ? cpu().step_count().value_or(0) >= slice_end_
                               : now().guest_exits >= slice_end_;
-  // A plain run without PAUSE exits (stock KVM) also switches where host time kicked the vCPU (aim()), so that a
-  // vCPU spinning on another without I/O lets it run; a recording cannot, as no coordinate places a kick.
-  const bool preempted =
-      std::exchange(kicked_, false) && engine_.mode() == Mode::kRun && scheduler_->config().pause_limit == 0;
+  // A plain run in slices of guest exits also switches where host time kicked the vCPU (aim()), so that a vCPU
+  // spinning without exits (without PAUSE exits: stock KVM; or with no PAUSE at all, as Linux's delay calibration on
+  // an AP waiting for jiffies) lets the others run; a recording cannot, as no coordinate places a kick.
+  const bool preempted = std::exchange(kicked_, false) && engine_.mode() == Mode::kRun &&
+                         scheduler_->config().unit == SliceUnit::kGuestExits;
   SwitchPoint why;
   if (!can_run) why = SwitchPoint::kIdle;
   else if (slice_over || preempted) why = SwitchPoint::kSliceEnd;
@@ -902,8 +903,8 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     if (interrupt_window_steps_ > 0) {
       if (auto r = apply_debug(DebugControl{.single_step = now().seeking_window}); !r) return r;
     }
-    // A plain run whose vCPUs do not stop at PAUSE switches at kicks (schedule()): one every slice of host time.
-    if (mode == Mode::kRun && scheduler_ && scheduler_->config().pause_limit == 0) {
+    // A plain run in slices of guest exits switches at kicks too (schedule()): one every slice of host time.
+    if (mode == Mode::kRun && scheduler_ && scheduler_->config().unit == SliceUnit::kGuestExits) {
       kick = std::min(kick, HostClock::monotonic_ns() + kRunSliceNs);
     }
     kick_at_.store(kick);

@@ -275,7 +275,7 @@ class Session {
   std::unique_ptr<Scheduler> scheduler_;
   uint64_t slice_end_ = 0;
   uint32_t pauses_left_ = 0;
-  bool kicked_ = false;  // the running vCPU's last exit was a kick (a plain run switches there without PAUSE exits)
+  bool kicked_ = false;  // the running vCPU's last exit was a kick (a plain run in guest-exit slices switches there)
   static constexpr uint64_t kRunSliceNs = 4'000'000;
   std::vector<uint64_t> saved_branches_;  // decode_loop_state(): each vCPU's branch count, for its counter
   uint64_t digest_interval_ = kDefaultDigestInterval;

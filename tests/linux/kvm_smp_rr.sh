@@ -56,16 +56,20 @@ fi
 
 # Inside the nested guest: $3 is the shared directory the outer half reads afterwards.
 work="$3"
+# lpj: the delay-loop calibration's result for the CPU model's TSC (2 GHz, HZ 250), so that an AP does not calibrate:
+# calibrate_delay_converge() spins on jiffies with neither an exit nor a PAUSE, and exit-synchronous progress cannot
+# preempt such a spin (docs/smp.md, "On KVM").
+lpj="lpj=8000000"
 mkdir -p "$work/linux"
 # The peer of the figures: the same workload (boot, then /scripts/smp from the command line), neither recorded nor
 # replayed.
 start=$(date +%s%N)
 DEJA_LINUX_GUEST_DIR="$build/guest-linux" "$build/deja" run --backend kvm --linux --machine pc-apic --cpus 2 \
-  --schedule-seed 1 --append deja.script=smp --serial-out "$work/plain.out" 2>/dev/null || true
+  --schedule-seed 1 --append "deja.script=smp $lpj" --serial-out "$work/plain.out" 2>/dev/null || true
 grep -q "smp-race: 2 threads" "$work/plain.out" || { echo "FAIL: the plain 2-vCPU run did not run smp-race"; exit 1; }
 echo "ok   plain run on KVM, 2 vCPUs, boot and /scripts/smp: $(ms_since "$start") ms"
 python3 "$source_dir/tests/linux/linux_test.py" --deja "$build/deja" --backend kvm --guest-dir "$build/guest-linux" \
-  --record-replay-smp --shell --cpus 2 --schedule-seed 1 --timeout 2400 --keep "$work/linux"
+  --record-replay-smp --shell --append "$lpj" --cpus 2 --schedule-seed 1 --timeout 2400 --keep "$work/linux"
 for spec in "${smp_guests[@]}"; do
   read -r guest append <<<"$spec"
   status=0

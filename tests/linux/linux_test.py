@@ -282,7 +282,8 @@ def record_replay_smp(args, workdir, results):
         t0 = time.monotonic()
         if args.shell:
             with open(os.path.join(workdir, f"{name}-record.err"), "wb") as err:
-                session = linux_guest.Session(argv + ["--serial-in", "-"], timeout=args.timeout, stderr=err)
+                extra = ["--append", " ".join(args.append)] if args.append else []
+                session = linux_guest.Session(argv + extra + ["--serial-in", "-"], timeout=args.timeout, stderr=err)
                 try:
                     session.boot()
                     session.check("grep -c ^processor /proc/cpuinfo")
@@ -293,7 +294,7 @@ def record_replay_smp(args, workdir, results):
             with open(recorded, "wb") as f:
                 f.write(session.output)
         else:
-            rec = subprocess.run(argv + ["--append", "deja.script=smp", "--serial-out", recorded],
+            rec = subprocess.run(argv + ["--append", " ".join(["deja.script=smp", *args.append]), "--serial-out", recorded],
                                  capture_output=True, text=True, timeout=args.timeout)
             status = rec.returncode
             with open(os.path.join(workdir, f"{name}-record.err"), "w") as f:
@@ -579,6 +580,8 @@ def main():
                         help="instead: record boots with --cpus vCPUs running /scripts/smp, one per --schedule-seed, "
                              "and replay each exactly")
     parser.add_argument("--cpus", type=int, default=2, help="--record-replay-smp: vCPUs")
+    parser.add_argument("--append", action="append", default=[],
+                        help="--record-replay-smp: more kernel command line (repeatable)")
     parser.add_argument("--shell", action="store_true",
                         help="--record-replay-smp: type the workload into the guest's shell over serial")
     parser.add_argument("--schedule-seed", type=int, action="append", help="--record-replay-smp: a seed (repeatable)")
