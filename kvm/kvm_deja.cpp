@@ -42,7 +42,8 @@ Result<Enabled> enable(int kvm_fd, int vm_fd, bool wanted, bool pause) {
     result.why_not = result.pause_why_not = "DEJA_KVM_DEJA=off asks deja not to use the kvm-deja module";
     return result;
   }
-  const uint32_t mask = (wanted ? result.available & ~KVM_DEJA_PAUSE : 0) | (pause ? result.available & KVM_DEJA_PAUSE : 0);
+  const uint32_t mask =
+      (wanted ? result.available & ~KVM_DEJA_PAUSE : 0) | (pause ? result.available & KVM_DEJA_PAUSE : 0);
   if (mask != 0) {
     kvm_enable_cap cap{};
     cap.cap = KVM_CAP_DEJA_EXITS;

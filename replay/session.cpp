@@ -335,6 +335,7 @@ Result<> Session::deliver_interrupts() {
     cpu.request_interrupt_window(false);
     v.seeking_window = false;
     v.window_steps = 0;
+    v.blocked_exits = 0;
     return {};
   }
   if (engine_.progress() == ProgressMode::kExitSync && engine_.mode() != Mode::kRun) {
@@ -343,13 +344,19 @@ Result<> Session::deliver_interrupts() {
     // under QEMU) does not reproduce exactly from run to run; or, where the vCPU cannot take it there, at the first
     // instruction boundary after it where it can, single-stepping to it (step_to_interrupt_windows).
     cpu.request_interrupt_window(false);
-    if (!guest_caused(v.last_exit_kind) && !v.seeking_window) return {};
+    const bool at_exit = guest_caused(v.last_exit_kind);
+    if (!at_exit && !v.seeking_window) return {};
     if (!cpu.can_inject_interrupt()) {
-      v.seeking_window = !v.halted && v.window_steps < interrupt_window_steps_;
+      // Stepping costs an exit an instruction: only for a vCPU that went kBlockedExitsBeforeSteps guest exits
+      // without a chance to take it (usually the next exit after an interrupt handler's IRET has one).
+      if (at_exit && v.blocked_exits < kBlockedExitsBeforeSteps) ++v.blocked_exits;
+      v.seeking_window = !v.halted && v.blocked_exits >= kBlockedExitsBeforeSteps &&
+                         v.window_steps < interrupt_window_steps_;
       return {};
     }
     v.seeking_window = false;
     v.window_steps = 0;
+    v.blocked_exits = 0;
   } else if (!cpu.can_inject_interrupt()) {
     cpu.request_interrupt_window(true);
     return {};
@@ -1205,6 +1212,7 @@ Result<std::vector<uint8_t>> Session::encode_loop_state() {
   for (const Vcpu& v : vcpus_) {
     w.boolean(v.seeking_window);
     w.u32(v.window_steps);
+    w.u32(v.blocked_exits);
   }
   return w.take();
 }
@@ -1216,7 +1224,7 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
     uint64_t guest_exits = 0, last_rip = 0, branches = 0;
     uint8_t kind = 0;
     bool after_mmio_write = false, halted = false, seeking_window = false;
-    uint32_t window_steps = 0;
+    uint32_t window_steps = 0, blocked_exits = 0;
   };
   auto read_vcpu = [&r](Saved& v, bool full) {
     v.guest_exits = r.u64();
@@ -1274,6 +1282,7 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
       if (version < 5 || !r.ok()) break;
       v.seeking_window = r.boolean();
       v.window_steps = r.u32();
+      v.blocked_exits = r.u32();
     }
   }
   if (auto done = r.finish(); !done) return done;
@@ -1292,6 +1301,7 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
     v.halted = saved[i].halted;
     v.seeking_window = saved[i].seeking_window;
     v.window_steps = saved[i].window_steps;
+    v.blocked_exits = saved[i].blocked_exits;
   }
   current_ = current;
   slice_end_ = slice_end;

@@ -99,14 +99,15 @@ class Session {
   void complete_mmio_write_exits(bool on) { mmio_write_exits_complete_ = on; }
   bool mmio_write_exits_complete() const { return mmio_write_exits_complete_; }
   // Exit-synchronous progress with several vCPUs (trace header interrupt_window_steps): an interrupt pending at a
-  // guest-caused exit where the vCPU cannot take it (RFLAGS.IF clear, an STI shadow) is delivered at the first
-  // instruction boundary after it where it can, found by single-stepping the vCPU, at most `steps` instructions
-  // (then at a later guest-caused exit). A vCPU waiting for another with interrupts off between its exits (Linux's
+  // guest-caused exit where the vCPU cannot take it (RFLAGS.IF clear, an STI shadow), kBlockedExitsBeforeSteps
+  // exits in a row, is delivered at the first instruction boundary after the last where it can, found by
+  // single-stepping the vCPU, at most `steps` instructions (then at a later guest-caused exit). A vCPU waiting for another with interrupts off between its exits (Linux's
   // schedule() loop while an AP boots: RDTSC in sched_clock only with IF clear) would otherwise never take its timer.
   // Recording sets it; replay as the trace says (0: off, as before).
   void step_to_interrupt_windows(uint32_t steps) { interrupt_window_steps_ = steps; }
   uint32_t interrupt_window_steps() const { return interrupt_window_steps_; }
   static constexpr uint32_t kInterruptWindowSteps = 16384;
+  static constexpr uint32_t kBlockedExitsBeforeSteps = 64;
   // The disk images behind MachineConfig::disks, kept alive with the machine (call before build()).
   void adopt_disks(std::vector<std::unique_ptr<DiskImage>> disks) { disks_ = std::move(disks); }
   std::vector<std::unique_ptr<DiskImage>>& disks() { return disks_; }
@@ -252,8 +253,9 @@ class Session {
     uint64_t last_exit_rip = 0;
     bool after_mmio_write = false;  // the last exit was an MMIO write and the vCPU has not run since
     bool halted = false;            // its last exit was HLT, and nothing has woken it since
-    bool seeking_window = false;    // single-stepped to where it can take the interrupt pending (interrupt_window_steps)
-    uint32_t window_steps = 0;      // steps taken so far for the interrupt pending
+    bool seeking_window = false;    // single-stepped to where it can take the pending interrupt (step_to_...)
+    uint32_t window_steps = 0;      // steps taken so far for the pending interrupt
+    uint32_t blocked_exits = 0;     // guest exits at which it could not take the pending interrupt
     std::unique_ptr<CoordinateSeeker> seeker;  // replay in exact mode
     std::optional<DebugControl> applied_debug;  // run_until without a seeker: what the backend has
     std::map<ExitKind, uint64_t> exit_counts;

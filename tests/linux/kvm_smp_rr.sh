@@ -50,7 +50,7 @@ if [[ "${DEJA_KVM_SMP_INSIDE:-}" != 1 ]]; then
     replay_ok "$guest, 2 vCPUs, recorded on KVM: replay on interp" "$work/$guest-kvm.trace" "$work/$guest-kvm.out" \
       --backend interp
   done
-  echo "PASS: 2-vCPU Linux and SMP guests recorded on KVM (kvm-deja) replay exactly on KVM and on interp, interp's on KVM"
+  echo "PASS: 2-vCPU Linux and SMP guests recorded on KVM (kvm-deja) replay on KVM and on interp, interp's on KVM"
   exit 0
 fi
 
@@ -76,7 +76,8 @@ for spec in "${smp_guests[@]}"; do
   "$build/deja" record --backend kvm --mem 16M --machine pc-apic --cpus 2 --schedule-seed 3 \
     ${append:+--append "$append"} -o "$work/$guest-kvm.trace" --serial-out "$work/$guest-kvm.out" \
     "$guests/$guest.elf" 2>"$work/$guest-kvm.err" || status=$?
-  [[ $status -eq 1 ]] || { echo "FAIL: recording $guest on KVM ended with status $status:"; cat "$work/$guest-kvm.err"; exit 1; }
+  [[ $status -eq 1 ]] ||
+    { echo "FAIL: recording $guest on KVM ended with status $status:"; cat "$work/$guest-kvm.err"; exit 1; }
   replay_ok "$guest, 2 vCPUs, recorded on KVM: replay on KVM" "$work/$guest-kvm.trace" "$work/$guest-kvm.out"
   replay_ok "$guest, 2 vCPUs, recorded on interp: replay on KVM" "$work/$guest-interp.trace" "$work/$guest-interp.out" \
     --backend kvm
@@ -87,7 +88,7 @@ status=0
 DEJA_KVM_DEJA=off "$build/deja" record --backend kvm --mem 16M --machine pc-apic --cpus 2 -o "$work/stock.trace" \
   --serial-out /dev/null "$guests/smp-ipi.elf" 2>"$work/stock-record.err" || status=$?
 grep -q "warning: this host's KVM cannot stop a vCPU at PAUSE" "$work/stock-record.err" ||
-  { echo "FAIL: a 2-vCPU recording on stock KVM did not warn up front (status $status):"; cat "$work/stock-record.err"; exit 1; }
+  { echo "FAIL: a 2-vCPU recording on stock KVM did not warn (status $status):"; cat "$work/stock-record.err"; exit 1; }
 status=0
 DEJA_KVM_DEJA=off "$build/deja" run --backend kvm --mem 16M --machine pc-apic --cpus 2 --serial-out "$work/stock.out" \
   "$guests/smp-ipi.elf" 2>/dev/null || status=$?

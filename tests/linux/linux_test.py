@@ -294,7 +294,8 @@ def record_replay_smp(args, workdir, results):
             with open(recorded, "wb") as f:
                 f.write(session.output)
         else:
-            rec = subprocess.run(argv + ["--append", " ".join(["deja.script=smp", *args.append]), "--serial-out", recorded],
+            cmdline = " ".join(["deja.script=smp", *args.append])
+            rec = subprocess.run(argv + ["--append", cmdline, "--serial-out", recorded],
                                  capture_output=True, text=True, timeout=args.timeout)
             status = rec.returncode
             with open(os.path.join(workdir, f"{name}-record.err"), "w") as f:
