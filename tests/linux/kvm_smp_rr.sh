@@ -32,10 +32,12 @@ replay_ok() {  # label, trace, expected serial output, deja replay options...
 if [[ "${DEJA_KVM_SMP_INSIDE:-}" != 1 ]]; then
   work="$(mktemp -d /tmp/deja-kvm-smp-rr.XXXXXX)"
   trap 'rm -rf "$work"' EXIT
-  # The interp recordings the nested half replays on KVM: exit-synchronous, as KVM replays them.
+  # The interp recordings the nested half replays on KVM: exit-synchronous, as KVM replays them, and with a CPU model
+  # KVM provides (this host's interp default may be x86-64-v3).
   for spec in "${smp_guests[@]}"; do
     read -r guest append <<<"$spec"
-    "$build/deja" record --backend interp --progress exit-sync --machine pc-apic --cpus 2 --schedule-seed 3 \
+    "$build/deja" record --backend interp --cpu x86-64-v2 --progress exit-sync --machine pc-apic --cpus 2 \
+      --schedule-seed 3 \
       ${append:+--append "$append"} -o "$work/$guest-interp.trace" --serial-out "$work/$guest-interp.out" \
       "$guests/$guest.elf" 2>/dev/null || [[ $? -eq 1 ]]
   done
