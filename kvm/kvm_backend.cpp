@@ -1059,19 +1059,15 @@ bool KvmBackend::can_inject_interrupt() {
   if (needs_completion_ && exit_.fault && (exit_.kind == ExitKind::kMsrRead || exit_.kind == ExitKind::kMsrWrite)) {
     return false;
   }
-  // At an exit whose instruction the next KVM_RUN completes (a port or MMIO read, RDTSC), the interrupt is delivered
-  // after that instruction, which ends an STI/MOV SS shadow it may sit in: the shadow does not matter there (the
-  // software CPU sees none), and QEMU's nested SVM does not report it the same way from run to run.
-  const bool completes_instruction = needs_completion_ && !exit_.fault;
-  if (!state_set_since_exit_ && !completes_instruction) return run_->ready_for_interrupt_injection && run_->if_flag;
+  if (!state_set_since_exit_) return run_->ready_for_interrupt_injection && run_->if_flag;
   // kvm_run's flags describe the last exit, not a state loaded since: ask the vCPU itself.
   kvm_regs regs{};
   kvm_vcpu_events events{};
   if (::ioctl(vcpu_.get(), KVM_GET_REGS, &regs) < 0 || ::ioctl(vcpu_.get(), KVM_GET_VCPU_EVENTS, &events) < 0) {
     return false;
   }
-  return (regs.rflags & rflags::kIf) && (completes_instruction || events.interrupt.shadow == 0) &&
-         !events.interrupt.injected && !events.exception.injected && !events.nmi.injected;
+  return (regs.rflags & rflags::kIf) && events.interrupt.shadow == 0 && !events.interrupt.injected &&
+         !events.exception.injected && !events.nmi.injected;
 }
 
 Result<> KvmBackend::inject_interrupt(uint8_t vector) {
