@@ -583,6 +583,19 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
                                      kSpinStopNs / 1'000'000'000),
                          false};
         }
+        // Several vCPUs: a vCPU spinning without guest exits keeps the others from running (they switch only at
+        // guest exits), and what it waits for is usually theirs: stop as cleanly, timer or not.
+        if (vcpus_.size() > 1 && quiet > kSpinStopNs) {
+          return Outcome{exit_status::kGuestStopped,
+                         fmt::format("stopped: vCPU {} spun for {} s without a guest exit, so the other vCPUs could "
+                                     "not run (exit-synchronous recording switches vCPUs only at guest exits{}); "
+                                     "record with --backend interp --progress exact",
+                                     current_, kSpinStopNs / 1'000'000'000,
+                                     scheduler_ && scheduler_->config().pause_limit == 0
+                                         ? ", and this KVM does not stop at PAUSE"
+                                         : ""),
+                         false};
+        }
       }
       break;
     case ExitKind::kShutdown:
