@@ -147,10 +147,23 @@ class FileDescriptor {
   int fd_ = -1;
 };
 
+// A descriptor of the VM that every vCPU's backend holds: the last one closes it.
+class SharedFd {
+ public:
+  SharedFd() = default;
+  explicit SharedFd(int fd) : fd_(std::make_shared<FileDescriptor>(fd)) {}
+  int get() const { return fd_ ? fd_->get() : -1; }
+
+ private:
+  std::shared_ptr<FileDescriptor> fd_;
+};
+
 class KvmBackend final : public Backend, public KvmVcpu {
  public:
-  static Result<std::unique_ptr<Backend>> create(GuestMemory& memory, const CpuModel& model,
-                                                 const KvmOptions& options);
+  // vCPU `index` of `count`: the first creates the VM, the others join `first`'s.
+  static Result<std::unique_ptr<KvmBackend>> create(const KvmBackend* first, GuestMemory& memory,
+                                                    const CpuModel& model, uint32_t index, uint32_t count,
+                                                    const KvmOptions& options);
   ~KvmBackend() override;
 
   std::string_view name() const override { return "kvm"; }
@@ -169,6 +182,8 @@ class KvmBackend final : public Backend, public KvmVcpu {
   Result<> set_state(const CpuState& state) override;
   bool can_inject_interrupt() override;
   Result<> inject_interrupt(uint8_t vector) override;
+  Result<> inject_nmi() override;
+  Result<> set_pause_exits(bool on) override;
   void request_interrupt_window(bool enable) override;
   void kick() override;
   ProgressCounter* progress_counter() override { return counter_.get(); }
@@ -182,7 +197,8 @@ class KvmBackend final : public Backend, public KvmVcpu {
 
  private:
   KvmBackend() = default;
-  Result<> setup(GuestMemory& memory, const CpuModel& model, const KvmOptions& options);
+  Result<> setup_vm(GuestMemory& memory, const KvmOptions& options, uint32_t count);
+  Result<> setup_vcpu(const CpuModel& model, uint32_t index);
   Result<> check_capabilities();
   Result<> setup_cpuid(const CpuModel& model);
   Result<> setup_msr_filter();
@@ -191,14 +207,15 @@ class KvmBackend final : public Backend, public KvmVcpu {
   Result<> get_fxsave(std::array<uint8_t, 512>& fx, std::array<uint8_t, 256>& ymmh);
   Result<> set_fxsave(const std::array<uint8_t, 512>& fx, const std::array<uint8_t, 256>& ymmh);
   void complete_previous_exit();
+  Result<VcpuExit*> run_once();  // one KVM_RUN
   Result<VcpuExit*> translate_exit();
   VcpuExit* emit_io_element();
   VcpuExit* finish(ExitKind kind);
   VcpuExit* stop_with_diagnostic(ExitKind kind, std::string reason);
   uint64_t current_rip();
 
-  FileDescriptor kvm_;
-  FileDescriptor vm_;
+  SharedFd kvm_;
+  SharedFd vm_;
   FileDescriptor vcpu_;
   kvm_run* run_ = nullptr;
   size_t run_size_ = 0;
@@ -208,6 +225,10 @@ class KvmBackend final : public Backend, public KvmVcpu {
   bool xsave2_ = false;
   bool tsc_pinned_ = false;
   kvm_deja::Enabled deja_;  // RDTSC/RDRAND exits of the kvm-deja module, when loaded (docs/kvm-deja.md)
+  bool pause_exits_ = false;  // set_pause_exits: the VM's PAUSE exits reach the caller (else run() goes on)
+  // The last exit was a PAUSE that also ended a single step: the step's kDebug comes next, without running (the
+  // software CPU reports a PAUSE it stepped over the same way).
+  bool step_owed_ = false;
 
   VcpuExit exit_;
   // A string or REP I/O exit is handed to the VMM one element at a time; this is where we are in it.
@@ -221,7 +242,7 @@ class KvmBackend final : public Backend, public KvmVcpu {
   bool state_set_since_exit_ = true;
   bool halted_ = false;
   GuestMemory* ram_ = nullptr;  // slot 0
-  bool dirty_log_ = false;      // KVM_MEM_LOG_DIRTY_PAGES set on slot 0
+  bool dirty_log_ = false;      // KVM_MEM_LOG_DIRTY_PAGES set on slot 0 (through this vCPU's backend)
 
   // Parts of CpuState that KVM does not hold for deja (VMM-emulated or outside kvm_fpu), kept so that
   // set_state followed by get_state returns what was set.
@@ -243,11 +264,21 @@ class KvmBackend final : public Backend, public KvmVcpu {
   uint64_t exit_serial_ = 0;
 };
 
-Result<std::unique_ptr<Backend>> KvmBackend::create(GuestMemory& memory, const CpuModel& model,
-                                                   const KvmOptions& options) {
+Result<std::unique_ptr<KvmBackend>> KvmBackend::create(const KvmBackend* first, GuestMemory& memory,
+                                                      const CpuModel& model, uint32_t index, uint32_t count,
+                                                      const KvmOptions& options) {
   std::unique_ptr<KvmBackend> backend(new KvmBackend());
-  if (auto ok = backend->setup(memory, model, options); !ok) return std::unexpected(ok.error());
-  return std::unique_ptr<Backend>(std::move(backend));
+  if (!first) {
+    if (auto ok = backend->setup_vm(memory, options, count); !ok) return std::unexpected(ok.error());
+  } else {
+    backend->kvm_ = first->kvm_;
+    backend->vm_ = first->vm_;
+    backend->deja_ = first->deja_;
+    backend->ram_ = first->ram_;
+    if (auto ok = backend->check_capabilities(); !ok) return std::unexpected(ok.error());
+  }
+  if (auto ok = backend->setup_vcpu(model, index); !ok) return std::unexpected(ok.error());
+  return backend;
 }
 
 KvmBackend::~KvmBackend() {
@@ -289,7 +320,7 @@ Result<> KvmBackend::check_capabilities() {
   return {};
 }
 
-Result<> KvmBackend::setup(GuestMemory& memory, const CpuModel& model, const KvmOptions& options) {
+Result<> KvmBackend::setup_vm(GuestMemory& memory, const KvmOptions& options, uint32_t count) {
   int fd = ::open("/dev/kvm", O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     int error = errno;
@@ -305,7 +336,7 @@ Result<> KvmBackend::setup(GuestMemory& memory, const CpuModel& model, const Kvm
     }
     return fail(ErrorKind::kUnsupported, "cannot open /dev/kvm: {}", errno_text(error));
   }
-  kvm_ = FileDescriptor(fd);
+  kvm_ = SharedFd(fd);
   if (auto ok = check_capabilities(); !ok) return ok;
 
   if (memory.size() > kKvmReservedBase) {
@@ -316,7 +347,7 @@ Result<> KvmBackend::setup(GuestMemory& memory, const CpuModel& model, const Kvm
 
   int vm = ::ioctl(kvm_.get(), KVM_CREATE_VM, 0);
   if (vm < 0) return fail(ErrorKind::kHost, "KVM_CREATE_VM failed: {}", errno_text(errno));
-  vm_ = FileDescriptor(vm);
+  vm_ = SharedFd(vm);
 
   // Both must be set before the vCPU exists; KVM would otherwise pick addresses that may lie in RAM.
   uint64_t identity_map = kKvmIdentityMapGpa;
@@ -345,12 +376,16 @@ Result<> KvmBackend::setup(GuestMemory& memory, const CpuModel& model, const Kvm
     return fail(ErrorKind::kUnsupported, "enabling KVM_CAP_X86_USER_SPACE_MSR failed: {}", errno_text(errno));
   }
   if (auto ok = setup_msr_filter(); !ok) return ok;
-  // Before the vCPU exists: the module sets its intercepts when the vCPU is created.
-  auto deja = kvm_deja::enable(kvm_.get(), vm_.get(), options.trap_rdtsc);
+  // Before the vCPUs exist: the module sets its intercepts when a vCPU is created. PAUSE exits only where several
+  // vCPUs take turns (a one-vCPU machine's exits stay what they were).
+  auto deja = kvm_deja::enable(kvm_.get(), vm_.get(), options.trap_rdtsc, count > 1);
   if (!deja) return std::unexpected(deja.error());
   deja_ = *deja;
+  return {};
+}
 
-  int vcpu = ::ioctl(vm_.get(), KVM_CREATE_VCPU, 0);
+Result<> KvmBackend::setup_vcpu(const CpuModel& model, uint32_t index) {
+  int vcpu = ::ioctl(vm_.get(), KVM_CREATE_VCPU, index);
   if (vcpu < 0) return fail(ErrorKind::kHost, "KVM_CREATE_VCPU failed: {}", errno_text(errno));
   vcpu_ = FileDescriptor(vcpu);
   int mmap_size = ::ioctl(kvm_.get(), KVM_GET_VCPU_MMAP_SIZE, 0);
@@ -372,7 +407,8 @@ Result<> KvmBackend::setup(GuestMemory& memory, const CpuModel& model, const Kvm
   if (::ioctl(vcpu_.get(), KVM_GET_SREGS, &sregs) < 0) {
     return fail(ErrorKind::kHost, "KVM_GET_SREGS failed: {}", errno_text(errno));
   }
-  sregs.apic_base = model.has(feature("APIC")) ? 0xfee00900 : 0x100;  // BSP; global enable as the model says
+  // IA32_APIC_BASE: the BSP flag (bit 8) on vCPU 0; global enable (bit 11) as the model says.
+  sregs.apic_base = (model.has(feature("APIC")) ? 0xfee00800 : 0) | (index == 0 ? 0x100 : 0);
   if (::ioctl(vcpu_.get(), KVM_SET_SREGS, &sregs) < 0) {
     return fail(ErrorKind::kHost, "setting KVM's APIC base (KVM_SET_SREGS apic_base={:#x}) failed: {}",
                 sregs.apic_base, errno_text(errno));
@@ -625,6 +661,19 @@ Result<VcpuExit*> KvmBackend::run() {
     io_.active = false;
   }
 
+  for (;;) {
+    if (std::exchange(step_owed_, false)) {
+      exit_ = VcpuExit{};
+      exit_.rip = current_rip();
+      return finish(ExitKind::kDebug);
+    }
+    auto exit = run_once();
+    // PAUSE exits are enabled for the whole VM: a vCPU not asked for them goes on past the (skipped) PAUSE.
+    if (!exit || (*exit)->kind != ExitKind::kPause || pause_exits_) return exit;
+  }
+}
+
+Result<VcpuExit*> KvmBackend::run_once() {
   int result = ::ioctl(vcpu_.get(), KVM_RUN, 0);
   int error = errno;
   injected_since_exit_ = false;
@@ -681,7 +730,8 @@ Result<VcpuExit*> KvmBackend::translate_exit() {
       exit_ = VcpuExit{};
       exit_.rip = current_rip();
       if (!kvm_deja::translate(run_->padding, exit_)) return stop_with_diagnostic(ExitKind::kFault, exit_.detail);
-      needs_completion_ = true;
+      needs_completion_ = exit_.kind != ExitKind::kPause;  // (the module skipped the PAUSE: nothing to answer)
+      step_owed_ = kvm_deja::pause_ended_step(run_->padding);
       return finish(exit_.kind);
     case KVM_EXIT_HLT:
       exit_ = VcpuExit{};
@@ -905,6 +955,7 @@ Result<> KvmBackend::set_state(const CpuState& requested) {
   halted_ = state.halted;
   state_set_since_exit_ = true;
   io_.active = false;
+  step_owed_ = false;
   needs_completion_ = false;
   return {};
 }
@@ -1031,11 +1082,27 @@ Result<> KvmBackend::inject_interrupt(uint8_t vector) {
   return {};
 }
 
+// KVM_NMI queues an NMI when there is no in-kernel irqchip; KVM delivers it when NMIs are not blocked.
+Result<> KvmBackend::inject_nmi() {
+  if (::ioctl(vcpu_.get(), KVM_NMI, 0) < 0) return fail(ErrorKind::kHost, "KVM_NMI failed: {}", errno_text(errno));
+  halted_ = false;
+  return {};
+}
+
+Result<> KvmBackend::set_pause_exits(bool on) {
+  if (on && !(deja_.mask & KVM_DEJA_PAUSE)) {
+    return fail(ErrorKind::kUnsupported, "this host's KVM cannot stop a vCPU at PAUSE: {}", deja_.pause_why_not);
+  }
+  pause_exits_ = on;
+  return {};
+}
+
 Result<> KvmBackend::set_debug(const DebugControl& control) {
   if (!control.watchpoints.empty() || !control.breakpoints.empty() || control.stop_at_step) {
     return fail(ErrorKind::kUnsupported,
                 "the KVM backend has no data watchpoints, extra breakpoints or step count (debug with --backend interp)");
   }
+  if (!control.single_step) step_owed_ = false;  // (a step owed after a PAUSE is no longer wanted)
   // KVM_SET_GUEST_DEBUG takes the complete debug configuration each time; clearing it is control = 0.
   kvm_guest_debug debug{};
   if (control.single_step || control.breakpoint) {
@@ -1094,9 +1161,26 @@ Result<> KvmBackend::sync_dirty_log() {
 
 }  // namespace
 
+Result<std::vector<std::unique_ptr<Backend>>> make_kvm_backends(GuestMemory& memory,
+                                                                std::span<const CpuModel* const> models,
+                                                                const KvmOptions& options) {
+  std::vector<std::unique_ptr<Backend>> vcpus;
+  const KvmBackend* first = nullptr;
+  for (uint32_t i = 0; i < models.size(); ++i) {
+    auto vcpu = KvmBackend::create(first, memory, *models[i], i, uint32_t(models.size()), options);
+    if (!vcpu) return std::unexpected(vcpu.error());
+    if (i == 0) first = vcpu->get();
+    vcpus.push_back(std::move(*vcpu));
+  }
+  return vcpus;
+}
+
 Result<std::unique_ptr<Backend>> make_kvm_backend(GuestMemory& memory, const CpuModel& model,
                                                   const KvmOptions& options) {
-  return KvmBackend::create(memory, model, options);
+  const CpuModel* models[] = {&model};
+  auto vcpus = make_kvm_backends(memory, models, options);
+  if (!vcpus) return std::unexpected(vcpus.error());
+  return std::move(vcpus->front());
 }
 
 }  // namespace deja

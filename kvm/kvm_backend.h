@@ -1,7 +1,9 @@
-// The KVM backend: one vCPU on /dev/kvm with no in-kernel irqchip or PIT, deja's fixed CPUID, and every non-CPU MSR filtered to the VMM.
+// The KVM backend: vCPUs on /dev/kvm with no in-kernel irqchip or PIT, deja's fixed CPUID, and every non-CPU MSR filtered to the VMM.
 #pragma once
 
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/cpu_model.h"
@@ -21,6 +23,12 @@ struct KvmOptions {
 // `memory` must outlive the backend.
 Result<std::unique_ptr<Backend>> make_kvm_backend(GuestMemory& memory, const CpuModel& model,
                                                   const KvmOptions& options = {});
+// The same VM with one vCPU per model, vCPU i presenting models[i] (vCPU 0 the bootstrap processor). They share
+// the VM (its RAM, MSR filter and dirty log); each is a Backend of its own, and the caller runs one at a time
+// (docs/smp.md). With several, the kvm-deja module's PAUSE exits are enabled where it offers them.
+Result<std::vector<std::unique_ptr<Backend>>> make_kvm_backends(GuestMemory& memory,
+                                                                std::span<const CpuModel* const> models,
+                                                                const KvmOptions& options = {});
 
 // The KVM-specific surface that attach_pmu_counter (kvm/pmu.cpp) needs from a backend made by
 // make_kvm_backend; other backends do not implement it, so a dynamic_cast tells them apart.

@@ -28,34 +28,45 @@ bool disabled_by_environment() {
 
 }  // namespace
 
-Result<Enabled> enable(int kvm_fd, int vm_fd, bool wanted) {
+Result<Enabled> enable(int kvm_fd, int vm_fd, bool wanted, bool pause) {
   Enabled result;
   // Stock KVM does not know the private number and answers 0, like for any unknown extension.
   int available = ::ioctl(kvm_fd, KVM_CHECK_EXTENSION, KVM_CAP_DEJA_EXITS);
   result.available = available > 0 ? static_cast<uint32_t>(available) & KVM_DEJA_ALL : 0;
   if (result.available == 0) {
-    result.why_not = "this host runs stock KVM (no kvm-deja module: KVM_CHECK_EXTENSION(KVM_CAP_DEJA_EXITS) is 0)";
-    return result;
-  }
-  if (!wanted) {
-    result.why_not = "the recording being replayed did not trap RDTSC";
+    result.why_not = result.pause_why_not =
+        "this host runs stock KVM (no kvm-deja module: KVM_CHECK_EXTENSION(KVM_CAP_DEJA_EXITS) is 0)";
     return result;
   }
   if (disabled_by_environment()) {
-    result.why_not = "DEJA_KVM_DEJA=off asks deja not to use the kvm-deja module";
+    result.why_not = result.pause_why_not = "DEJA_KVM_DEJA=off asks deja not to use the kvm-deja module";
     return result;
   }
-  kvm_enable_cap cap{};
-  cap.cap = KVM_CAP_DEJA_EXITS;
-  cap.args[0] = result.available;
-  if (::ioctl(vm_fd, KVM_ENABLE_CAP, &cap) < 0) {
-    return fail(ErrorKind::kHost, "the kvm-deja module offers exits {:#x} but KVM_ENABLE_CAP(KVM_CAP_DEJA_EXITS) failed: {}",
-                result.available, std::strerror(errno));
+  const uint32_t mask =
+      (wanted ? result.available & ~KVM_DEJA_PAUSE : 0) | (pause ? result.available & KVM_DEJA_PAUSE : 0);
+  if (mask != 0) {
+    kvm_enable_cap cap{};
+    cap.cap = KVM_CAP_DEJA_EXITS;
+    cap.args[0] = mask;
+    if (::ioctl(vm_fd, KVM_ENABLE_CAP, &cap) < 0) {
+      return fail(ErrorKind::kHost,
+                  "the kvm-deja module offers exits {:#x} but KVM_ENABLE_CAP(KVM_CAP_DEJA_EXITS, {:#x}) failed: {}",
+                  result.available, mask, std::strerror(errno));
+    }
   }
-  result.mask = result.available;
-  if (!(result.mask & KVM_DEJA_RDTSC)) {
+  result.mask = mask;
+  if (!wanted) {
+    result.why_not = "the recording being replayed did not trap RDTSC";
+  } else if (!(mask & KVM_DEJA_RDTSC)) {
     result.why_not = fmt::format("the kvm-deja module does not offer RDTSC exits (offered {:#x}; kvm.deja_rdtsc=0?)",
                                  result.available);
+  }
+  if (!(result.available & KVM_DEJA_PAUSE)) {
+    result.pause_why_not = fmt::format(
+        "the kvm-deja module does not offer PAUSE exits (offered {:#x}: Intel VMX, or kvm.deja_pause=0)",
+        result.available);
+  } else if (!pause) {
+    result.pause_why_not = "PAUSE exits are enabled only for a VM with several vCPUs";
   }
   return result;
 }
@@ -75,11 +86,22 @@ bool translate(const void* exit_area, VcpuExit& exit) {
       exit.is_rdseed = e.insn == KVM_DEJA_RDSEED;
       exit.size = e.size;
       return true;
+    case KVM_DEJA_PAUSE:
+      // The module skipped it before exiting (RIP is past it), as the software CPU reports PAUSE: `rip` the PAUSE.
+      exit.kind = ExitKind::kPause;
+      exit.rip = e.value;
+      return true;
     default:
       exit.detail = fmt::format("the kvm-deja module reported instruction code {:#x}, which this deja does not know",
                                 e.insn);
       return false;
   }
+}
+
+bool pause_ended_step(const void* exit_area) {
+  kvm_deja_exit e;
+  std::memcpy(&e, exit_area, sizeof(e));
+  return e.insn == KVM_DEJA_PAUSE && (e.flags & KVM_DEJA_FLAG_STEP);
 }
 
 void complete(void* exit_area, const VcpuExit& exit, uint64_t tsc_aux) {

@@ -17,7 +17,7 @@
  *     kvm_run->exit_reason == KVM_EXIT_DEJA and a struct kvm_deja_exit at the start of kvm_run's exit
  *     union (offsetof(struct kvm_run, padding), the place of `io`, `mmio`, `msr`). RIP still points at
  *     the instruction.
- *  4. Userspace fills `value` (and `flags`, `aux`) and calls KVM_RUN again. Before entering the guest,
+ *  4. Userspace fills `value` (and `flags`, `aux`) and calls KVM_RUN again (PAUSE: nothing to fill). Before entering the guest,
  *     KVM writes the result (RDTSC/RDTSCP: EDX:EAX = value, RDTSCP also ECX = (u32)aux;
  *     RDRAND/RDSEED: the destination register = CF ? value : 0 at the operand size, CF = flags & CF,
  *     OF SF ZF AF PF cleared) and advances RIP past the instruction (a guest single-step trap, if
@@ -39,15 +39,20 @@
 #define KVM_DEJA_RDTSCP (1u << 1)
 #define KVM_DEJA_RDRAND (1u << 2)
 #define KVM_DEJA_RDSEED (1u << 3)
-#define KVM_DEJA_ALL (KVM_DEJA_RDTSC | KVM_DEJA_RDTSCP | KVM_DEJA_RDRAND | KVM_DEJA_RDSEED)
+/* PAUSE exits after it retired: RIP is past it, `value` holds its RIP, and there is nothing to answer. */
+#define KVM_DEJA_PAUSE (1u << 4)
+#define KVM_DEJA_ALL (KVM_DEJA_RDTSC | KVM_DEJA_RDTSCP | KVM_DEJA_RDRAND | KVM_DEJA_RDSEED | KVM_DEJA_PAUSE)
 
 /* kvm_deja_exit.flags, set by userspace: RDRAND/RDSEED succeeded (the CF the guest sees). */
 #define KVM_DEJA_FLAG_CF (1u << 0)
+/* kvm_deja_exit.flags, set by the kernel for PAUSE: the host debugger single-steps the vCPU, and the step ended with
+ * the PAUSE (KVM_EXIT_DEBUG is not reported separately). */
+#define KVM_DEJA_FLAG_STEP (1u << 1)
 
 struct kvm_deja_exit {
 	__u32 insn;  /* kernel: one KVM_DEJA_* bit, the instruction that exited */
-	__u32 flags; /* userspace: KVM_DEJA_FLAG_CF for RDRAND/RDSEED; zeroed by the kernel at the exit */
-	__u64 value; /* userspace: the TSC (RDTSC/RDTSCP) or the random value (RDRAND/RDSEED) */
+	__u32 flags; /* userspace: KVM_DEJA_FLAG_CF for RDRAND/RDSEED; kernel: KVM_DEJA_FLAG_STEP for PAUSE, else 0 */
+	__u64 value; /* userspace: the TSC (RDTSC/RDTSCP) or the random value (RDRAND/RDSEED); kernel: PAUSE's RIP */
 	__u64 aux;   /* RDTSCP: the kernel puts the guest's IA32_TSC_AUX as KVM holds it; ECX gets (u32)aux */
 	__u8 reg;    /* kernel, RDRAND/RDSEED: destination GPR number (0 RAX, 1 RCX, ... 15 R15) */
 	__u8 size;   /* kernel, RDRAND/RDSEED: operand size in bytes (2, 4 or 8) */

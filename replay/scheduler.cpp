@@ -53,7 +53,7 @@ class QuantumScheduler : public GeneratorScheduler {
   Slice slice(uint32_t) override {
     Slice t;
     t.length = config_.quantum / 2 + random_.below(config_.quantum);
-    t.pauses = uint32_t(1 + random_.below(config_.pause_limit));
+    if (config_.pause_limit > 0) t.pauses = uint32_t(1 + random_.below(config_.pause_limit));
     return t;
   }
 };
@@ -68,8 +68,8 @@ Result<std::unique_ptr<Scheduler>> make_scheduler(const ScheduleConfig& config) 
   if (config.quantum < 2 || config.quantum > (uint64_t{1} << 40)) {
     return fail(ErrorKind::kInvalidArgument, "schedule quantum {} is out of range (2 to 2^40)", config.quantum);
   }
-  if (config.pause_limit < 1 || config.pause_limit > (1u << 20)) {
-    return fail(ErrorKind::kInvalidArgument, "schedule PAUSE limit {} is out of range (1 to 2^20)",
+  if (config.pause_limit > (1u << 20)) {
+    return fail(ErrorKind::kInvalidArgument, "schedule PAUSE limit {} is out of range (0 to 2^20)",
                 config.pause_limit);
   }
   if (config.policy == "pct") return make_pct_scheduler(config);

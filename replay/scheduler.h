@@ -40,7 +40,9 @@ struct ScheduleConfig {
   uint64_t seed = 0;
   SliceUnit unit = SliceUnit::kInstructions;
   uint64_t quantum = 0;      // mean slice length in `unit` (each slice draws from [quantum/2, 3*quantum/2))
-  uint32_t pause_limit = 0;  // PAUSEs a slice may execute: each slice draws from [1, pause_limit]
+  // PAUSEs a slice may execute: each slice draws from [1, pause_limit]. 0: PAUSE is no switch point, and no exit
+  // (a backend that cannot stop there: KVM without the kvm-deja module).
+  uint32_t pause_limit = 0;
   uint32_t depth = 0;          // "pct": the bug depth d it aims at (d - 1 priority change points)
   uint64_t change_window = 0;  // "pct": the change points are drawn from the first k scheduling events
   uint64_t dropped_change_points = 0;  // "pct": bit i leaves out the i-th change point (deja explore --minimize)

@@ -106,7 +106,8 @@ class RandomScheduler : public GeneratorScheduler {
     return choices.empty() ? current : choices[random_.below(choices.size())];
   }
   Slice slice(uint32_t) override {
-    return Slice{1 + random_.below(2 * config_.quantum), uint32_t(1 + random_.below(config_.pause_limit))};
+    const uint32_t pauses = config_.pause_limit > 0 ? uint32_t(1 + random_.below(config_.pause_limit)) : 0;
+    return Slice{1 + random_.below(2 * config_.quantum), pauses};
   }
 };
 

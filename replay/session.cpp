@@ -99,11 +99,6 @@ Result<> Session::build(const MachineConfig& config, const std::string& serial_o
   // Application processors wait for STARTUP (docs/smp.md) in the state INIT leaves.
   for (size_t i = 1; i < vcpus_.size(); ++i) {
     if (auto s = vcpus_[i].cpu->set_state(cpu_state_after_init(cpu_signature())); !s) return std::unexpected(s.error());
-    // A spin-wait yields to the other vCPUs: every PAUSE is an exit the schedule sees.
-    if (auto r = vcpus_[i].cpu->set_pause_exits(true); !r) return r;
-  }
-  if (vcpus_.size() > 1) {
-    if (auto r = machine_->backend().set_pause_exits(true); !r) return r;
   }
   engine_.set_position_source([this] { return position(); });
   has_budget_ = machine_->backend().set_instruction_budget(0).has_value();
@@ -137,7 +132,7 @@ bool Session::guest_caused(ExitKind kind) const {
     case ExitKind::kHlt:
     case ExitKind::kMsrRead:
     case ExitKind::kMsrWrite:
-    case ExitKind::kPause:  // (only with several vCPUs, which stop at every PAUSE on every backend)
+    case ExitKind::kPause:  // (only with several vCPUs whose schedule stops at PAUSE)
       return true;
     case ExitKind::kRdtsc:
     case ExitKind::kRdrand:
@@ -160,6 +155,12 @@ Result<> Session::setup_progress(const ProgressChoice& choice) {
                     "--progress emulated-pmu needs the software CPU (--backend interp): {}", r.error().message);
       }
     } else if (!cpu.progress_counter()) {
+      if (vcpus_.size() > 1) {
+        // (the vCPUs take turns on this thread, whose PMU counter would count every vCPU's branches)
+        return fail(ErrorKind::kUnsupported,
+                    "exact progress through the host PMU is not implemented for several vCPUs on KVM; record with "
+                    "--progress exit-sync");
+      }
       if (auto r = attach_pmu_counter(cpu); !r) return r;
     }
     if (engine_.mode() == Mode::kReplay) {
@@ -342,16 +343,33 @@ void Session::replay_async() {
 Result<> Session::deliver_interrupts() {
   Backend& cpu = this->cpu();
   InterruptController& interrupts = machine_->interrupts(current_);
+  Vcpu& v = now();
   if (!interrupts.interrupt_pending()) {
     cpu.request_interrupt_window(false);
+    v.seeking_window = false;
+    v.window_steps = 0;
+    v.blocked_exits = 0;
     return {};
   }
   if (engine_.progress() == ProgressMode::kExitSync && engine_.mode() != Mode::kRun) {
     // Exit-synchronous: inject only at guest-caused exits (delivered right after the exiting
     // instruction), never through interrupt-window exits, whose timing an emulated CPU (nested KVM
-    // under QEMU) does not reproduce exactly from run to run.
+    // under QEMU) does not reproduce exactly from run to run; or, where the vCPU cannot take it there, at the first
+    // instruction boundary after it where it can, single-stepping to it (step_to_interrupt_windows).
     cpu.request_interrupt_window(false);
-    if (!guest_caused(now().last_exit_kind) || !cpu.can_inject_interrupt()) return {};
+    const bool at_exit = guest_caused(v.last_exit_kind);
+    if (!at_exit && !v.seeking_window) return {};
+    if (!cpu.can_inject_interrupt()) {
+      // Stepping costs an exit an instruction: only for a vCPU that went kBlockedExitsBeforeSteps guest exits
+      // without a chance to take it (usually the next exit after an interrupt handler's IRET has one).
+      if (at_exit && v.blocked_exits < kBlockedExitsBeforeSteps) ++v.blocked_exits;
+      v.seeking_window = !v.halted && v.blocked_exits >= kBlockedExitsBeforeSteps &&
+                         v.window_steps < interrupt_window_steps_;
+      return {};
+    }
+    v.seeking_window = false;
+    v.window_steps = 0;
+    v.blocked_exits = 0;
   } else if (!cpu.can_inject_interrupt()) {
     cpu.request_interrupt_window(true);
     return {};
@@ -360,8 +378,8 @@ Result<> Session::deliver_interrupts() {
   engine_.interrupt(vector, position());
   if (scheduler_) schedule_event(ScheduleEvent::kInterrupt, position().at.rip);
   cpu.request_interrupt_window(false);
-  now().last_exit_kind = ExitKind::kKicked;  // one injection per exit
-  now().halted = false;
+  v.last_exit_kind = ExitKind::kKicked;  // one injection per exit
+  v.halted = false;
   return cpu.inject_interrupt(vector);
 }
 
@@ -584,6 +602,7 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
       }
       break;
     case ExitKind::kKicked:
+      kicked_ = true;
       if (engine_.mode() == Mode::kRecord && engine_.progress() == ProgressMode::kExitSync) {
         // Exit-synchronous recording can let time in only at the guest's own exits. A guest that
         // spins without I/O while its timer is due would wait forever: warn, then stop cleanly.
@@ -601,6 +620,19 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
                                      "exit-synchronous recording cannot deliver it (record with --backend interp "
                                      "--progress exact)",
                                      kSpinStopNs / 1'000'000'000),
+                         false};
+        }
+        // Several vCPUs: a vCPU spinning without guest exits keeps the others from running (they switch only at
+        // guest exits), and what it waits for is usually theirs: stop as cleanly, timer or not.
+        if (vcpus_.size() > 1 && quiet > kSpinStopNs) {
+          return Outcome{exit_status::kGuestStopped,
+                         fmt::format("stopped: vCPU {} spun for {} s without a guest exit, so the other vCPUs could "
+                                     "not run (exit-synchronous recording switches vCPUs only at guest exits{}); "
+                                     "record with --backend interp --progress exact",
+                                     current_, kSpinStopNs / 1'000'000'000,
+                                     scheduler_ && scheduler_->config().pause_limit == 0
+                                         ? ", and this KVM does not stop at PAUSE"
+                                         : ""),
                          false};
         }
       }
@@ -679,8 +711,18 @@ uint32_t Session::cpu_signature() const { return machine_->config().cpu_model->c
 
 Result<> Session::set_schedule(const ScheduleConfig& config) {
   if (vcpus_.size() < 2) return fail(ErrorKind::kInvalidArgument, "a schedule needs several vCPUs");
+  if (config.unit == SliceUnit::kInstructions && !has_budget_) {
+    return fail(ErrorKind::kUnsupported, "the schedule's slices are counted in retired instructions, where the {} "
+                "backend cannot stop a vCPU (replay with --backend interp)", machine_->backend().name());
+  }
   auto made = make_scheduler(config);
   if (!made) return std::unexpected(made.error());
+  // A spin-wait yields to the other vCPUs: every PAUSE is an exit the schedule sees (pause_limit 0: none is).
+  for (const Vcpu& v : vcpus_) {
+    if (auto r = v.cpu->set_pause_exits(config.pause_limit > 0); !r) {
+      return fail(ErrorKind::kUnsupported, "the schedule stops vCPUs at PAUSE: {}", r.error().message);
+    }
+  }
   scheduler_ = std::move(*made);
   switch_to(0);  // the bootstrap processor's first slice
   return {};
@@ -762,11 +804,16 @@ Result<std::optional<Outcome>> Session::schedule() {
   const bool slice_over = scheduler_->config().unit == SliceUnit::kInstructions
                               ? cpu().step_count().value_or(0) >= slice_end_
                               : now().guest_exits >= slice_end_;
+  // A plain run in slices of guest exits also switches where host time kicked the vCPU (aim()), so that a vCPU
+  // spinning without exits (without PAUSE exits: stock KVM; or with no PAUSE at all, as Linux's delay calibration on
+  // an AP waiting for jiffies) lets the others run; a recording cannot, as no coordinate places a kick.
+  const bool preempted = std::exchange(kicked_, false) && engine_.mode() == Mode::kRun &&
+                         scheduler_->config().unit == SliceUnit::kGuestExits;
   SwitchPoint why;
   if (!can_run) why = SwitchPoint::kIdle;
   else if (scheduler_->preempting()) why = SwitchPoint::kPreempt;
-  else if (slice_over) why = SwitchPoint::kSliceEnd;
-  else if (pauses_left_ == 0) why = SwitchPoint::kPause;
+  else if (slice_over || preempted) why = SwitchPoint::kSliceEnd;
+  else if (pauses_left_ == 0 && scheduler_->config().pause_limit > 0) why = SwitchPoint::kPause;
   else return std::nullopt;
   std::array<bool, kMaxVcpus> ready{};
   bool any = false;
@@ -912,7 +959,7 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     const uint64_t own = cpu.step_count().value_or(0), others = total_steps() - own;
     if (stop.at_step) user.stop_at_step = *stop.at_step > others ? *stop.at_step - others : 0;
     if (turn.step_over) user.stop_at_step = std::min(user.stop_at_step.value_or(UINT64_MAX), own + 1);
-    user.single_step = turn.finish_instruction;
+    user.single_step = turn.finish_instruction || now().seeking_window;
     if (auto r = apply_debug(user); !r) return r;
     if (now().seeker) {
       now().seeker->set_target(seek_target());
@@ -944,6 +991,13 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
     if (!engine_.networks().empty()) kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
     if (mode == Mode::kRecord && !engine_.host_simulated()) kick = std::min(kick, next_heartbeat_);
+    if (interrupt_window_steps_ > 0) {
+      if (auto r = apply_debug(DebugControl{.single_step = now().seeking_window}); !r) return r;
+    }
+    // A plain run in slices of guest exits switches at kicks too (schedule()): one every slice of host time.
+    if (mode == Mode::kRun && scheduler_ && scheduler_->config().unit == SliceUnit::kGuestExits) {
+      kick = std::min(kick, HostClock::monotonic_ns() + kRunSliceNs);
+    }
     kick_at_.store(kick);
     if (limits_) {
       // Stop where a limit is reached (the top of the next turn checks it).
@@ -1038,6 +1092,7 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
   if (auto r = aim(stop, turn); !r) return std::unexpected(r.error());
   auto exit = now().seeker ? now().seeker->run() : cpu.run();
   if (!exit) return std::unexpected(exit.error());
+  if (now().seeking_window && (*exit)->kind == ExitKind::kDebug) ++now().window_steps;
   auto done = handle_exit(**exit);
   if (!done) return std::unexpected(done.error());
   if (*done) return end(**done);
@@ -1223,12 +1278,13 @@ std::string get_string(StateReader& r) {
 }  // namespace
 
 // The run loop's own state and the engine's trace cursor ("SESS" section of a checkpoint). Version 4 holds each
-// vCPU's loop state and the schedule's; version 3 (one vCPU, before several) is still read.
+// vCPU's loop state and the schedule's, version 5 also each vCPU's search for an interrupt window; versions 3 (one
+// vCPU, before several) and 4 are still read.
 Result<std::vector<uint8_t>> Session::encode_loop_state() {
   auto cursor = engine_.save_cursor();
   if (!cursor) return std::unexpected(cursor.error());
   const Engine::Cursor& c = *cursor;
-  StateWriter w("SESS", 4);
+  StateWriter w("SESS", 5);
   w.u64(next_digest_at_);
   w.u64(c.raw_position);
   w.boolean(c.has_lookahead);
@@ -1257,16 +1313,22 @@ Result<std::vector<uint8_t>> Session::encode_loop_state() {
   const std::vector<uint8_t> schedule = scheduler_ ? scheduler_->save() : std::vector<uint8_t>{};
   w.u32(uint32_t(schedule.size()));
   w.bytes(schedule);
+  for (const Vcpu& v : vcpus_) {
+    w.boolean(v.seeking_window);
+    w.u32(v.window_steps);
+    w.u32(v.blocked_exits);
+  }
   return w.take();
 }
 
 Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
-  const uint8_t version = blob.size() > 4 && blob[4] == 3 ? 3 : 4;
+  const uint8_t version = blob.size() > 4 && (blob[4] == 3 || blob[4] == 4) ? blob[4] : 5;
   StateReader r(blob, "SESS", version);
   struct Saved {
     uint64_t guest_exits = 0, last_rip = 0, branches = 0;
     uint8_t kind = 0;
-    bool after_mmio_write = false, halted = false;
+    bool after_mmio_write = false, halted = false, seeking_window = false;
+    uint32_t window_steps = 0, blocked_exits = 0;
   };
   auto read_vcpu = [&r](Saved& v, bool full) {
     v.guest_exits = r.u64();
@@ -1320,6 +1382,12 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
     if (r.ok()) schedule.resize(size);
     r.bytes(schedule);
     if (current >= vcpus_.size()) r.invalid(fmt::format("running vCPU {} out of range", current));
+    for (Saved& v : saved) {
+      if (version < 5 || !r.ok()) break;
+      v.seeking_window = r.boolean();
+      v.window_steps = r.u32();
+      v.blocked_exits = r.u32();
+    }
   }
   if (auto done = r.finish(); !done) return done;
   if (scheduler_ && !schedule.empty()) {
@@ -1335,6 +1403,9 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
     v.last_exit_rip = saved[i].last_rip;
     v.after_mmio_write = saved[i].after_mmio_write;
     v.halted = saved[i].halted;
+    v.seeking_window = saved[i].seeking_window;
+    v.window_steps = saved[i].window_steps;
+    v.blocked_exits = saved[i].blocked_exits;
   }
   current_ = current;
   slice_end_ = slice_end;

@@ -98,6 +98,16 @@ class Session {
   // Recording turns it on; replay as the trace says.
   void complete_mmio_write_exits(bool on) { mmio_write_exits_complete_ = on; }
   bool mmio_write_exits_complete() const { return mmio_write_exits_complete_; }
+  // Exit-synchronous progress with several vCPUs (trace header interrupt_window_steps): an interrupt pending at a
+  // guest-caused exit where the vCPU cannot take it (RFLAGS.IF clear, an STI shadow), kBlockedExitsBeforeSteps
+  // exits in a row, is delivered at the first instruction boundary after the last where it can, found by
+  // single-stepping the vCPU, at most `steps` instructions (then at a later guest-caused exit). A vCPU waiting for another with interrupts off between its exits (Linux's
+  // schedule() loop while an AP boots: RDTSC in sched_clock only with IF clear) would otherwise never take its timer.
+  // Recording sets it; replay as the trace says (0: off, as before).
+  void step_to_interrupt_windows(uint32_t steps) { interrupt_window_steps_ = steps; }
+  uint32_t interrupt_window_steps() const { return interrupt_window_steps_; }
+  static constexpr uint32_t kInterruptWindowSteps = 16384;
+  static constexpr uint32_t kBlockedExitsBeforeSteps = 64;
   // The disk images behind MachineConfig::disks, kept alive with the machine (call before build()).
   void adopt_disks(std::vector<std::unique_ptr<DiskImage>> disks) { disks_ = std::move(disks); }
   std::vector<std::unique_ptr<DiskImage>>& disks() { return disks_; }
@@ -276,6 +286,9 @@ class Session {
     uint64_t last_exit_rip = 0;
     bool after_mmio_write = false;  // the last exit was an MMIO write and the vCPU has not run since
     bool halted = false;            // its last exit was HLT, and nothing has woken it since
+    bool seeking_window = false;    // single-stepped to where it can take the pending interrupt (step_to_...)
+    uint32_t window_steps = 0;      // steps taken so far for the pending interrupt
+    uint32_t blocked_exits = 0;     // guest exits at which it could not take the pending interrupt
     std::unique_ptr<CoordinateSeeker> seeker;  // replay in exact mode
     std::optional<DebugControl> applied_debug;  // run_until without a seeker: what the backend has
     std::map<ExitKind, uint64_t> exit_counts;
@@ -301,6 +314,8 @@ class Session {
   std::vector<Preemption> preemptions_;
   std::optional<RunLimits> limits_;
   uint64_t limit_serial_seen_ = 0, limit_progress_step_ = 0;
+  bool kicked_ = false;  // the running vCPU's last exit was a kick (a plain run in guest-exit slices switches there)
+  static constexpr uint64_t kRunSliceNs = 4'000'000;
   std::vector<uint64_t> saved_branches_;  // decode_loop_state(): each vCPU's branch count, for its counter
   uint64_t digest_interval_ = kDefaultDigestInterval;
   uint64_t next_digest_at_ = kDefaultDigestInterval;
@@ -308,6 +323,7 @@ class Session {
   bool warned_spin_ = false;
   bool rdtsc_exits_are_guest_exits_ = false;
   bool mmio_write_exits_complete_ = false;
+  uint32_t interrupt_window_steps_ = 0;
   uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
   static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
   static constexpr uint64_t kHeartbeatNs = 1'000'000'000;

@@ -31,7 +31,8 @@ bool TraceConfig::operator==(const TraceConfig& o) const {
          boot_protocol == o.boot_protocol && image_format == o.image_format && progress == o.progress &&
          progress_counter == o.progress_counter && rdtsc_trapped == o.rdtsc_trapped &&
          rdtsc_exits_are_guest_exits == o.rdtsc_exits_are_guest_exits &&
-         mmio_write_exits_complete == o.mmio_write_exits_complete && tsc_hz == o.tsc_hz &&
+         mmio_write_exits_complete == o.mmio_write_exits_complete &&
+         interrupt_window_steps == o.interrupt_window_steps && tsc_hz == o.tsc_hz &&
          digest_interval == o.digest_interval && software_tlb_entries == o.software_tlb_entries &&
          cpu_quirks == o.cpu_quirks && same_rates(derived_time, o.derived_time);
 }
@@ -115,6 +116,7 @@ trace::Header to_header(const TraceConfig& t) {
   c->set_rdtsc_trapped(t.rdtsc_trapped);
   c->set_rdtsc_exits_are_guest_exits(t.rdtsc_exits_are_guest_exits);
   c->set_mmio_write_exits_complete(t.mmio_write_exits_complete);
+  c->set_interrupt_window_steps(t.interrupt_window_steps);
   c->set_tsc_hz(t.tsc_hz);
   c->set_digest_interval(t.digest_interval);
   c->set_software_tlb_entries(t.software_tlb_entries);
@@ -227,6 +229,7 @@ Result<TraceConfig> from_header(const trace::Header& h) {
   t.rdtsc_trapped = c.rdtsc_trapped();
   t.rdtsc_exits_are_guest_exits = c.rdtsc_exits_are_guest_exits();
   t.mmio_write_exits_complete = c.mmio_write_exits_complete();
+  t.interrupt_window_steps = c.interrupt_window_steps();
   t.tsc_hz = c.tsc_hz();
   t.digest_interval = c.digest_interval() ? c.digest_interval() : Session::kDefaultDigestInterval;
   t.software_tlb_entries = c.software_tlb_entries() ? c.software_tlb_entries() : kSoftwareTlbEntriesBeforeRecorded;
@@ -268,6 +271,7 @@ TraceConfig recording_config(Session& session, const MachineConfig& machine, con
   t.rdtsc_trapped = cpu.traps_rdtsc();
   t.rdtsc_exits_are_guest_exits = session.rdtsc_exits_are_guest_exits();
   t.mmio_write_exits_complete = session.mmio_write_exits_complete();
+  t.interrupt_window_steps = session.interrupt_window_steps();
   t.digest_interval = session.digest_interval();
   t.software_tlb_entries = kSoftwareTlbEntries;
   t.cpu_quirks = cpu.cpu_quirks();
@@ -328,6 +332,7 @@ Result<> adopt_recording_ways(Session& session, const TraceConfig& t) {
   session.count_rdtsc_as_guest_exits(t.rdtsc_exits_are_guest_exits);
   session.set_digest_interval(t.digest_interval);
   session.complete_mmio_write_exits(t.mmio_write_exits_complete);
+  session.step_to_interrupt_windows(t.interrupt_window_steps);
   for (size_t i = 0; i < session.machine().vcpu_count(); ++i) {
     Backend& cpu = session.machine().backend(i);
     if (auto ok = cpu.adopt_software_tlb_entries(t.software_tlb_entries); !ok) return ok;

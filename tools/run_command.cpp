@@ -391,7 +391,10 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     progress.mode = ProgressMode::kExitSync;
     if (mode == Mode::kRecord) {
       PmuSelftest pmu = run_pmu_selftest();
-      if (pmu.usable()) {
+      if (pmu.usable() && config.vcpus > 1) {
+        say("note: the host PMU passed the self-test, but exact progress is not implemented for several vCPUs on KVM; "
+            "recording exit-synchronously");
+      } else if (pmu.usable()) {
         progress.mode = ProgressMode::kExact;
       } else {
         say("warning: no precise interrupt timing on this host ({}); recording exit-synchronously (see `deja "
@@ -456,12 +459,26 @@ int run_or_record(const SessionOptions& options, Mode mode) {
             : SliceUnit::kGuestExits,
         seed);
     if (options.schedule_quantum) schedule.quantum = *options.schedule_quantum;
+    if (auto pause = session.machine().backend().set_pause_exits(true); !pause) {
+      // Stock KVM: spin-waits are no switch points. A plain run switches at host-time kicks instead; a recording
+      // switches only at guest-caused exits, and says so before the guest runs.
+      schedule.pause_limit = 0;
+      if (mode == Mode::kRecord) {
+        say("warning: {}; the vCPUs switch only at guest-caused exits, so a vCPU that spins waiting for another "
+            "without I/O stops the recording; load the kvm-deja module (docs/kvm-deja.md) or record with --backend "
+            "interp",
+            pause.error().message);
+      }
+    }
     if (auto r = session.set_schedule(schedule); !r) return report_error(r.error());
     if (!options.schedule_seed) say("note: {} vCPUs, schedule seed {} (repeat with --schedule-seed {})", config.vcpus, seed, seed);
   }
   session.set_digest_interval(options.digest_interval);
   session.count_rdtsc_as_guest_exits(session.machine().backend().traps_rdtsc());
   session.complete_mmio_write_exits(true);
+  if (config.vcpus > 1 && progress.mode == ProgressMode::kExitSync) {
+    session.step_to_interrupt_windows(Session::kInterruptWindowSteps);
+  }
   // Where instructions are counted exactly, time read between asynchronous events follows from them: no event per
   // clock or TSC read (format 4). The same in a plain run, so that a run and its recording see the same time.
   if (progress.mode == ProgressMode::kExact && session.machine().backend().instruction_count()) {

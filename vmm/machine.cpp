@@ -85,11 +85,9 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& name, GuestMemo
 Result<std::vector<std::unique_ptr<Backend>>> make_backends(const std::string& name, GuestMemory& memory,
                                                             std::span<const CpuModel* const> models,
                                                             bool trap_rdtsc) {
+  // KVM's vCPUs are one VM's.
+  if (name == "kvm") return make_kvm_backends(memory, models, KvmOptions{.trap_rdtsc = trap_rdtsc});
   std::vector<std::unique_ptr<Backend>> vcpus;
-  if (models.size() > 1 && name == "kvm") {
-    return fail(ErrorKind::kUnsupported, "the KVM backend runs one vCPU (use --backend interp for --cpus {})",
-                models.size());
-  }
   for (const CpuModel* model : models) {
     auto backend = make_backend(name, memory, *model, trap_rdtsc);
     if (!backend) return std::unexpected(backend.error());

@@ -269,25 +269,43 @@ def record_replay_smp(args, workdir, results):
     """Records boots of an SMP machine (--cpus, pc-apic) under each --schedule-seed, running /scripts/smp: Linux
     must bring up every CPU through INIT-SIPI-SIPI and its real-mode trampoline, and smp-race's threads (one per CPU)
     race on shared counters, futexes and pipes. Each recording replays exactly (--replay variants); the unlocked
-    counter's total, which depends on the schedule, is reported per seed."""
+    counter's total, which depends on the schedule, is reported per seed. With --shell the script is typed into the
+    guest's shell over serial, after a look at the CPUs, instead of named on the kernel command line."""
     totals = {}
     for seed in args.schedule_seed or [1]:
         name = f"smp{args.cpus}-seed{seed}"
         trace = os.path.join(workdir, f"{name}.trace")
         recorded = os.path.join(workdir, f"{name}.out")
+        argv = [args.deja, "record", "--backend", args.backend, "--machine", "pc-apic", "--linux",
+                "--cpus", str(args.cpus), "--schedule-seed", str(seed), "-o", trace,
+                *progress_option(args), *digest_option(args)]
         t0 = time.monotonic()
-        rec = subprocess.run([args.deja, "record", "--backend", args.backend, "--machine", "pc-apic", "--linux",
-                              "--cpus", str(args.cpus), "--schedule-seed", str(seed),
-                              "--append", "deja.script=smp", "-o", trace, "--serial-out", recorded,
-                              *progress_option(args), *digest_option(args)],
-                             capture_output=True, text=True, timeout=args.timeout)
+        if args.shell:
+            with open(os.path.join(workdir, f"{name}-record.err"), "wb") as err:
+                extra = ["--append", " ".join(args.append)] if args.append else []
+                session = linux_guest.Session(argv + extra + ["--serial-in", "-"], timeout=args.timeout, stderr=err)
+                try:
+                    session.boot()
+                    session.check("grep -c ^processor /proc/cpuinfo")
+                    session.check("sh /scripts/smp")
+                    status = session.finish(0, timeout=args.timeout)
+                finally:
+                    session.kill()
+            with open(recorded, "wb") as f:
+                f.write(session.output)
+        else:
+            cmdline = " ".join(["deja.script=smp", *args.append])
+            rec = subprocess.run(argv + ["--append", cmdline, "--serial-out", recorded],
+                                 capture_output=True, text=True, timeout=args.timeout)
+            status = rec.returncode
+            with open(os.path.join(workdir, f"{name}-record.err"), "w") as f:
+                f.write(rec.stderr)
         record_s = time.monotonic() - t0
-        with open(os.path.join(workdir, f"{name}-record.err"), "w") as f:
-            f.write(rec.stderr)
+        stderr = open(os.path.join(workdir, f"{name}-record.err"), errors="replace").read()
         out = open(recorded, "rb").read().decode(errors="replace")
-        if rec.returncode != 1 or "deja-linux: ready" not in out:
-            raise linux_guest.GuestError(f"record ({name}) ended with status {rec.returncode}:\n"
-                                         f"{out[-2000:]}\n{rec.stderr[-2000:]}")
+        if status != 1 or "deja-linux: ready" not in out:
+            raise linux_guest.GuestError(f"record ({name}) ended with status {status}:\n"
+                                         f"{out[-2000:]}\n{stderr[-2000:]}")
         brought_up = f"smp: Brought up 1 node, {args.cpus} CPUs"
         online = f"cpus online: 0-{args.cpus - 1} ({args.cpus})"
         race = re.search(r"smp-race: .*", out)
@@ -565,6 +583,10 @@ def main():
                         help="instead: record boots with --cpus vCPUs running /scripts/smp, one per --schedule-seed, "
                              "and replay each exactly")
     parser.add_argument("--cpus", type=int, default=2, help="--record-replay-smp: vCPUs")
+    parser.add_argument("--append", action="append", default=[],
+                        help="--record-replay-smp: more kernel command line (repeatable)")
+    parser.add_argument("--shell", action="store_true",
+                        help="--record-replay-smp: type the workload into the guest's shell over serial")
     parser.add_argument("--schedule-seed", type=int, action="append", help="--record-replay-smp: a seed (repeatable)")
     args = parser.parse_args()
     if not os.path.exists(os.path.join(args.guest_dir, "initramfs.cpio")):
