@@ -442,15 +442,16 @@ def look_at_linux_trace(args, trace, workdir, results):
     shown = f"html: {size} bytes, written in {time.monotonic() - t0:.1f} s"
     os.makedirs(args.artifacts or workdir, exist_ok=True)
     png = os.path.join(args.artifacts or workdir, "linux-workload-timeline.png")
-    browser = html_browser_check.check_page(page, png)
+    # Inside the nested harness QEMU's TCG emulates Chromium too (a page load takes minutes there): the page is the
+    # same on every backend, and the host's own Linux tests draw it.
+    browser = None if os.environ.get("DEJA_NESTED_TCG") else html_browser_check.check_page(page, png)
     if browser is None:
-        shown += "; Chromium not installed: not drawn"
+        shown += ("; not drawn inside the nested harness" if os.environ.get("DEJA_NESTED_TCG")
+                  else "; Chromium not installed: not drawn")
     else:
         if browser["errors"] or browser["other_requests"] or browser["rendered"] != "yes":
             raise linux_guest.GuestError(f"Chromium on {page}: {browser}")
-        # The drawing time is an aim for a real CPU: inside the nested harness QEMU's TCG emulates Chromium too.
-        slow = browser["render_ms"] >= 1000 and not os.environ.get("DEJA_NESTED_TCG")
-        if slow or browser["screenshot"]["non_white_fraction"] < 0.02:
+        if browser["render_ms"] >= 1000 or browser["screenshot"]["non_white_fraction"] < 0.02:
             raise linux_guest.GuestError(f"Chromium draws {page} in {browser['render_ms']} ms, screenshot "
                                          f"{browser['screenshot']}")
         shown += (f"; Chromium draws it in {browser['render_ms']:.0f} ms (load event at "
