@@ -430,14 +430,19 @@ std::string check_quirks(Backend& cpu, GuestMemory& memory, std::vector<std::str
   const bool accessed_set = run.at_hlt->gpr[kRax] & 1;
   if (!accessed_set) quirks.emplace_back(kCpuQuirkAccessedBitOnlyBySegmentLoads);
 
+  // Runs a snippet that stores x87 state at RDI over 0xaa bytes, and reads what it stored (and left) back.
   std::array<uint8_t, 512> image;
-  image.fill(0xaa);
-  if (auto ok = memory.write(Gpa{kFxsaveArea}, image); !ok) return ok.error().message;
-  s = long_mode(kCode + offset_of(deja_probe_fxsave));
-  s.gpr[kRdi] = kFxsaveArea;
-  run = run_snippet(cpu, s);
-  if (!run.at_hlt) return "FXSAVE64 " + run.problem;
-  if (auto ok = memory.read(Gpa{kFxsaveArea}, image); !ok) return ok.error().message;
+  auto store_probe = [&](const uint8_t* probe, const char* name) -> std::string {
+    image.fill(0xaa);
+    if (auto ok = memory.write(Gpa{kFxsaveArea}, image); !ok) return ok.error().message;
+    CpuState state = long_mode(kCode + offset_of(probe));
+    state.gpr[kRdi] = kFxsaveArea;
+    SnippetRun stored = run_snippet(cpu, state);
+    if (!stored.at_hlt) return name + stored.problem;
+    if (auto ok = memory.read(Gpa{kFxsaveArea}, image); !ok) return ok.error().message;
+    return {};
+  };
+  if (auto problem = store_probe(deja_probe_fxsave, "FXSAVE64 "); !problem.empty()) return problem;
   uint16_t fop = 0;
   uint64_t fip = 0;
   std::memcpy(&fop, image.data() + 6, 2);
@@ -447,13 +452,7 @@ std::string check_quirks(Backend& cpu, GuestMemory& memory, std::vector<std::str
   if (!pointers_kept) quirks.emplace_back(kCpuQuirkFxsaveNoX87Pointers);
   if (reserved_kept) quirks.emplace_back(kCpuQuirkFxsaveSkipsReservedBytes);
 
-  image.fill(0xaa);
-  if (auto ok = memory.write(Gpa{kFxsaveArea}, image); !ok) return ok.error().message;
-  s = long_mode(kCode + offset_of(deja_probe_fnstenv));
-  s.gpr[kRdi] = kFxsaveArea;
-  run = run_snippet(cpu, s);
-  if (!run.at_hlt) return "FNSTENV " + run.problem;
-  if (auto ok = memory.read(Gpa{kFxsaveArea}, image); !ok) return ok.error().message;
+  if (auto problem = store_probe(deja_probe_fnstenv, "FNSTENV "); !problem.empty()) return problem;
   uint32_t control = 0, env_fip = 0;
   std::memcpy(&control, image.data(), 4);
   std::memcpy(&env_fip, image.data() + 12, 4);
