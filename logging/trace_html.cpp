@@ -319,7 +319,10 @@ Result<> HtmlTimeline::write(const Summary& summary, const LinuxTraceView& view,
       if (!name.starts_with(prefix)) continue;
       const bool in_bytes = !name.starts_with("asynchronous") && !name.starts_with("interrupts");
       std::string values;
-      for (double v : s.values) values += (values.empty() ? "" : ",") + number(v);
+      for (double v : s.values) {
+        if (!values.empty()) values += ',';
+        values += number(v);
+      }
       lanes += fmt::format("{}{{\"name\": {}, \"unit\": \"{}\", \"color\": \"{}\", \"values\": [{}]}}",
                            lanes.empty() ? "" : ",\n", json_text(name), in_bytes ? "bytes" : "count", color, values);
     }
