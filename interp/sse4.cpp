@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "interp/sse_host.h"
@@ -34,15 +35,22 @@ Xmm horizontal(Xmm a, Xmm b, F f) {
   return to_xmm(r);
 }
 
+// Two's-complement negation that wraps: the most negative value negates to itself, as the hardware's does
+// (negating it as a signed int is undefined behaviour).
+template <typename S>
+S wrapping_negate(S x) {
+  return static_cast<S>(std::make_unsigned_t<S>(0) - static_cast<std::make_unsigned_t<S>>(x));
+}
+
 template <typename S>
 Xmm sign(Xmm a, Xmm b) {
-  return map2<S>(a, b, [](S x, S y) { return y < 0 ? S(-x) : y == 0 ? S(0) : x; });
+  return map2<S>(a, b, [](S x, S y) { return y < 0 ? wrapping_negate(x) : y == 0 ? S(0) : x; });
 }
 
 template <typename S>
 Xmm absolute(Xmm b) {
   // The most negative value stays as it is (its absolute value is the unsigned reading of the same bits).
-  return map2<S>(b, b, [](S x, S) { return x < 0 ? S(-x) : x; });
+  return map2<S>(b, b, [](S x, S) { return x < 0 ? wrapping_negate(x) : x; });
 }
 
 template <typename Narrow, typename Wide>
