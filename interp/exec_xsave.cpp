@@ -20,7 +20,7 @@ using interp::DecodedInsn;
 
 namespace {
 
-constexpr uint8_t kUd = 6, kNm = 7, kGp = 13;
+constexpr uint8_t kNm = 7, kGp = 13;
 constexpr size_t kMxcsrOffset = 24, kXmmOffset = 160, kHeaderOffset = 512, kAvxOffset = 576, kAvxBytes = 256;
 constexpr uint64_t kSupportedXcr0 = xcr0::kX87 | xcr0::kSse | xcr0::kAvx;
 constexpr uint64_t kCompacted = uint64_t{1} << 63;

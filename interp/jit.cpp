@@ -5,6 +5,7 @@
 // RBX holds the InterpBackend; everything else is scratch between operations.
 #include "interp/jit.h"
 
+#include <cpuid.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -433,7 +434,12 @@ struct InterpBackend::Jit {
     return has;
   }
   static bool host_lzcnt() {
-    static const bool has = __builtin_cpu_supports("abm") || __builtin_cpu_supports("lzcnt");
+    // CPUID 0x80000001 ECX bit 5 (LZCNT, AMD's "ABM"): read directly, since GCC and clang name it differently
+    // in __builtin_cpu_supports.
+    static const bool has = [] {
+      unsigned eax, ebx, ecx, edx;
+      return __get_cpuid(0x80000001, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 5)) != 0;
+    }();
     return has;
   }
 

@@ -134,13 +134,11 @@ Result<segments::Manifest> plan_segments(const PlanOptions& o) {
 
   // The inputs a replay reads, as `deja replay` finds them (the paths given, else the recorded ones), with the hashes
   // the trace names them by.
-  size_t modules = 0;
   for (const RecordedInput& in : recorded->inputs) {
     if (in.role == "serial-in") continue;  // its bytes are in the trace
     std::string path = in.path;
     if ((in.role == "image" || in.role == "kernel") && !o.image_path.empty()) path = o.image_path;
     if (in.role == "initrd" && !o.initrd_path.empty()) path = o.initrd_path;
-    if (in.role == "module") ++modules;
     *m.add_inputs() = file_ref(in.role, absolute_path(path), in.sha256, in.size);
   }
   uint64_t disk_bytes = 0;
