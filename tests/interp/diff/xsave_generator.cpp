@@ -4,9 +4,8 @@
 #include <Zydis/Zydis.h>
 #include <fmt/format.h>
 
-#include <cstring>
+#include <iterator>
 #include <string>
-#include <utility>
 
 namespace deja::difftest {
 namespace {
@@ -49,7 +48,7 @@ std::vector<uint8_t> xrstor(uint32_t xstate_bv, uint32_t rfbm) {
   put32(b, xstate_bv);
   b.push_back(0xb8);
   put32(b, rfbm);
-  for (uint8_t x : {0x31, 0xd2, 0x0f, 0xae, 0x2b}) b.push_back(x);
+  for (uint8_t x : {uint8_t{0x31}, uint8_t{0xd2}, uint8_t{0x0f}, uint8_t{0xae}, uint8_t{0x2b}}) b.push_back(x);
   return b;
 }
 
@@ -77,13 +76,22 @@ RegisterFile XsaveGenerator::registers() {
 
 Sequence XsaveGenerator::sequence(int count) {
   Sequence seq;
-  // The XRSTOR area: a valid MXCSR (every exception masked, random rounding, DAZ and FTZ), XCOMP_BV and the
-  // reserved header bytes XRSTOR checks zero (the rest of the header stays random), a random XSTATE_BV.
+  // The XRSTOR area: the x87 environment of FNINIT with random tags (a random image's reserved FCW bits, pending
+  // exceptions and pointers in the other format are XRSTOR's x87 details, not XINUSE's), a valid MXCSR (every
+  // exception masked, random rounding, DAZ and FTZ), XCOMP_BV and the reserved header bytes XRSTOR checks zero (the
+  // rest of the header stays random), a random XSTATE_BV. The x87 registers and XMM/YMM values stay random.
   static constexpr uint32_t kMxcsrs[] = {0x1f80, 0x1f80, 0x5f80, 0x9fc0, 0x1f81, 0x3fa0};
-  std::vector<uint8_t> prologue = {0xbb, 0x00, 0x00, 0x50, 0x00, 0xc7, 0x43, 0x18};  // mov ebx, kDataAddr; mov [rbx+24]
+  std::vector<uint8_t> prologue = {
+      0xbb, 0x00, 0x00, 0x50, 0x00,                    // mov ebx, kDataAddr
+      0x48, 0xc7, 0x03, 0x7f, 0x03, 0x00, 0x00,        // mov qword [rbx], 0x37f: FCW, FSW, FTW, FOP
+      0x48, 0xc7, 0x43, 0x08, 0x00, 0x00, 0x00, 0x00,  // mov qword [rbx + 8], 0: FIP
+      0x48, 0xc7, 0x43, 0x10, 0x00, 0x00, 0x00, 0x00,  // mov qword [rbx + 16], 0: FDP
+      0xc6, 0x43, 0x04, uint8_t(rng_()),               // mov byte [rbx + 4], tags
+      0xc7, 0x43, 0x18};                               // mov dword [rbx + 24], MXCSR
   put32(prologue, kMxcsrs[rng_() % std::size(kMxcsrs)]);
   for (uint8_t at : {0x08, 0x10}) {  // mov qword [rbx + 0x208 / 0x210], 0
-    for (uint8_t x : {0x48, 0xc7, 0x83, at, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00}) prologue.push_back(x);
+    const uint8_t store[] = {0x48, 0xc7, 0x83, at, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00};
+    prologue.insert(prologue.end(), std::begin(store), std::end(store));
   }
   const std::vector<uint8_t> start = xrstor(uint32_t(rng_() % 8), 7);
   prologue.insert(prologue.end(), start.begin(), start.end());
