@@ -11,29 +11,26 @@ namespace deja::difftest {
 namespace {
 
 // RBX holds kDataAddr throughout: the XRSTOR area at [rbx], the XSAVE area at [rbx + 0x400].
-struct Event {
-  std::vector<uint8_t> bytes;
-};
-const std::vector<Event>& events() {
-  static const std::vector<Event> list = {
-      {{0xc5, 0xf8, 0x77}},                                            // vzeroupper
-      {{0xc5, 0xfc, 0x77}},                                            // vzeroall
-      {{0x66, 0x0f, 0xef, 0xdb}},                                      // pxor xmm3, xmm3
-      {{0xc5, 0xd5, 0x74, 0xed}},                                      // vpcmpeqb ymm5, ymm5, ymm5
-      {{0xc5, 0xc9, 0xef, 0xf7}},                                      // vpxor xmm6, xmm6, xmm7 (VEX.128)
-      {{0xd9, 0xe8, 0xdb, 0xe3}},                                      // fld1; fninit
-      {{0xdb, 0xe3}},                                                  // fninit
-      {{0x0f, 0x77}},                                                  // emms
-      {{0x48, 0x0f, 0x6e, 0xc0, 0x0f, 0x77}},                          // movq mm0, rax; emms
-      {{0x0f, 0xae, 0x53, 0x18}},                                      // ldmxcsr [rbx + 24]
-      {{0x66, 0x0f, 0x7e, 0xc8}},                                      // movd eax, xmm1 (a read)
-      {{0xc4, 0xe2, 0x7d, 0x17, 0xc1}},                                // vptest ymm0, ymm1 (a VEX.256 read)
-      {{0xc4, 0xe3, 0x7d, 0x39, 0xda, 0x01}},                          // vextracti128 xmm2, ymm3, 1
-      {{0x66, 0x0f, 0x3a, 0x62, 0xc9, 0x00}},                          // pcmpistrm xmm1, xmm1, 0 (writes XMM0)
-      {{0xc5, 0xfe, 0x6f, 0xa3, 0x40, 0x03, 0x00, 0x00}},              // vmovdqu ymm4, [rbx + 0x340]
-      {{0xd9, 0xbb, 0x00, 0x03, 0x00, 0x00}},                          // fnstcw [rbx + 0x300]
-      {{0xc4, 0x62, 0x79, 0x18, 0x8b, 0x44, 0x03, 0x00, 0x00}},        // vbroadcastss xmm9, [rbx + 0x344]
-      {{0xf3, 0x44, 0x0f, 0xd6, 0xc1, 0x0f, 0x77}},                    // movq2dq xmm8, mm1; emms
+const std::vector<std::vector<uint8_t>>& events() {
+  static const std::vector<std::vector<uint8_t>> list = {
+      {0xc5, 0xf8, 0x77},                                              // vzeroupper
+      {0xc5, 0xfc, 0x77},                                              // vzeroall
+      {0x66, 0x0f, 0xef, 0xdb},                                        // pxor xmm3, xmm3
+      {0xc5, 0xd5, 0x74, 0xed},                                        // vpcmpeqb ymm5, ymm5, ymm5
+      {0xc5, 0xc9, 0xef, 0xf7},                                        // vpxor xmm6, xmm6, xmm7 (VEX.128)
+      {0xd9, 0xe8, 0xdb, 0xe3},                                        // fld1; fninit
+      {0xdb, 0xe3},                                                    // fninit
+      {0x0f, 0x77},                                                    // emms
+      {0x48, 0x0f, 0x6e, 0xc0, 0x0f, 0x77},                            // movq mm0, rax; emms
+      {0x0f, 0xae, 0x53, 0x18},                                        // ldmxcsr [rbx + 24]
+      {0x66, 0x0f, 0x7e, 0xc8},                                        // movd eax, xmm1 (a read)
+      {0xc4, 0xe2, 0x7d, 0x17, 0xc1},                                  // vptest ymm0, ymm1 (a VEX.256 read)
+      {0xc4, 0xe3, 0x7d, 0x39, 0xda, 0x01},                            // vextracti128 xmm2, ymm3, 1
+      {0x66, 0x0f, 0x3a, 0x62, 0xc9, 0x00},                            // pcmpistrm xmm1, xmm1, 0 (writes XMM0)
+      {0xc5, 0xfe, 0x6f, 0xa3, 0x40, 0x03, 0x00, 0x00},                // vmovdqu ymm4, [rbx + 0x340]
+      {0xd9, 0xbb, 0x00, 0x03, 0x00, 0x00},                            // fnstcw [rbx + 0x300]
+      {0xc4, 0x62, 0x79, 0x18, 0x8b, 0x44, 0x03, 0x00, 0x00},          // vbroadcastss xmm9, [rbx + 0x344]
+      {0xf3, 0x44, 0x0f, 0xd6, 0xc1, 0x0f, 0x77},                      // movq2dq xmm8, mm1; emms
   };
   return list;
 }
@@ -98,7 +95,7 @@ Sequence XsaveGenerator::sequence(int count) {
   append(seq, prologue);
   for (int i = 0; i < count; ++i) {
     if (rng_() % 6 == 0) append(seq, xrstor(uint32_t(rng_() % 8), uint32_t(1 + rng_() % 7)));
-    else append(seq, events()[rng_() % events().size()].bytes);
+    else append(seq, events()[rng_() % events().size()]);
   }
   // mov ecx, 1; xgetbv; and eax, 7 (the host's XCR0 has more components); mov r8, rax
   append(seq, {0xb9, 0x01, 0x00, 0x00, 0x00, 0x0f, 0x01, 0xd0, 0x83, 0xe0, 0x07, 0x49, 0x89, 0xc0});
