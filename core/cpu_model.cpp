@@ -38,6 +38,7 @@ constexpr CpuFeature kFeatures[] = {
     {0x80000001, 0, R::kEdx, 11, "SYSCALL"}, {0x80000001, 0, R::kEdx, 20, "NX"},
     {0x80000001, 0, R::kEdx, 26, "PDPE1GB"}, {0x80000001, 0, R::kEdx, 27, "RDTSCP"},
     {0x80000001, 0, R::kEdx, 29, "LM"},      {0x80000007, 0, R::kEdx, 8, "INVARIANT_TSC", false},
+    {0xd, 1, R::kEax, 2, "XGETBV_ECX1"},
 };
 
 // Packs 4 chars little-endian into a register, as CPUID strings are laid out.
@@ -245,6 +246,9 @@ const CpuModel& CpuModel::deja_v1() {
 #define DEJA_X86_64_V2 DEJA_X86_64_V1, "CX16", "LAHF_LM", "POPCNT", "SSE3", "SSSE3", "SSE4.1", "SSE4.2"
 // v3's OSXSAVE is not in the table: CPUID.01H:ECX[27] reflects CR4.OSXSAVE at run time (0 after reset).
 #define DEJA_X86_64_V3 DEJA_X86_64_V2, "AVX", "AVX2", "BMI1", "BMI2", "F16C", "FMA", "ABM/LZCNT", "MOVBE", "XSAVE"
+// Version 3 of x86-64-v3 reports XINUSE (XGETBV with ECX = 1) and tracks it as Intel's processors do, so that the
+// XSAVE areas a guest writes match a recording made on KVM (interp/exec_xsave.cpp).
+#define DEJA_X86_64_V3_XINUSE DEJA_X86_64_V3, "XGETBV_ECX1"
 
 const CpuModel& CpuModel::x86_64_v1_version1() {
   // Exactly the table of the first x86-64-v1 traces; do not change a bit: the baseline without MMX, which
@@ -268,7 +272,11 @@ std::span<const CpuModel* const> CpuModel::earlier_versions() {
   static const CpuModel v3_version1 = CpuModelBuilder::make("x86-64-v3", 1, Identity::kDeja,
                                                             "deja virtual CPU x86-64-v3", {DEJA_X86_64_V3},
                                                             kPerfCounterMsrs);
-  static const CpuModel* const models[] = {&x86_64_v1_version1(), &v1_version2, &v2_version1, &v3_version1};
+  // x86-64-v3 version 2: AuthenticAMD, with all of XCR0 in use at all times (no XINUSE tracking).
+  static const CpuModel v3_version2 = CpuModelBuilder::make("x86-64-v3", 2, Identity::kAmd,
+                                                            "deja virtual CPU x86-64-v3", {DEJA_X86_64_V3}, kAmdMsrs);
+  static const CpuModel* const models[] = {&x86_64_v1_version1(), &v1_version2, &v2_version1, &v3_version1,
+                                           &v3_version2};
   return models;
 }
 
@@ -285,8 +293,8 @@ const CpuModel& CpuModel::x86_64_v2() {
 }
 
 const CpuModel& CpuModel::x86_64_v3() {
-  static const CpuModel model = CpuModelBuilder::make("x86-64-v3", 2, Identity::kAmd, "deja virtual CPU x86-64-v3",
-                                                      {DEJA_X86_64_V3}, kAmdMsrs);
+  static const CpuModel model = CpuModelBuilder::make("x86-64-v3", 3, Identity::kAmd, "deja virtual CPU x86-64-v3",
+                                                      {DEJA_X86_64_V3_XINUSE}, kAmdMsrs);
   return model;
 }
 

@@ -66,7 +66,8 @@ class CpuModel {
   static const CpuModel& x86_64_v2();  // x86-64-v1 plus the psABI's v2: CX16, LAHF_LM, POPCNT, SSE3-SSE4.2
   static const CpuModel& x86_64_v3();  // x86-64-v2 plus the psABI's v3: AVX, AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE, XSAVE
   // The earlier versions of the models, which only traces name: x86-64-v1 version 1 (deja's own vendor, no MMX),
-  // and x86-64-v1 version 2, x86-64-v2 and x86-64-v3 version 1 (deja's own vendor, which glibc does not read).
+  // x86-64-v1 version 2, x86-64-v2 and x86-64-v3 version 1 (deja's own vendor, which glibc does not read), and
+  // x86-64-v3 version 2 (all of XCR0 in use at all times: no XINUSE tracking).
   static std::span<const CpuModel* const> earlier_versions();
   static const CpuModel& x86_64_v1_version1();
 

@@ -62,6 +62,10 @@ struct CpuState {
   // The upper halves (bits 128-255) of YMM0-15: XSAVE state component 2 (AVX), in its XSAVE layout (16 bytes a
   // register). The lower halves are the XMM registers in `fxsave`.
   std::array<uint8_t, 256> ymmh{};
+  // XINUSE (SDM Vol. 1, 13.6): the xcr0:: components that may be out of their initial configuration, as the
+  // software CPU tracks them (docs/cpu-models.md, "XINUSE"): what XSAVE writes into XSTATE_BV. After reset x87 and
+  // SSE, as a KVM vCPU has it after deja loads its reset state.
+  uint64_t xinuse = 0x3;
 
   // Interrupt shadow (STI / MOV SS) in effect for the next instruction.
   bool interrupt_shadow = false;

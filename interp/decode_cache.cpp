@@ -108,6 +108,38 @@ VexIsa vex_isa(const ZydisDecodedInstruction& zi) {
   }
 }
 
+// The XINUSE bits an instruction sets when it completes, by the rules measured on Intel hosts (XGETBV with ECX = 1
+// after each kind of instruction from the initial configuration; docs/cpu-models.md, "XINUSE"): every x87
+// instruction but FNSTCW and FNSTSW, and every MMX one (EMMS too), set x87 (0); a write of an XMM or YMM register
+// (PCMPISTRM's and PCMPESTRM's of XMM0 included), LDMXCSR and FXRSTOR set SSE (1); a VEX.256 instruction that
+// writes a vector register sets AVX (2) too. Reads and stores set nothing. VZEROUPPER, VZEROALL and XRSTOR clear
+// bits: their executors do that.
+uint8_t xinuse_set_by(const ZydisDecodedInstruction& zi, const ZydisDecodedOperand* zops, uint8_t count) {
+  constexpr uint8_t kX87 = 1, kSse = 2, kAvx = 4;
+  switch (zi.mnemonic) {
+    case ZYDIS_MNEMONIC_FNSTCW: case ZYDIS_MNEMONIC_FNSTSW: case ZYDIS_MNEMONIC_VZEROUPPER: case ZYDIS_MNEMONIC_VZEROALL:
+      return 0;
+    case ZYDIS_MNEMONIC_EMMS: return kX87;
+    case ZYDIS_MNEMONIC_FXRSTOR: case ZYDIS_MNEMONIC_FXRSTOR64: return kX87 | kSse;
+    case ZYDIS_MNEMONIC_LDMXCSR: case ZYDIS_MNEMONIC_VLDMXCSR: case ZYDIS_MNEMONIC_PCMPISTRM:
+    case ZYDIS_MNEMONIC_PCMPESTRM: case ZYDIS_MNEMONIC_VPCMPISTRM: case ZYDIS_MNEMONIC_VPCMPESTRM:
+      return kSse;
+    default: break;
+  }
+  uint8_t sets = 0;
+  if (zi.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT && ((zi.opcode & 0xf8) == 0xd8 || zi.opcode == 0x9b)) sets |= kX87;
+  for (uint8_t i = 0; i < count; ++i) {
+    if (zops[i].type != ZYDIS_OPERAND_TYPE_REGISTER) continue;
+    const ZydisRegister reg = zops[i].reg.value;
+    if (reg >= ZYDIS_REGISTER_MM0 && reg <= ZYDIS_REGISTER_MM7) sets |= kX87;
+    const bool vector = (reg >= ZYDIS_REGISTER_XMM0 && reg <= ZYDIS_REGISTER_XMM15) ||
+                        (reg >= ZYDIS_REGISTER_YMM0 && reg <= ZYDIS_REGISTER_YMM15);
+    if (vector && (zops[i].actions & ZYDIS_OPERAND_ACTION_MASK_WRITE))
+      sets |= (zi.encoding == ZYDIS_INSTRUCTION_ENCODING_VEX && zi.raw.vex.L) ? kSse | kAvx : kSse;
+  }
+  return sets;
+}
+
 }  // namespace
 
 bool decode_bytes(const uint8_t* bytes, size_t len, uint8_t mode, DecodedInsn& out) {
@@ -174,6 +206,7 @@ bool decode_bytes(const uint8_t* bytes, size_t len, uint8_t mode, DecodedInsn& o
     }
   }
   out.operand_count = zi.operand_count_visible > 4 ? 4 : zi.operand_count_visible;
+  out.xinuse = xinuse_set_by(zi, zops, out.operand_count);
   for (int i = 0; i < out.operand_count; ++i) {
     const ZydisDecodedOperand& z = zops[i];
     Operand& op = out.op[i];

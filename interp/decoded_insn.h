@@ -55,6 +55,7 @@ struct DecodedInsn {
   bool valid = false;      // false: the bytes do not decode (#UD)
   uint8_t vex_pp = 0;      // VEX: the implied prefix (0 none, 1 66, 2 F3, 3 F2)
   VexIsa isa = VexIsa::kNone;  // VEX: the feature it needs
+  uint8_t xinuse = 0;      // the XINUSE bits (xcr0::) the instruction sets when it completes (xinuse_set_by)
   Operand op[4];
 };
 

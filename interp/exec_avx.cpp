@@ -350,12 +350,15 @@ void InterpBackend::exec_avx(const DecodedInsn& insn) {
       reg_write(dst.reg, dst.size, mask);
       return;
     }
+    // Both put what they zero in its initial configuration (XINUSE: AVX, and for VZEROALL SSE too, as Intel's do).
     case ZYDIS_MNEMONIC_VZEROUPPER:
       std::fill(s_.ymmh.begin(), s_.ymmh.begin() + 16 * registers, uint8_t{0});
+      s_.xinuse &= ~xcr0::kAvx;
       return;
     case ZYDIS_MNEMONIC_VZEROALL:
       std::fill(s_.ymmh.begin(), s_.ymmh.begin() + 16 * registers, uint8_t{0});
       std::fill(s_.fxsave.begin() + kXmmOffset, s_.fxsave.begin() + long(kXmmOffset + 16 * registers), uint8_t{0});
+      s_.xinuse &= ~(xcr0::kSse | xcr0::kAvx);
       return;
     case ZYDIS_MNEMONIC_VLDMXCSR: {
       const uint32_t value = uint32_t(read_mem(dst.seg, effective_address(dst, insn), 4));

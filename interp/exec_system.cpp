@@ -297,6 +297,7 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
     case ZYDIS_MNEMONIC_FXSAVE: case ZYDIS_MNEMONIC_FXSAVE64: case ZYDIS_MNEMONIC_FXRSTOR:
     case ZYDIS_MNEMONIC_FXRSTOR64: case ZYDIS_MNEMONIC_LDMXCSR: case ZYDIS_MNEMONIC_STMXCSR:
       exec_sse(insn);
+      s_.xinuse |= insn.xinuse;
       return;
     case ZYDIS_MNEMONIC_XSAVE: case ZYDIS_MNEMONIC_XSAVE64: case ZYDIS_MNEMONIC_XSAVEOPT:
     case ZYDIS_MNEMONIC_XSAVEOPT64: case ZYDIS_MNEMONIC_XSAVEC: case ZYDIS_MNEMONIC_XSAVEC64:
@@ -306,16 +307,16 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       exec_xsave(insn);
       return;
     default:
+      // (Each of these sets the XINUSE bits of what it wrote once it has completed: a fault sets none.)
       if (insn.flags & interp::insn_flags::kVex) {
         exec_avx(insn);
-        return;
+      } else if (insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT &&
+                 ((insn.opcode & 0xf8) == 0xd8 || insn.opcode == 0x9b)) {
+        exec_x87(insn);  // the x87 escape opcodes D8-DF and FWAIT (interp/x87.cpp)
+      } else {
+        exec_sse(insn);
       }
-      // The x87 escape opcodes D8-DF and FWAIT (interp/x87.cpp).
-      if (insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT && ((insn.opcode & 0xf8) == 0xd8 || insn.opcode == 0x9b)) {
-        exec_x87(insn);
-        return;
-      }
-      exec_sse(insn);
+      s_.xinuse |= insn.xinuse;
       return;
   }
 }

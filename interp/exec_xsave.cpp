@@ -1,10 +1,12 @@
 // The XSAVE feature set of the software CPU: XSAVE/XSAVEOPT/XSAVEC, XRSTOR, XGETBV/XSETBV, and CPUID's answers that follow CR4 and XCR0.
 //
-// State components: 0 x87, 1 SSE (XMM and MXCSR), 2 AVX (the upper halves of YMM0-15). The processor's XINUSE
-// is all of XCR0 at all times (a processor may report a component in use even in its initial configuration), so
-// XSAVE and XSAVEOPT write XSTATE_BV[i] = 1 for every requested component, XSAVEC saves every requested one, and
-// XSAVEOPT never skips an unmodified one: the layout of memory never depends on what the guest did before
-// (docs/interp-alu.md, "XSAVE").
+// State components: 0 x87, 1 SSE (XMM and MXCSR), 2 AVX (the upper halves of YMM0-15). A model that reports
+// XGETBV with ECX = 1 (CPUID.(EAX=0DH,ECX=1):EAX[2]) has the init optimization as Intel's processors have it:
+// CpuState::xinuse, set by the instructions that write a component (interp/decode_cache.cpp, xinuse_set_by) and
+// cleared by VZEROUPPER, VZEROALL and XRSTOR, is what XSAVE, XSAVEOPT and XSAVEC write into XSTATE_BV, and XSAVEOPT
+// and XSAVEC leave a component that is not in use unwritten. XSAVEOPT never uses the modified optimization: it
+// writes every component in use, so its output never depends on which XRSTOR came before. The earlier models
+// report all of XCR0 in use at all times and write every requested component (docs/cpu-models.md, "XINUSE").
 #include <Zydis/Zydis.h>
 
 #include <algorithm>
@@ -45,12 +47,17 @@ void InterpBackend::exec_xsave(const DecodedInsn& insn) {
     raise_ud(insn, false);  // (no model offers XSAVES: it needs IA32_XSS)
   if (!(s_.cr4 & cr4::kOsxsave)) raise_ud(insn, false);
   const CpuidResult xsave_features = model_.cpuid(0xd, 1);
+  const bool tracks_xinuse = xsave_features.eax & 0x4;
+  uint32_t mxcsr;
+  std::memcpy(&mxcsr, s_.fxsave.data() + kMxcsrOffset, 4);
   if (mnemonic == ZYDIS_MNEMONIC_XGETBV) {
     const uint32_t index = uint32_t(s_.gpr[kRcx]);
-    // XCR0, or (where the model offers it) XINUSE & XCR0: all of XCR0 here.
-    if (index != 0 && !(index == 1 && (xsave_features.eax & 0x4))) raise(kGp, 0, true);
-    s_.gpr[kRax] = s_.xcr0 & 0xffffffffu;
-    s_.gpr[kRdx] = s_.xcr0 >> 32;
+    if (index != 0 && !(index == 1 && tracks_xinuse)) raise(kGp, 0, true);
+    // XCR0, or XINUSE & XCR0, with SSE in use while MXCSR is not its initial 1F80H (as Intel's report it).
+    const uint64_t value =
+        index == 0 ? s_.xcr0 : (s_.xinuse | (mxcsr != interp::sse::mxcsr::kDefault ? xcr0::kSse : 0)) & s_.xcr0;
+    s_.gpr[kRax] = value & 0xffffffffu;
+    s_.gpr[kRdx] = value >> 32;
     return;
   }
   if (mnemonic == ZYDIS_MNEMONIC_XSETBV) {
@@ -93,14 +100,20 @@ void InterpBackend::exec_xsave(const DecodedInsn& insn) {
   };
 
   if (save) {
-    // Standard format (XSAVE, XSAVEOPT): XSTATE_BV read, its requested bits set, written back; nothing else of the
-    // header written. Compacted (XSAVEC): XSTATE_BV = RFBM (XINUSE being XCR0), XCOMP_BV = RFBM | bit 63.
+    // XSTATE_BV: XINUSE for the requested components (all of them in use in the earlier models). The standard
+    // format (XSAVE, XSAVEOPT) writes back the other bits as read and nothing else of the header; the compacted one
+    // (XSAVEC) has SSE in use while MXCSR is not 1F80H, and XCOMP_BV = RFBM | bit 63.
+    const bool optimized = tracks_xinuse && mnemonic != ZYDIS_MNEMONIC_XSAVE && mnemonic != ZYDIS_MNEMONIC_XSAVE64;
+    uint64_t in_use = tracks_xinuse ? s_.xinuse : s_.xcr0;
+    if (compact && mxcsr != interp::sse::mxcsr::kDefault) in_use |= xcr0::kSse;
     uint64_t header[2] = {0, 0};
     if (!compact) header[0] = read_mem(m.seg, address + kHeaderOffset, 8);
-    const uint64_t xstate_bv = compact ? rfbm : header[0] | rfbm;
+    const uint64_t xstate_bv = (header[0] & ~rfbm) | (in_use & rfbm);
+    // What is written: every requested component, or (XSAVEOPT, XSAVEC) those in use.
+    const uint64_t written = optimized ? rfbm & in_use : rfbm;
     const size_t end = (rfbm & xcr0::kAvx) ? kAvxOffset + kAvxBytes : kHeaderOffset + (compact ? 16 : 8);
     probe_write(m.seg, address, unsigned(end));
-    if (rfbm & xcr0::kX87) {
+    if (written & xcr0::kX87) {
       // Bytes 0-23 and 32-159, as FXSAVE writes them (the reserved bytes of each register slot zero), with the
       // recording CPU's quirks.
       std::array<uint8_t, 160> x87{};
@@ -114,16 +127,16 @@ void InterpBackend::exec_xsave(const DecodedInsn& insn) {
         write_bytes(slot, x87.data() + slot, quirks_.fxsave_skips_reserved_bytes ? 10 : 16);
       }
     }
-    // MXCSR and MXCSR_MASK go with SSE state, and also with AVX state for the standard format.
-    if ((rfbm & xcr0::kSse) || (!compact && (rfbm & xcr0::kAvx))) {
+    // MXCSR and MXCSR_MASK go with SSE state, and for the standard format with AVX state too, in use or not.
+    if ((written & xcr0::kSse) || (!compact && (rfbm & (xcr0::kSse | xcr0::kAvx)))) {
       const uint32_t mask = interp::sse::mxcsr::kWritable;
       uint8_t words[8];
-      std::memcpy(words, s_.fxsave.data() + kMxcsrOffset, 4);
+      std::memcpy(words, &mxcsr, 4);
       std::memcpy(words + 4, &mask, 4);
       write_bytes(kMxcsrOffset, words, 8);
     }
-    if (rfbm & xcr0::kSse) write_bytes(kXmmOffset, s_.fxsave.data() + kXmmOffset, 16 * vector_registers);
-    if (rfbm & xcr0::kAvx) write_bytes(kAvxOffset, s_.ymmh.data(), 16 * vector_registers);
+    if (written & xcr0::kSse) write_bytes(kXmmOffset, s_.fxsave.data() + kXmmOffset, 16 * vector_registers);
+    if (written & xcr0::kAvx) write_bytes(kAvxOffset, s_.ymmh.data(), 16 * vector_registers);
     header[0] = xstate_bv;
     header[1] = compact ? rfbm | kCompacted : 0;
     write_bytes(kHeaderOffset, reinterpret_cast<const uint8_t*>(header), compact ? 16 : 8);
@@ -181,6 +194,8 @@ void InterpBackend::exec_xsave(const DecodedInsn& insn) {
   if ((rfbm & xcr0::kAvx) && !(load & xcr0::kAvx)) std::fill(upper.begin(), upper.begin() + 16 * vector_registers, uint8_t{0});
   s_.fxsave = legacy;
   s_.ymmh = upper;
+  // A requested component is in use exactly when it was loaded; the others keep their XINUSE.
+  s_.xinuse = (s_.xinuse & ~rfbm) | load;
 }
 
 }  // namespace deja

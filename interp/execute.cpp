@@ -599,8 +599,12 @@ void InterpBackend::execute(const DecodedInsn& insn) {
       return;
     case ZYDIS_MNEMONIC_MOVSD:
     case ZYDIS_MNEMONIC_CMPSD:
-      if (insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT) exec_string(insn);
-      else exec_sse(insn);
+      if (insn.opcode_map == ZYDIS_OPCODE_MAP_DEFAULT) {
+        exec_string(insn);
+      } else {
+        exec_sse(insn);
+        s_.xinuse |= insn.xinuse;
+      }
       return;
 
     default:

@@ -147,6 +147,7 @@ struct InterpBackend::Ops {
   static const Op* simd_flags(InterpBackend& c, const Op* op) {
     enter_reference(c, op);
     c.exec_sse4(op->insn);
+    c.s_.xinuse |= op->insn.xinuse;
     c.lazy_.cc = interp::kCcNone;
     if (c.watch_hit_) c.end_block_after_op_ = true;
     return next(c, op);

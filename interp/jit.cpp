@@ -1680,6 +1680,14 @@ struct InterpBackend::Jit {
   x64::Mem xmm(unsigned n, int32_t byte = 0) const {
     return x64::at(rbx, off(&c.s_.fxsave[0]) + 160 + int32_t(16 * n) + byte);
   }
+  // The XINUSE bits the instruction sets, or VZEROUPPER/VZEROALL clear, once its template has completed (the slow
+  // path's handler does the same through the reference executor).
+  void mark_xinuse(const DecodedInsn& i) {
+    const x64::Mem xinuse = x64::at(rbx, off(&c.s_.xinuse));
+    if (i.xinuse) a.alu_imm(1, x64::kOr, xinuse, i.xinuse);
+    if (i.mnemonic == ZYDIS_MNEMONIC_VZEROUPPER) a.alu_imm(1, x64::kAnd, xinuse, int32_t(uint8_t(~xcr0::kAvx)));
+    if (i.mnemonic == ZYDIS_MNEMONIC_VZEROALL) a.alu_imm(1, x64::kAnd, xinuse, int32_t(uint8_t(~(xcr0::kSse | xcr0::kAvx))));
+  }
   void emit_sse(const Op& op) {
     const DecodedInsn& i = op.insn;
     const SseTemplate t = sse_template(i);
@@ -1765,6 +1773,7 @@ struct InterpBackend::Jit {
       case SseTemplate::kNone:
         break;
     }
+    mark_xinuse(i);
     bind_resume(s);
   }
 
@@ -1832,6 +1841,7 @@ struct InterpBackend::Jit {
       case MmxTemplate::kNone:
         break;
     }
+    mark_xinuse(i);
     bind_resume(s);
   }
 
@@ -1974,6 +1984,7 @@ struct InterpBackend::Jit {
       case VexTemplate::kNone:
         break;
     }
+    mark_xinuse(i);
     bind_resume(s);
   }
 

@@ -204,8 +204,8 @@ class KvmBackend final : public Backend, public KvmVcpu {
   Result<> setup_msr_filter();
   Result<> prepare_kick_signal();
   // The x87/SSE state in FXSAVE layout and the upper halves of the YMM registers (XSAVE's AVX component).
-  Result<> get_fxsave(std::array<uint8_t, 512>& fx, std::array<uint8_t, 256>& ymmh);
-  Result<> set_fxsave(const std::array<uint8_t, 512>& fx, const std::array<uint8_t, 256>& ymmh);
+  Result<> get_fxsave(std::array<uint8_t, 512>& fx, std::array<uint8_t, 256>& ymmh, uint64_t& xinuse);
+  Result<> set_fxsave(const std::array<uint8_t, 512>& fx, const std::array<uint8_t, 256>& ymmh, uint64_t xinuse);
   void complete_previous_exit();
   Result<VcpuExit*> run_once();  // one KVM_RUN
   Result<VcpuExit*> translate_exit();
@@ -832,7 +832,7 @@ Result<CpuState> KvmBackend::get_state() {
   for (size_t i = 0; i < std::size(kStateMsrs); ++i) *state_msr_field(state.msrs, kStateMsrs[i]) = msrs.entries[i].data;
   state.msrs.tsc_aux = tsc_aux_;
 
-  if (auto ok = get_fxsave(state.fxsave, state.ymmh); !ok) return std::unexpected(ok.error());
+  if (auto ok = get_fxsave(state.fxsave, state.ymmh, state.xinuse); !ok) return std::unexpected(ok.error());
 
   kvm_vcpu_events events{};
   if (::ioctl(vcpu_.get(), KVM_GET_VCPU_EVENTS, &events) < 0) {
@@ -940,7 +940,7 @@ Result<> KvmBackend::set_state(const CpuState& requested) {
                 state.xcr0);
   }
 
-  if (auto ok = set_fxsave(state.fxsave, state.ymmh); !ok) return ok;
+  if (auto ok = set_fxsave(state.fxsave, state.ymmh, state.xinuse); !ok) return ok;
   fxsave_shadow_ = state.fxsave;
 
   kvm_vcpu_events events{};
@@ -963,9 +963,10 @@ Result<> KvmBackend::set_state(const CpuState& requested) {
 // x87/SSE state in FXSAVE layout (SDM Vol. 1, 10.5.1, 64-bit format). XSAVE is preferred: KVM_SET_FPU leaves
 // XSTATE_BV alone, so SSE registers set through it can be dropped at the next XRSTOR, and KVM_GET_FPU does not
 // report MXCSR. Bytes that are not architectural state (MXCSR_MASK, the reserved tail) read back as last set.
-Result<> KvmBackend::get_fxsave(std::array<uint8_t, 512>& fx, std::array<uint8_t, 256>& ymmh) {
+Result<> KvmBackend::get_fxsave(std::array<uint8_t, 512>& fx, std::array<uint8_t, 256>& ymmh, uint64_t& xinuse) {
   fx = fxsave_shadow_;
   ymmh = {};
+  xinuse = xcr0::kX87 | xcr0::kSse;
   if (xsave_size_ != 0) {
     std::vector<uint8_t> area(xsave_size_, 0);
     if (::ioctl(vcpu_.get(), xsave2_ ? kGetXsave2 : kGetXsave, area.data()) < 0) {
@@ -978,6 +979,8 @@ Result<> KvmBackend::get_fxsave(std::array<uint8_t, 512>& fx, std::array<uint8_t
     std::memcpy(&xstate_bv, area.data() + kXsaveHeader, 8);
     if ((xstate_bv & xcr0::kAvx) && area.size() >= kXsaveAvx + ymmh.size())
       std::memcpy(ymmh.data(), area.data() + kXsaveAvx, ymmh.size());
+    // KVM saves the guest's state with the init optimization: XSTATE_BV is the processor's XINUSE.
+    xinuse = xstate_bv & (xcr0::kX87 | xcr0::kSse | xcr0::kAvx);
     return {};
   }
   kvm_fpu fpu{};
@@ -995,7 +998,8 @@ Result<> KvmBackend::get_fxsave(std::array<uint8_t, 512>& fx, std::array<uint8_t
   return {};
 }
 
-Result<> KvmBackend::set_fxsave(const std::array<uint8_t, 512>& requested, const std::array<uint8_t, 256>& ymmh) {
+Result<> KvmBackend::set_fxsave(const std::array<uint8_t, 512>& requested, const std::array<uint8_t, 256>& ymmh,
+                                uint64_t xinuse) {
   const bool avx_state = std::any_of(ymmh.begin(), ymmh.end(), [](uint8_t b) { return b != 0; });
   std::array<uint8_t, 512> fx = requested;
   // An all-zero area means "reset state": FCW 0x37f and MXCSR 0x1f80, as after FNINIT / power-on.
@@ -1014,15 +1018,21 @@ Result<> KvmBackend::set_fxsave(const std::array<uint8_t, 512>& requested, const
     }
     std::memcpy(area.data(), &fx[0], 28);
     std::memcpy(area.data() + 32, &fx[32], 416 - 32);
-    // XSTATE_BV (SDM Vol. 1, 13.4.2): mark x87 and SSE as holding data, or XRSTOR loads their init state; the
-    // AVX component likewise when the upper halves hold anything (all zero is its initial configuration, which
-    // a model without AVX can load too).
+    // XSTATE_BV (SDM Vol. 1, 13.4.2), which KVM's XRSTOR makes the vCPU's XINUSE: the state's XINUSE, plus every
+    // component that is not in its initial configuration (XRSTOR would load that instead of the data): x87 unless
+    // FCW is 037FH and the rest zero, SSE unless the XMM registers are zero and MXCSR is 1F80H, AVX unless the
+    // upper halves are zero (which a model without AVX can load too).
     uint64_t xstate_bv = 0;
     std::memcpy(&xstate_bv, area.data() + kXsaveHeader, 8);
-    xstate_bv |= xcr0::kX87 | xcr0::kSse;
+    xstate_bv &= ~(xcr0::kX87 | xcr0::kSse | xcr0::kAvx);
+    xstate_bv |= xinuse & (xcr0::kX87 | xcr0::kSse);
+    auto zero = [&](size_t from, size_t to) { return std::all_of(&fx[from], &fx[to], [](uint8_t b) { return b == 0; }); };
+    const uint16_t fcw = uint16_t(fx[0] | fx[1] << 8);
+    if (fcw != 0x37f || !zero(2, 24) || !zero(32, 160)) xstate_bv |= xcr0::kX87;
+    if (mxcsr != 0x1f80 || !zero(160, 416)) xstate_bv |= xcr0::kSse;
     if (area.size() >= kXsaveAvx + ymmh.size()) {
       std::memcpy(area.data() + kXsaveAvx, ymmh.data(), ymmh.size());
-      xstate_bv = avx_state ? xstate_bv | xcr0::kAvx : xstate_bv & ~xcr0::kAvx;
+      if (avx_state || (xinuse & xcr0::kAvx)) xstate_bv |= xcr0::kAvx;
     }
     std::memcpy(area.data() + kXsaveHeader, &xstate_bv, 8);
     if (::ioctl(vcpu_.get(), kSetXsave, area.data()) < 0) {

@@ -1,5 +1,7 @@
-// CpuState encoding: tag "CPU0", fields in declaration order, little-endian (version 2 added the YMM upper halves).
+// CpuState encoding: tag "CPU0", fields in declaration order, little-endian (version 2 added the YMM upper halves, version 3 XINUSE).
 #include "snapshot/cpu_state_codec.h"
+
+#include <algorithm>
 
 #include "devices/state_codec.h"
 
@@ -7,8 +9,9 @@ namespace deja {
 namespace {
 
 // Version 1: up to the FXSAVE image. Version 2 adds the YMM upper halves after it; a version-1 state has them zero
-// (no CPU model of that time had AVX), so old checkpoints still load.
-constexpr uint8_t kVersion = 2;
+// (no CPU model of that time had AVX), so old checkpoints still load. Version 3 adds XINUSE after them; an older
+// state has x87 and SSE in use, and AVX where an upper half is not zero (what the KVM backend loads for it).
+constexpr uint8_t kVersion = 3;
 
 void put_segment(StateWriter& w, const SegmentReg& s) {
   w.u64(s.base);
@@ -59,6 +62,7 @@ std::vector<uint8_t> encode_cpu_state(const CpuState& st) {
     w.u64(v);
   w.bytes(st.fxsave);
   w.bytes(st.ymmh);
+  w.u64(st.xinuse);
   w.boolean(st.interrupt_shadow);
   w.boolean(st.halted);
   return w.take();
@@ -82,6 +86,13 @@ Result<CpuState> decode_cpu_state(std::span<const uint8_t> blob) {
     *v = r.u64();
   r.bytes(st.fxsave);
   if (r.version() >= 2) r.bytes(st.ymmh);
+  if (r.version() >= 3) {
+    st.xinuse = r.u64();
+    if (st.xinuse & ~(xcr0::kX87 | xcr0::kSse | xcr0::kAvx)) r.invalid("XINUSE names a state component deja lacks");
+  } else {
+    const bool avx_in_use = std::any_of(st.ymmh.begin(), st.ymmh.end(), [](uint8_t b) { return b != 0; });
+    st.xinuse = xcr0::kX87 | xcr0::kSse | (avx_in_use ? xcr0::kAvx : 0);
+  }
   st.interrupt_shadow = r.boolean();
   st.halted = r.boolean();
   if (auto done = r.finish(); !done) return std::unexpected(done.error());

@@ -17,7 +17,10 @@ TEST(CpuModel, VendorIsAmdSinceTheFirstModelsKeepDejasOwn) {
     EXPECT_TRUE(m->is_amd());
   }
   EXPECT_EQ(CpuModel::deja_v1().vendor(), "DejaVuReplay");
-  for (const CpuModel* m : CpuModel::earlier_versions()) EXPECT_EQ(m->vendor(), "DejaVuReplay") << m->name();
+  // The earlier versions from before the AMD identity; x86-64-v3 version 2 (before XINUSE) is AuthenticAMD.
+  const CpuModel* v3_version2 = CpuModel::for_trace("x86-64-v3", 2);
+  for (const CpuModel* m : CpuModel::earlier_versions())
+    EXPECT_EQ(m->vendor(), m == v3_version2 ? "AuthenticAMD" : "DejaVuReplay") << m->name() << " v" << m->version();
 }
 
 // What AuthenticAMD software reads beside the vendor (APM vol. 3, appendix E): the vendor again in 80000000H,
@@ -99,14 +102,24 @@ TEST(CpuModel, TracesFindTheirModelByNameOrByTheFirstVersion) {
   EXPECT_EQ(CpuModel::for_trace("x86-64-v1", 1), &CpuModel::x86_64_v1_version1()) << "the first x86-64-v1";
   EXPECT_EQ(CpuModel::for_trace("x86-64-v1", 3), &CpuModel::x86_64_v1());
   EXPECT_EQ(CpuModel::for_trace("x86-64-v2", 2), &CpuModel::x86_64_v2());
-  EXPECT_EQ(CpuModel::for_trace("x86-64-v3", 2), &CpuModel::x86_64_v3());
+  EXPECT_EQ(CpuModel::for_trace("x86-64-v3", 3), &CpuModel::x86_64_v3());
   EXPECT_EQ(CpuModel::for_trace("deja-v1", 1), &CpuModel::deja_v1());
   for (auto [name, version] : {std::pair{"x86-64-v1", 2u}, {"x86-64-v2", 1u}, {"x86-64-v3", 1u}}) {
     const CpuModel* m = CpuModel::for_trace(name, version);
     ASSERT_NE(m, nullptr) << name << " version " << version;
     EXPECT_EQ(m->vendor(), "DejaVuReplay");
-    EXPECT_EQ(m->hardware_features().size(), CpuModel::find(name)->hardware_features().size()) << name;
+    EXPECT_EQ(m->hardware_features().size() + (std::string_view(name) == "x86-64-v3" ? 1 : 0),
+              CpuModel::find(name)->hardware_features().size())
+        << name << " (x86-64-v3 version 3 adds XGETBV(1))";
   }
+  // x86-64-v3 version 2: version 3 without XGETBV(1), whose XINUSE is all of XCR0 (interp/exec_xsave.cpp).
+  const CpuModel* v3_version2 = CpuModel::for_trace("x86-64-v3", 2);
+  ASSERT_NE(v3_version2, nullptr);
+  EXPECT_TRUE(v3_version2->is_amd());
+  EXPECT_EQ(v3_version2->cpuid(0xd, 1).eax, 0x1u) << "XSAVEOPT only";
+  EXPECT_EQ(CpuModel::x86_64_v3().cpuid(0xd, 1).eax, 0x5u) << "XSAVEOPT and XGETBV with ECX = 1";
+  for (uint32_t leaf : {0u, 1u, 7u, 0x80000001u})
+    EXPECT_EQ(v3_version2->cpuid(leaf, 0), CpuModel::x86_64_v3().cpuid(leaf, 0)) << std::hex << leaf;
   EXPECT_EQ(CpuModel::for_trace("x86-64-v1", 4), nullptr) << "a version this deja does not implement";
   EXPECT_EQ(CpuModel::for_trace("no-such-model", 1), nullptr);
   EXPECT_EQ(CpuModel::for_trace("", 2), nullptr);
@@ -154,7 +167,8 @@ TEST(CpuModel, TheLevelsAreThePsAbis) {
             plus(v1, {"CX16", "LAHF_LM", "POPCNT", "SSE3", "SSSE3", "SSE4.1", "SSE4.2"}));
   EXPECT_EQ(sorted(names(CpuModel::x86_64_v3())),
             plus(names(CpuModel::x86_64_v2()),
-                 {"AVX", "AVX2", "BMI1", "BMI2", "F16C", "FMA", "ABM/LZCNT", "MOVBE", "XSAVE"}));
+                 {"AVX", "AVX2", "BMI1", "BMI2", "F16C", "FMA", "ABM/LZCNT", "MOVBE", "XSAVE",
+                  "XGETBV_ECX1"}));  // (XSAVE's own sub-leaf: XINUSE reported)
   EXPECT_EQ(CpuModel::x86_64_v3().cpuid(0, 0).eax, 0xdu) << "leaf 0xD describes the XSAVE area";
   EXPECT_EQ(CpuModel::x86_64_v3().cpuid(0xd, 0).ecx, 832u) << "x87, SSE and AVX state";
   EXPECT_FALSE(CpuModel::x86_64_v3().has(feature("OSXSAVE"))) << "CR4.OSXSAVE is clear after reset";

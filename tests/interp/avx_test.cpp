@@ -92,7 +92,7 @@ TEST(InterpAvx, OsEnablesAvxWithOsxsaveAndXsetbv) {
     mov eax, 0xd
     mov ecx, 1
     cpuid
-    mov r14, rax                # XSAVEOPT, not XSAVEC
+    mov r14, rax                # XSAVEOPT and XGETBV(1), not XSAVEC
     vpcmpeqb ymm0, ymm0, ymm0   # now AVX runs
     hlt
   )");
@@ -104,7 +104,7 @@ TEST(InterpAvx, OsEnablesAvxWithOsxsaveAndXsetbv) {
   EXPECT_EQ(s.gpr[kR11], 576u);
   EXPECT_EQ(s.gpr[kR12], 832u);
   EXPECT_EQ(s.gpr[kR13], 832u);
-  EXPECT_EQ(s.gpr[kR14], 1u);
+  EXPECT_EQ(s.gpr[kR14], 5u);
   EXPECT_EQ(s.xcr0, 7u);
   EXPECT_EQ(ymm_q(s, 0, 3), ~0ull);
 }
@@ -311,6 +311,144 @@ TEST(InterpAvx, XrstorInitializesWhatXstateBvLacksAndChecksTheHeader) {
   }
 }
 
+// XINUSE as Intel's processors track it (measured with XGETBV(1) on a Xeon; interp_diff --xsave compares the
+// rest), in every executor: each line from the initial configuration of all three components, its XGETBV(1) in R8
+// and its XSAVE's XSTATE_BV in R9.
+TEST(InterpAvx, XinuseFollowsWhatPutsStateInAndOutOfUse) {
+  struct Case {
+    const char* code;
+    uint64_t xinuse;
+  } cases[] = {
+      {"nop", 0},
+      {"pxor xmm0, xmm0", 2},                           // a write, of zeros too
+      {"movd eax, xmm0\n movdqa [0x201000], xmm0\n ucomiss xmm0, xmm1", 0},  // reads and stores
+      {"ldmxcsr [0x201000]", 2},                       // (the MXCSR there: 1F80H)
+      {"vpxor xmm0, xmm0, xmm0", 2},                   // VEX.128
+      {"vpcmpeqb ymm0, ymm0, ymm0", 6},
+      {"vpcmpeqb ymm0, ymm0, ymm0\n vzeroupper", 2},
+      {"vpcmpeqb ymm0, ymm0, ymm0\n vzeroall", 0},
+      {"vextracti128 xmm1, ymm0, 1", 6},               // a VEX.256 instruction's XMM destination
+      {"vptest ymm0, ymm1\n vpmovmskb eax, ymm0", 0},
+      {"pcmpistrm xmm1, xmm1, 0", 2},                  // writes XMM0
+      {"fninit", 1},
+      {"fnstcw [0x201000]\n fnstsw ax\n fxsave [0x202000]", 0},
+      {"fld1\n fstp st(0)", 1},
+      {"emms", 1},
+      {"movq2dq xmm0, mm0", 3},
+      {"fxsave [0x202000]\n fxrstor [0x202000]", 3},
+      {"vpcmpeqb ymm0, ymm0, ymm0\n mov eax, 4\n xor edx, edx\n xrstor [0x200000]", 2},  // AVX initialized
+      {"mov qword ptr [0x200200], 5\n mov eax, 7\n xor edx, edx\n xrstor [0x200000]", 5},  // loaded: in use
+      {"mov dword ptr [0x200018], 0x1f00\n mov eax, 2\n xor edx, edx\n xrstor [0x200000]", 0},  // MXCSR 1F00H
+  };
+  for (const InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    for (const Case& c : cases) {
+      TestVm vm = avx_enabled_vm();
+      vm.cpu->set_mode(mode);
+      vm.write64(0x200018, 0x1f80);  // the XRSTOR area: FCW and MXCSR as after FNINIT, XSTATE_BV 0
+      vm.write64(0x200000, 0x37f);
+      vm.write64(0x201000, 0x1f80);
+      vm.code(fmt::format(R"(
+        mov eax, 7
+        xor edx, edx
+        xrstor [0x200000]
+        {}
+        mov ecx, 1
+        xgetbv
+        mov r8, rax
+        mov eax, 7
+        xor edx, edx
+        xsave [0x203000]
+        mov r9, [0x203200]
+        hlt
+      )", c.code));
+      EXPECT_EQ(run_to_hlt(vm), kNoFault) << c.code;
+      const CpuState s = vm.state();
+      const uint32_t mxcsr = uint32_t(vm.read64(0x203000 + 24));
+      // XGETBV(1) has SSE in use while MXCSR is not 1F80H; XSAVE's XSTATE_BV is XINUSE itself.
+      EXPECT_EQ(s.gpr[kR8], c.xinuse | (mxcsr != 0x1f80 ? 2 : 0)) << interp_mode_name(mode) << ": " << c.code;
+      EXPECT_EQ(s.gpr[kR9], c.xinuse) << interp_mode_name(mode) << ": " << c.code;
+      EXPECT_EQ(s.xinuse, c.xinuse) << interp_mode_name(mode) << ": " << c.code;
+    }
+  }
+}
+
+// XSAVEOPT (and a model's XSAVEC) leave a component that is not in use unwritten; XSAVE writes it.
+TEST(InterpAvx, XsaveoptWritesOnlyTheComponentsInUse) {
+  TestVm vm = avx_enabled_vm();
+  vm.write64(0x200018, 0x1f80);
+  vm.code(R"(
+    mov eax, 7
+    xor edx, edx
+    xrstor [0x200000]              # all three in their initial configuration
+    vpcmpeqb ymm1, ymm1, ymm1
+    vzeroupper                     # SSE in use, AVX not
+    xsaveopt [0x201000]
+    xsave [0x202000]
+    hlt
+  )");
+  for (uint64_t at = 0x201000; at < 0x201400; at += 8) vm.write64(at, 0xaaaaaaaaaaaaaaaa);
+  vm.write64(0x201200, 0);
+  EXPECT_EQ(run_to_hlt(vm), kNoFault);
+  EXPECT_EQ(vm.read64(0x201200), 2u);
+  EXPECT_EQ(vm.read64(0x201000), 0xaaaaaaaaaaaaaaaau);            // x87 (FCW...) left alone
+  EXPECT_EQ(vm.read64(0x201000 + 24) & 0xffffffff, 0x1f80u);       // MXCSR written all the same
+  EXPECT_EQ(vm.read64(0x201000 + 160 + 16), ~0ull);                // XMM1
+  EXPECT_EQ(vm.read64(0x201000 + 576 + 16), 0xaaaaaaaaaaaaaaaau);  // YMM1's upper half left alone
+  EXPECT_EQ(vm.read64(0x202200), 2u);
+  EXPECT_EQ(vm.read64(0x202000) & 0xffff, 0x37fu);                 // XSAVE: x87 written, not in use
+  EXPECT_EQ(vm.read64(0x202000 + 576 + 16), 0u);
+}
+
+// XSAVEOPT never uses the modified optimization: after an XRSTOR from the same area, bytes software changed there in
+// between are overwritten (this Xeon leaves them: whether it may depends on XRSTOR_INFO, which VM exits reset, so no
+// recording could say; docs/cpu-models.md, "XINUSE").
+TEST(InterpAvx, XsaveoptWritesWhatXrstorLoadedFromTheSameArea) {
+  TestVm vm = avx_enabled_vm();
+  vm.write64(0x200000, 0x37f);
+  vm.write64(0x200018, 0x1f80);
+  vm.write64(0x200000 + 160, 0x1111);  // XMM0
+  vm.write64(0x200200, 3);
+  vm.code(R"(
+    mov eax, 7
+    xor edx, edx
+    xrstor [0x200000]
+    mov qword ptr [0x200000 + 160], 0x5555
+    xsaveopt [0x200000]
+    hlt
+  )");
+  EXPECT_EQ(run_to_hlt(vm), kNoFault);
+  EXPECT_EQ(vm.read64(0x200000 + 160), 0x1111u);
+}
+
+// x86-64-v3 version 2 (its traces replay unchanged): no XGETBV(1), and all of XCR0 in use at all times.
+TEST(InterpAvx, EarlierModelReportsAllOfXcr0InUse) {
+  const CpuModel* v2 = CpuModel::for_trace("x86-64-v3", 2);
+  ASSERT_NE(v2, nullptr);
+  EXPECT_EQ(v2->cpuid(0xd, 1).eax, 1u);
+  TestVm vm = TestVm::long_mode(16 << 20, *v2);
+  install_handlers(vm);
+  CpuState s = vm.state();
+  s.gpr[kR15] = kNoFault;
+  s.cr4 |= cr4::kOsxsave;
+  s.xcr0 = 7;
+  vm.set_state(s);
+  vm.write64(0x200018, 0x1f80);
+  vm.code(R"(
+    mov eax, 7
+    xor edx, edx
+    xrstor [0x200000]
+    vzeroupper
+    mov eax, 7
+    xor edx, edx
+    xsaveopt [0x201000]
+    mov ecx, 1
+    xgetbv
+    hlt
+  )");
+  EXPECT_EQ(run_to_hlt(vm), 13u);  // XGETBV(1)
+  EXPECT_EQ(vm.read64(0x201200), 7u);
+}
+
 TEST(InterpAvx, XsaveNeedsAlignmentAndOsxsave) {
   TestVm vm = avx_enabled_vm();
   vm.code("mov eax, 7\n xor edx, edx\n xsave [0x200020]\n hlt\n");
@@ -391,23 +529,38 @@ TEST(InterpAvx, ReciprocalApproximationsWithinTheArchitectedError) {
   EXPECT_EQ(interp::avx::rsqrt(0x7f800001), 0x7fc00001u); // SNaN quieted
 }
 
-TEST(InterpAvx, CheckpointCodecCarriesYmmAndReadsVersion1) {
+TEST(InterpAvx, CheckpointCodecCarriesYmmAndXinuseAndReadsVersions1And2) {
   CpuState st;
   st.xcr0 = 7;
+  st.xinuse = 6;
   for (size_t i = 0; i < st.ymmh.size(); ++i) st.ymmh[i] = uint8_t(i * 3);
   auto blob = encode_cpu_state(st);
   auto back = decode_cpu_state(blob);
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(*back, st);
-  // A version-1 state (before the YMM halves): the same bytes without them.
+  // A version-2 state (before XINUSE): x87 and SSE in use, and AVX with its upper halves not zero.
+  std::vector<uint8_t> v2 = blob;
+  v2[4] = 2;
+  v2.erase(v2.end() - 2 - 8, v2.end() - 2);
+  auto read2 = decode_cpu_state(v2);
+  ASSERT_TRUE(read2.has_value()) << read2.error().message;
+  CpuState expected = st;
+  expected.xinuse = 7;
+  EXPECT_EQ(*read2, expected);
+  // A version-1 state (before the YMM halves): the same bytes without them either.
   CpuState old = st;
   old.ymmh = {};
+  old.xinuse = 3;
   std::vector<uint8_t> v1 = encode_cpu_state(old);
   v1[4] = 1;
-  v1.erase(v1.end() - 2 - 256, v1.end() - 2);
+  v1.erase(v1.end() - 2 - 8 - 256, v1.end() - 2);
   auto read = decode_cpu_state(v1);
   ASSERT_TRUE(read.has_value()) << read.error().message;
   EXPECT_EQ(*read, old);
+  // XINUSE with a component deja lacks is refused.
+  std::vector<uint8_t> bad = blob;
+  bad[bad.size() - 2 - 8] = 0x08;
+  EXPECT_FALSE(decode_cpu_state(bad).has_value());
 }
 
 TEST(InterpAvx, DigestTakesXcr0OnlyOnceItLeavesItsResetValue) {

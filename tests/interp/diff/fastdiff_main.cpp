@@ -90,6 +90,7 @@ std::string state_diff(Side ref, Side fast) {
   if (a.fxsave != b.fxsave) out += "  fxsave (x87/SSE) differs\n";
   if (a.ymmh != b.ymmh) out += "  YMM upper halves differ\n";
   if (a.xcr0 != b.xcr0) out += fmt::format("  xcr0: reference {:#x} fast {:#x}\n", a.xcr0, b.xcr0);
+  if (a.xinuse != b.xinuse) out += fmt::format("  xinuse: reference {:#x} fast {:#x}\n", a.xinuse, b.xinuse);
   if (a.cr2 != b.cr2) out += fmt::format("  cr2: reference {:#x} fast {:#x}\n", a.cr2, b.cr2);
   if (out.empty()) out = "  system state (segments, control registers, MSRs, shadow, halt) differs\n";
   return out;
