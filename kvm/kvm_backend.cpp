@@ -668,13 +668,16 @@ Result<VcpuExit*> KvmBackend::run() {
 
   const bool single_step = (guest_debug_.control & KVM_GUESTDBG_SINGLESTEP) != 0;
   if (single_step && std::exchange(write_completed_at_exit_, false)) step_owed_ = true;
+  // Not after a kick: a kick lands where host time says, and stepping must go on after it exactly as it would have
+  // without it (a replay has no kick there).
+  bool arm_step = single_step && (exit_.kind != ExitKind::kKicked || state_set_since_exit_);
   for (;;) {
     if (std::exchange(step_owed_, false)) {
       exit_ = VcpuExit{};
       exit_.rip = current_rip();
       return finish(ExitKind::kDebug);
     }
-    if (single_step) {
+    if (std::exchange(arm_step, false)) {
       // KVM sets the trap flag behind a single step only while RIP is where KVM_SET_GUEST_DEBUG found it: an
       // instruction KVM emulates (an MMIO access, a CR access without decode assists) or a KVM_SET_REGS writes
       // RFLAGS back without it, and the vCPU then runs on unstepped to its next exit. Armed here before every
