@@ -1100,7 +1100,13 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
   if (engine_.divergence()) return std::nullopt;  // the next turn ends the replay
 
   if (auto r = aim(stop, turn); !r) return std::unexpected(r.error());
+  // A step to an interrupt window is the VMM's own work, and costs an exit per instruction (hundreds of microseconds
+  // under nested KVM): the guest's time stands still through it. Were it to run on, a timer interrupt handler that
+  // catches up tick by tick (Linux's tick_handle_periodic) fell further behind at each step and never returned.
+  const bool stepping_to_window = mode != Mode::kReplay && now().seeking_window;
+  const uint64_t run_started = stepping_to_window ? HostClock::monotonic_ns() : 0;
   auto exit = now().seeker ? now().seeker->run() : cpu.run();
+  if (stepping_to_window) engine_.skip_host_time(HostClock::monotonic_ns() - run_started);
   if (!exit) return std::unexpected(exit.error());
   if (now().seeking_window && (*exit)->kind == ExitKind::kDebug) ++now().window_steps;
   auto done = handle_exit(**exit);
