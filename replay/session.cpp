@@ -630,8 +630,10 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
         // vCPU could run: Linux's BSP boots for seconds without an exit in a nested guest, the APs still waiting for
         // their STARTUP.)
         bool other_runnable = false;
-        for (uint32_t other = 0; other < vcpus_.size(); ++other) other_runnable |= other != current_ && runnable(other);
-        if (other_runnable && quiet > kSpinStopNs) {
+        for (uint32_t other = 0; quiet > kSpinStopNs && other < vcpus_.size(); ++other) {
+          other_runnable |= other != current_ && runnable(other);
+        }
+        if (other_runnable) {
           return Outcome{exit_status::kGuestStopped,
                          fmt::format("stopped: vCPU {} spun for {} s without a guest exit, so the other vCPUs could "
                                      "not run (exit-synchronous recording switches vCPUs only at guest exits{}); "
