@@ -229,6 +229,11 @@ class KvmBackend final : public Backend, public KvmVcpu {
   // The last exit was a PAUSE that also ended a single step: the step's kDebug comes next, without running (the
   // software CPU reports a PAUSE it stepped over the same way).
   bool step_owed_ = false;
+  // The last exit was an MMIO write, whose instruction KVM's emulator completed before exiting: the next KVM_RUN
+  // enters the guest at the next instruction without reporting a step, so a single step owes one (see run()).
+  bool write_completed_at_exit_ = false;
+  // What set_debug last gave KVM_SET_GUEST_DEBUG: single-stepping is armed again before every KVM_RUN (see run()).
+  kvm_guest_debug guest_debug_{};
 
   VcpuExit exit_;
   // A string or REP I/O exit is handed to the VMM one element at a time; this is where we are in it.
@@ -661,11 +666,25 @@ Result<VcpuExit*> KvmBackend::run() {
     io_.active = false;
   }
 
+  const bool single_step = (guest_debug_.control & KVM_GUESTDBG_SINGLESTEP) != 0;
+  if (single_step && std::exchange(write_completed_at_exit_, false)) step_owed_ = true;
+  // Not after a kick: a kick lands where host time says, and stepping must go on after it exactly as it would have
+  // without it (a replay has no kick there).
+  bool arm_step = single_step && (exit_.kind != ExitKind::kKicked || state_set_since_exit_);
   for (;;) {
     if (std::exchange(step_owed_, false)) {
       exit_ = VcpuExit{};
       exit_.rip = current_rip();
       return finish(ExitKind::kDebug);
+    }
+    if (std::exchange(arm_step, false)) {
+      // KVM sets the trap flag behind a single step only while RIP is where KVM_SET_GUEST_DEBUG found it: an
+      // instruction KVM emulates (an MMIO access, a CR access without decode assists) or a KVM_SET_REGS writes
+      // RFLAGS back without it, and the vCPU then runs on unstepped to its next exit. Armed here before every
+      // run, each run is one step from wherever the vCPU stands, as on the software CPU.
+      if (::ioctl(vcpu_.get(), KVM_SET_GUEST_DEBUG, &guest_debug_) < 0) {
+        return fail(ErrorKind::kHost, "KVM_SET_GUEST_DEBUG (single step) failed: {}", errno_text(errno));
+      }
     }
     auto exit = run_once();
     // PAUSE exits are enabled for the whole VM: a vCPU not asked for them goes on past the (skipped) PAUSE.
@@ -679,6 +698,7 @@ Result<VcpuExit*> KvmBackend::run_once() {
   injected_since_exit_ = false;
   state_set_since_exit_ = false;
   halted_ = false;
+  write_completed_at_exit_ = false;
   if (result < 0) {
     if (error == EINTR || error == EAGAIN) {
       __atomic_store_n(&run_->immediate_exit, 0, __ATOMIC_SEQ_CST);
@@ -712,6 +732,7 @@ Result<VcpuExit*> KvmBackend::translate_exit() {
       exit_.rip = current_rip();
       if (run_->mmio.is_write) {
         std::memcpy(&exit_.value, run_->mmio.data, std::min<size_t>(run_->mmio.len, sizeof(exit_.value)));
+        write_completed_at_exit_ = true;
         return finish(ExitKind::kMmioWrite);
       }
       needs_completion_ = true;
@@ -956,6 +977,7 @@ Result<> KvmBackend::set_state(const CpuState& requested) {
   state_set_since_exit_ = true;
   io_.active = false;
   step_owed_ = false;
+  write_completed_at_exit_ = false;
   needs_completion_ = false;
   return {};
 }
@@ -1133,6 +1155,7 @@ Result<> KvmBackend::set_debug(const DebugControl& control) {
                 control.single_step, control.breakpoint ? fmt::format("{:#x}", *control.breakpoint) : "none",
                 errno_text(errno));
   }
+  guest_debug_ = debug;
   return {};
 }
 

@@ -195,6 +195,9 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   static constexpr uint64_t kCatchUpNs = 50'000'000;
   // Host monotonic time at which virtual time 0 was (virtual time follows host time when recording).
   uint64_t host_origin_ns() const { return host_clock_.origin_ns(); }
+  // Record/run: host time the VMM spent on work of its own, which the guest's time leaves out (virtual time stands
+  // still through it, as if that work took no time).
+  void skip_host_time(uint64_t ns) { host_clock_.skip(ns); }
   // Record: log an async event at `where` (the session brackets the device work with begin/end_async).
   void record_async(const Position& where, uint64_t now_ns, std::span<const uint8_t> input,
                     std::span<const NetFrameIn> frames = {});

@@ -358,7 +358,10 @@ Result<> Session::deliver_interrupts() {
     // instruction boundary after it where it can, single-stepping to it (step_to_interrupt_windows).
     cpu.request_interrupt_window(false);
     const bool at_exit = guest_caused(v.last_exit_kind);
-    if (!at_exit && !v.seeking_window) return {};
+    // While seeking a window, also at the steps' own exits; never at a kick, which lands where host time says (a
+    // replay has none there) and, on KVM, where the vCPU may be running unstepped (inside an exception handler).
+    const bool at_step = v.seeking_window && v.last_exit_kind == ExitKind::kDebug;
+    if (!at_exit && !at_step) return {};
     if (!cpu.can_inject_interrupt()) {
       // Stepping costs an exit an instruction: only for a vCPU that went kBlockedExitsBeforeSteps guest exits
       // without a chance to take it (usually the next exit after an interrupt handler's IRET has one).
@@ -623,8 +626,14 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
                          false};
         }
         // Several vCPUs: a vCPU spinning without guest exits keeps the others from running (they switch only at
-        // guest exits), and what it waits for is usually theirs: stop as cleanly, timer or not.
-        if (vcpus_.size() > 1 && quiet > kSpinStopNs) {
+        // guest exits), and what it waits for is usually theirs: stop as cleanly, timer or not. (Not while no other
+        // vCPU could run: Linux's BSP boots for seconds without an exit in a nested guest, the APs still waiting for
+        // their STARTUP.)
+        bool other_runnable = false;
+        for (uint32_t other = 0; quiet > kSpinStopNs && other < vcpus_.size(); ++other) {
+          other_runnable |= other != current_ && runnable(other);
+        }
+        if (other_runnable) {
           return Outcome{exit_status::kGuestStopped,
                          fmt::format("stopped: vCPU {} spun for {} s without a guest exit, so the other vCPUs could "
                                      "not run (exit-synchronous recording switches vCPUs only at guest exits{}); "
@@ -864,6 +873,9 @@ std::optional<Outcome> Session::limit_reached() {
 
 Result<Outcome> Session::run() {
   const uint64_t started = HostClock::monotonic_ns();
+  // A spin is measured from the first run on: building the machine and writing the trace's header take host time too
+  // (seconds, in a nested guest), in which no vCPU ran.
+  last_guest_exit_host_ns_ = started;
   next_digest_at_ = digest_interval_;
   next_heartbeat_ = started + kHeartbeatNs;
   if (engine_.mode() != Mode::kReplay) start_kicker();
@@ -1090,7 +1102,13 @@ Result<std::optional<StopReason>> Session::step(const StopRequest& stop, Turn& t
   if (engine_.divergence()) return std::nullopt;  // the next turn ends the replay
 
   if (auto r = aim(stop, turn); !r) return std::unexpected(r.error());
+  // A step to an interrupt window is the VMM's own work, and costs an exit per instruction (hundreds of microseconds
+  // under nested KVM): the guest's time stands still through it. Were it to run on, a timer interrupt handler that
+  // catches up tick by tick (Linux's tick_handle_periodic) fell further behind at each step and never returned.
+  const bool stepping_to_window = mode != Mode::kReplay && now().seeking_window;
+  const uint64_t run_started = stepping_to_window ? HostClock::monotonic_ns() : 0;
   auto exit = now().seeker ? now().seeker->run() : cpu.run();
+  if (stepping_to_window) engine_.skip_host_time(HostClock::monotonic_ns() - run_started);
   if (!exit) return std::unexpected(exit.error());
   if (now().seeking_window && (*exit)->kind == ExitKind::kDebug) ++now().window_steps;
   auto done = handle_exit(**exit);

@@ -21,6 +21,8 @@ class HostClock {
   // Host monotonic time (absolute), for sleeping until a deadline.
   static uint64_t monotonic_ns();
   uint64_t origin_ns() const { return origin_; }
+  // The clock leaves out `ns` of host time just spent (elapsed_ns() from now on is that much less).
+  void skip(uint64_t ns) { origin_ += ns; }
 
  private:
   uint64_t origin_;
