@@ -3,6 +3,10 @@
 // canonical varints, short tags, shallow nesting), so verify's verdict is the full parse's on every event.
 #include "logging/event_scan.h"
 
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <vector>
@@ -24,10 +28,13 @@ constexpr int kMaxDepth = 16;       // the schema nests three deep; the full par
 struct WireMessage {
   struct Field {
     uint8_t wire_type = kNotSure;
+    int number = 0;
     const WireMessage* message = nullptr;  // for a nested message
     bool in_kind = false;                  // a member of Event's oneof `kind`
   };
   std::vector<Field> by_number;
+  // The same fields by their one-byte tags (fields 1 to 15: all but a few), each under its own wire type only.
+  std::array<Field, 128> by_tag_byte;
 };
 
 class WireSchema {
@@ -62,6 +69,8 @@ class WireSchema {
         case FieldDescriptor::TYPE_GROUP: w.wire_type = kNotSure; break;
         default: w.wire_type = 0; break;  // the varint types: ints, bool, enum
       }
+      w.number = f->number();
+      if (w.wire_type != kNotSure && f->number() < 16) m->by_tag_byte[size_t(f->number() << 3 | w.wire_type)] = w;
     }
     return m;
   }
@@ -72,27 +81,61 @@ class WireSchema {
 
 // A canonical varint of at most `max_bytes` bytes (a longer or padded one is left to the full parse).
 inline bool read_varint(const uint8_t*& p, const uint8_t* end, uint64_t& value, int max_bytes) {
-  value = 0;
-  for (int i = 0; i < max_bytes && p < end; ++i) {
-    const uint8_t b = *p++;
-    value |= uint64_t(b & 0x7f) << (7 * i);
-    if (!(b & 0x80)) return i == 0 || b != 0 ? (i < 9 || b <= 1) : false;
+  if (p < end && *p < 0x80) [[likely]] {
+    value = *p++;
+    return true;
+  }
+  const int n = int(std::min<ptrdiff_t>(max_bytes, end - p));
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) {
+    const uint8_t b = p[i];
+    v |= uint64_t(b & 0x7f) << (7 * i);
+    if (b < 0x80) {
+      if (b == 0 || (i == 9 && b > 1)) return false;
+      p += i + 1;
+      value = v;
+      return true;
+    }
   }
   return false;
 }
 
+// A value the scan needs only to step over. Addresses are ten-byte varints, so their end is found a word at a time.
+inline bool skip_varint(const uint8_t*& p, const uint8_t* end) {
+  if (p < end && *p < 0x80) [[likely]] {
+    ++p;
+    return true;
+  }
+  if (end - p < 10) {
+    uint64_t ignored = 0;
+    return read_varint(p, end, ignored, 10);
+  }
+  uint64_t word;
+  std::memcpy(&word, p, 8);
+  const uint64_t stops = ~word & 0x8080808080808080ull;  // bytes without a continuation bit
+  const int n = stops ? std::countr_zero(stops) / 8 + 1 : p[8] < 0x80 ? 9 : 10;
+  if (p[n - 1] == 0 || (n == 10 && p[9] > 1)) return false;  // padded, or longer than 64 bits
+  p += n;
+  return true;
+}
+
 bool scan_message(const WireMessage& m, const uint8_t* p, const uint8_t* end, int depth, int* kind_case) {
   while (p < end) {
-    uint64_t tag = 0;
-    if (!read_varint(p, end, tag, 5) || tag > UINT32_MAX) return false;
-    const uint64_t number = tag >> 3;
-    if (number == 0 || number >= m.by_number.size()) return false;  // unknown fields: the full parse keeps them
-    const WireMessage::Field& field = m.by_number[number];
-    if ((tag & 7) != field.wire_type) return false;
-    uint64_t value = 0;
-    switch (field.wire_type) {
+    const WireMessage::Field* field = nullptr;
+    if (*p < 0x80) [[likely]] {
+      field = &m.by_tag_byte[*p++];
+      if (field->wire_type == kNotSure) return false;  // field 0, an unknown field, or another wire type
+    } else {
+      uint64_t tag = 0;
+      if (!read_varint(p, end, tag, 5) || tag > UINT32_MAX) return false;
+      if ((tag >> 3) >= m.by_number.size()) return false;  // unknown fields: the full parse keeps them
+      field = &m.by_number[tag >> 3];
+      if ((tag & 7) != field->wire_type) return false;
+    }
+    uint64_t length = 0;
+    switch (field->wire_type) {
       case 0:
-        if (!read_varint(p, end, value, 10)) return false;
+        if (!skip_varint(p, end)) return false;
         break;
       case 1:
         if (end - p < 8) return false;
@@ -103,13 +146,13 @@ bool scan_message(const WireMessage& m, const uint8_t* p, const uint8_t* end, in
         p += 4;
         break;
       case 2:
-        if (!read_varint(p, end, value, 10) || value > uint64_t(end - p)) return false;
-        if (field.message && (depth >= kMaxDepth || !scan_message(*field.message, p, p + value, depth + 1, nullptr)))
+        if (!read_varint(p, end, length, 10) || length > uint64_t(end - p)) return false;
+        if (field->message && (depth >= kMaxDepth || !scan_message(*field->message, p, p + length, depth + 1, nullptr)))
           return false;
-        p += value;
+        p += length;
         break;
     }
-    if (field.in_kind) *kind_case = int(number);
+    if (field->in_kind) *kind_case = field->number;
   }
   return true;
 }

@@ -362,6 +362,7 @@ constexpr size_t kBatchFrames = 1024;
 constexpr uint64_t kBatchBytes = 16u << 20;
 
 struct BatchFrame {
+  uint64_t offset = 0;
   uint8_t header[kFrameHeaderBytes];
   bool chunk = false;  // else a seal frame, which the reader reads in its turn
   Sha256 chain_before{};
@@ -399,17 +400,11 @@ void tally_events(const std::vector<uint8_t>& raw, BatchFrame& f) {
 }  // namespace
 
 Result<> TraceReader::scan(const std::function<void(const ChunkTally&)>& each_chunk) {
-  const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<ZSTD_DCtx*> dctx{dctx_};
-  struct FreeContexts {
-    std::vector<ZSTD_DCtx*>& all;
-    ~FreeContexts() {
-      for (size_t i = 1; i < all.size(); ++i) ZSTD_freeDCtx(all[i]);
-    }
-  } free_contexts{dctx};
-  for (unsigned i = 1; i < workers; ++i) {
-    dctx.push_back(ZSTD_createDCtx());
-    if (!dctx.back()) return fail(ErrorKind::kHost, "cannot allocate a zstd decompression context");
+  // One worker a core: this thread (with the reader's own zstd context) and the others, each with a context.
+  std::vector<std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)>> contexts;
+  for (unsigned i = 1; i < std::thread::hardware_concurrency(); ++i) {
+    contexts.emplace_back(ZSTD_createDCtx(), &ZSTD_freeDCtx);
+    if (!contexts.back()) return fail(ErrorKind::kHost, "cannot allocate a zstd decompression context");
   }
   std::vector<BatchFrame> batch;
   while (!ended_) {
@@ -427,6 +422,7 @@ Result<> TraceReader::scan(const std::function<void(const ChunkTally&)>& each_ch
       f.chunk = magic == kChunkFrameMagic;
       if (!f.chunk && !(magic == kSealFrameMagic && header_.format_version() >= 6)) break;
       if ((f.chunk && !chunk_header_problem(f.header).empty()) || stored > file_size_ - at - kFrameHeaderBytes) break;
+      f.offset = at;
       if (f.chunk) {
         // The value before it, as the chunk before computes it if it checks out (it is that chunk's frame's value).
         f.chain_before = chain;
@@ -441,9 +437,6 @@ Result<> TraceReader::scan(const std::function<void(const ChunkTally&)>& each_ch
       DEJA_ASSERT(chunk_remaining_ == 0, "scan: load_next_frame took a chunk that the batch did not");
       continue;
     }
-    std::vector<uint64_t> offsets(batch.size());
-    for (size_t i = 0, o = offset_; i < batch.size(); o += kFrameHeaderBytes + get_u32(batch[i].header + 4), ++i)
-      offsets[i] = o;
     std::atomic<size_t> next_frame{0};
     auto work = [&](ZSTD_DCtx* context) {
       std::vector<uint8_t> payload, raw;
@@ -451,7 +444,7 @@ Result<> TraceReader::scan(const std::function<void(const ChunkTally&)>& each_ch
         BatchFrame& f = batch[i];
         if (!f.chunk) continue;
         payload.resize(get_u32(f.header + 4));
-        if (auto r = read_at(offsets[i] + kFrameHeaderBytes, payload.data(), payload.size()); !r) {
+        if (auto r = read_at(f.offset + kFrameHeaderBytes, payload.data(), payload.size()); !r) {
           f.read_error = r.error();
           continue;
         }
@@ -461,8 +454,8 @@ Result<> TraceReader::scan(const std::function<void(const ChunkTally&)>& each_ch
     };
     {
       std::vector<std::jthread> threads;
-      for (size_t w = 1; w < dctx.size() && w < batch.size(); ++w) threads.emplace_back(work, dctx[w]);
-      work(dctx[0]);
+      for (size_t w = 0; w < contexts.size() && w + 1 < batch.size(); ++w) threads.emplace_back(work, contexts[w].get());
+      work(dctx_);
     }
     // In order, as next() would have met them.
     for (BatchFrame& f : batch) {
