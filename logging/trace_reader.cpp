@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include <google/protobuf/util/message_differencer.h>
@@ -454,7 +455,13 @@ Result<> TraceReader::scan(const std::function<void(const ChunkTally&)>& each_ch
     };
     {
       std::vector<std::jthread> threads;
-      for (size_t w = 0; w < contexts.size() && w + 1 < batch.size(); ++w) threads.emplace_back(work, contexts[w].get());
+      for (size_t w = 0; w < contexts.size() && w + 1 < batch.size(); ++w) {
+        try {
+          threads.emplace_back(work, contexts[w].get());
+        } catch (const std::system_error&) {  // no more threads to be had: the ones there are do the work
+          break;
+        }
+      }
       work(dctx_);
     }
     // In order, as next() would have met them.
