@@ -1,4 +1,5 @@
-// Reads a trace front to back, one chunk in memory at a time, verifying checksums and the hash chain as it goes.
+// Reads a trace front to back, verifying checksums and the hash chain as it goes: one chunk in memory at a time
+// (next()), or for verify a bounded batch of chunks checked on every core (scan()).
 #pragma once
 
 #include <cstdint>
