@@ -119,6 +119,8 @@ inline bool skip_varint(const uint8_t*& p, const uint8_t* end) {
   return true;
 }
 
+// kEvent: the top level, where the kind is noted (a template, so that the nested level is compiled without it).
+template <bool kEvent>
 bool scan_message(const WireMessage& m, const uint8_t* p, const uint8_t* end, int depth, int* kind_case) {
   while (p < end) {
     const WireMessage::Field* field = nullptr;
@@ -147,12 +149,15 @@ bool scan_message(const WireMessage& m, const uint8_t* p, const uint8_t* end, in
         break;
       case 2:
         if (!read_varint(p, end, length, 10) || length > uint64_t(end - p)) return false;
-        if (field->message && (depth >= kMaxDepth || !scan_message(*field->message, p, p + length, depth + 1, nullptr)))
+        if (field->message &&
+            (depth >= kMaxDepth || !scan_message<false>(*field->message, p, p + length, depth + 1, nullptr)))
           return false;
         p += length;
         break;
     }
-    if (field->in_kind) *kind_case = field->number;
+    if constexpr (kEvent) {
+      if (field->in_kind) *kind_case = field->number;
+    }
   }
   return true;
 }
@@ -162,7 +167,7 @@ bool scan_message(const WireMessage& m, const uint8_t* p, const uint8_t* end, in
 EventScan scan_event(const uint8_t* data, size_t size) {
   static const WireSchema schema;
   EventScan scan;
-  scan.sure = scan_message(schema.event(), data, data + size, 0, &scan.kind_case);
+  scan.sure = scan_message<true>(schema.event(), data, data + size, 0, &scan.kind_case);
   return scan;
 }
 
