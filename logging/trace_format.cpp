@@ -128,6 +128,11 @@ const trace::Coordinate* event_coordinate(const trace::Event& e) {
   }
 }
 
+bool event_kind_has_coordinate(int kind_case) {
+  return kind_case == trace::Event::kAsync || kind_case == trace::Event::kInterrupt ||
+         kind_case == trace::Event::kDigest || kind_case == trace::Event::kEnd;
+}
+
 std::string describe_coordinate(const trace::Coordinate& c) {
   return fmt::format("@(cpu{} br={} rip={:#x} rcx={:#x} gprs={:016x} exits={})", c.vcpu(), c.branches(), c.rip(),
                      c.rcx(), c.gpr_digest(), c.guest_exits());

@@ -53,6 +53,8 @@ std::string event_kind_name(const trace::Event& e);
 std::string describe_event(const trace::Event& e);
 // The coordinate an event is pinned to, or nullptr for synchronous events that have none.
 const trace::Coordinate* event_coordinate(const trace::Event& e);
+// Whether events of this Event::kind_case() carry a coordinate (event_coordinate() may return one).
+bool event_kind_has_coordinate(int kind_case);
 std::string describe_coordinate(const trace::Coordinate& c);
 
 Result<std::array<uint8_t, 32>> sha256_file(const std::string& path);

@@ -7,10 +7,15 @@
 
 #include <cerrno>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <system_error>
+#include <thread>
 
 #include <google/protobuf/util/message_differencer.h>
 #include <zstd.h>
+
+#include "logging/event_scan.h"
 
 namespace deja {
 
@@ -30,6 +35,67 @@ bool read_varint(const uint8_t*& p, const uint8_t* end, uint64_t& value) {
   return false;
 }
 
+std::string bad_event_message(uint64_t event) { return fmt::format("event {} is not a valid Event protobuf", event); }
+
+// A chunk frame header's own fields; "" when they are possible.
+std::string chunk_header_problem(const uint8_t* frame) {
+  const uint32_t stored = get_u32(frame + 4);
+  const uint32_t raw = get_u32(frame + 8);
+  const uint32_t count = get_u32(frame + 12);
+  if (raw > kMaxChunkRawBytes)
+    return fmt::format("raw length {} exceeds the {} byte chunk limit", raw, kMaxChunkRawBytes);
+  if (stored > ZSTD_compressBound(raw))
+    return fmt::format("compressed length {} is impossible for raw length {}", stored, raw);
+  if (count == 0 || count > raw) return fmt::format("event count {} is impossible for raw length {}", count, raw);
+  return {};
+}
+
+// A chunk frame's body checked on its own, on any thread: its chain value from the value before it, zstd to exactly
+// the frame's raw length (into `raw`), and exactly the frame's count of length-delimited records. The chunk is then
+// wholly usable, or rejected before any of its events.
+struct ChunkBody {
+  Sha256 chain{};
+  std::string problem;  // "" when it checked out
+  TraceCheck check = TraceCheck::kStructure;
+};
+
+ChunkBody check_chunk_body(ZSTD_DCtx* dctx, const Sha256& before, const uint8_t* frame,
+                           std::span<const uint8_t> payload, std::vector<uint8_t>& raw) {
+  ChunkBody body;
+  body.chain = chain_next(before, std::span(frame, kFrameFieldBytes), payload);
+  if (std::memcmp(body.chain.data(), frame + kFrameFieldBytes, 32) != 0) {
+    body.problem = "hash chain mismatch: the chunk was altered, or chunks were removed or reordered";
+    body.check = TraceCheck::kChain;
+    return body;
+  }
+  const uint32_t raw_bytes = get_u32(frame + 8);
+  const uint32_t count = get_u32(frame + 12);
+  raw.resize(raw_bytes);
+  size_t n = ZSTD_decompressDCtx(dctx, raw.data(), raw.size(), payload.data(), payload.size());
+  if (ZSTD_isError(n)) {
+    body.problem = fmt::format("zstd decompression failed: {}", ZSTD_getErrorName(n));
+    return body;
+  }
+  if (n != raw_bytes) {
+    body.problem = fmt::format("decompressed to {} bytes but the frame says {}", n, raw_bytes);
+    return body;
+  }
+  const uint8_t* p = raw.data();
+  const uint8_t* end = p + raw.size();
+  uint32_t framed = 0;
+  while (p < end) {
+    uint64_t length = 0;
+    if (!read_varint(p, end, length) || length > static_cast<uint64_t>(end - p)) {
+      body.problem = fmt::format("event {} of the chunk has a bad length prefix", framed);
+      return body;
+    }
+    p += length;
+    ++framed;
+  }
+  if (framed != count) body.problem = fmt::format("chunk holds {} events but its frame says {}", framed, count);
+  return body;
+}
+
 bool same_coordinate(const trace::ChunkIndex& a, const trace::ChunkIndex& b) {
   if (a.has_first_at() != b.has_first_at()) return false;
   return !a.has_first_at() || google::protobuf::util::MessageDifferencer::Equals(a.first_at(), b.first_at());
@@ -46,7 +112,7 @@ TraceReader::~TraceReader() {
   ZSTD_freeDCtx(dctx_);
 }
 
-Result<> TraceReader::read_at(uint64_t offset, void* data, size_t size) {
+Result<> TraceReader::read_at(uint64_t offset, void* data, size_t size) const {
   char* p = static_cast<char*>(data);
   while (size > 0) {
     ssize_t n = ::pread(fd_, p, size, static_cast<off_t>(offset));
@@ -186,27 +252,47 @@ Result<std::optional<trace::Event>> TraceReader::next() {
       if (!read_varint(p, end, length) || length > static_cast<uint64_t>(end - p))
         return corrupt("event framing is inconsistent");
       trace::Event event;
-      if (!event.ParseFromArray(p, static_cast<int>(length)))
-        return corrupt(fmt::format("event {} is not a valid Event protobuf", events_read_));
+      if (!event.ParseFromArray(p, static_cast<int>(length))) return corrupt(bad_event_message(events_read_));
       raw_pos_ = static_cast<size_t>(p - raw_.data()) + length;
-      --chunk_remaining_;
-      trace::ChunkIndex& entry = chunks_.back();
-      if (!entry.has_first_at()) {
-        if (const trace::Coordinate* c = event_coordinate(event)) *entry.mutable_first_at() = *c;
-      }
       ++events_read_;
-      size_t kind = static_cast<size_t>(event.kind_case());
-      if (kind >= count_by_case_.size()) count_by_case_.resize(kind + 1);
-      ++count_by_case_[kind];
-      if (event.has_serial_output()) {
-        serial_sha_->update(event.serial_output().data().data(), event.serial_output().data().size());
-        serial_bytes_ += event.serial_output().data().size();
+      tally_.add(event);
+      if (!chunks_.back().has_first_at() && tally_.first_at) *chunks_.back().mutable_first_at() = *tally_.first_at;
+      if (--chunk_remaining_ == 0) {
+        take_tally(tally_);
+        tally_ = {};
       }
       return std::optional<trace::Event>(std::move(event));
     }
     if (ended_) return std::optional<trace::Event>();
     if (auto r = load_next_frame(); !r) return std::unexpected(r.error());
   }
+}
+
+void ChunkTally::add(int kind_case) {
+  ++events;
+  if (size_t(kind_case) >= by_case.size()) by_case.resize(size_t(kind_case) + 1);
+  ++by_case[size_t(kind_case)];
+  if (kind_case == trace::Event::KIND_NOT_SET && !first_kindless) first_kindless = events - 1;
+}
+
+void ChunkTally::add(const trace::Event& e) {
+  add(e.kind_case());
+  if (!first_at)
+    if (const trace::Coordinate* c = event_coordinate(e)) first_at = *c;
+  if (e.has_serial_output()) serial_output += e.serial_output().data();
+  if (e.has_end()) ends.emplace_back(events - 1, e.end().reason());
+}
+
+bool ChunkTally::needs_message(int kind_case) const {
+  return kind_case == trace::Event::kSerialOutput || kind_case == trace::Event::kEnd ||
+         (!first_at && event_kind_has_coordinate(kind_case));
+}
+
+void TraceReader::take_tally(const ChunkTally& tally) {
+  if (tally.by_case.size() > count_by_case_.size()) count_by_case_.resize(tally.by_case.size());
+  for (size_t kind = 0; kind < tally.by_case.size(); ++kind) count_by_case_[kind] += tally.by_case[kind];
+  serial_sha_->update(tally.serial_output.data(), tally.serial_output.size());
+  serial_bytes_ += tally.serial_output.size();
 }
 
 Result<> TraceReader::load_next_frame() {
@@ -239,13 +325,7 @@ Result<> TraceReader::load_next_frame() {
   if (get_u32(frame) == kSealFrameMagic) return read_seal_frame(frame, remaining);
 
   const uint32_t stored = get_u32(frame + 4);
-  const uint32_t raw = get_u32(frame + 8);
-  const uint32_t count = get_u32(frame + 12);
-  if (raw > kMaxChunkRawBytes)
-    return corrupt(fmt::format("raw length {} exceeds the {} byte chunk limit", raw, kMaxChunkRawBytes));
-  if (stored > ZSTD_compressBound(raw))
-    return corrupt(fmt::format("compressed length {} is impossible for raw length {}", stored, raw));
-  if (count == 0 || count > raw) return corrupt(fmt::format("event count {} is impossible for raw length {}", count, raw));
+  if (std::string problem = chunk_header_problem(frame); !problem.empty()) return corrupt(problem);
   if (stored > remaining - kFrameHeaderBytes) {
     if (has_trailer_) return corrupt(fmt::format("chunk of {} bytes runs past the end of a file that has a trailer", stored));
     end_truncated(fmt::format("truncated chunk frame ({} of {} payload bytes present)", remaining - kFrameHeaderBytes,
@@ -254,39 +334,153 @@ Result<> TraceReader::load_next_frame() {
   }
   compressed_.resize(stored);
   if (auto r = read_at(offset_ + kFrameHeaderBytes, compressed_.data(), stored); !r) return r;
-  Sha256 chain = chain_next(chain_, std::span(frame, kFrameFieldBytes), compressed_);
-  if (std::memcmp(chain.data(), frame + kFrameFieldBytes, 32) != 0)
-    return corrupt("hash chain mismatch: the chunk was altered, or chunks were removed or reordered",
-                   TraceCheck::kChain);
-  raw_.resize(raw);
-  size_t n = ZSTD_decompressDCtx(dctx_, raw_.data(), raw_.size(), compressed_.data(), compressed_.size());
-  if (ZSTD_isError(n)) return corrupt(fmt::format("zstd decompression failed: {}", ZSTD_getErrorName(n)));
-  if (n != raw) return corrupt(fmt::format("decompressed to {} bytes but the frame says {}", n, raw));
-  // Check the length-delimited framing up front so a chunk is either wholly usable or rejected before any event.
-  const uint8_t* p = raw_.data();
-  const uint8_t* end = p + raw_.size();
-  uint32_t framed = 0;
-  while (p < end) {
-    uint64_t length = 0;
-    if (!read_varint(p, end, length) || length > static_cast<uint64_t>(end - p))
-      return corrupt(fmt::format("event {} of the chunk has a bad length prefix", framed));
-    p += length;
-    ++framed;
-  }
-  if (framed != count) return corrupt(fmt::format("chunk holds {} events but its frame says {}", framed, count));
+  ChunkBody body = check_chunk_body(dctx_, chain_, frame, compressed_, raw_);
+  if (!body.problem.empty()) return corrupt(body.problem, body.check);
+  take_chunk(frame, body.chain);
+  raw_pos_ = 0;
+  chunk_remaining_ = get_u32(frame + 12);
+  return {};
+}
 
+void TraceReader::take_chunk(const uint8_t* frame, const Sha256& chain) {
   trace::ChunkIndex entry;
   entry.set_offset(offset_);
   entry.set_first_event(events_read_);
-  entry.set_events(count);
+  entry.set_events(get_u32(frame + 12));
   entry.set_chain(chain.data(), chain.size());
   chunks_.push_back(entry);
   chain_before_.push_back(chain_);
   chain_ = chunks_chain_ = chain;
-  offset_ += kFrameHeaderBytes + stored;
+  offset_ += kFrameHeaderBytes + get_u32(frame + 4);
   valid_end_ = offset_;
-  raw_pos_ = 0;
-  chunk_remaining_ = count;
+}
+
+namespace {
+
+// scan(): a run of frames ahead of the reader whose chunk bodies are checked together, on every core. It holds at
+// most kBatchBytes of compressed payload (or one chunk), so memory stays bounded as next()'s does.
+constexpr size_t kBatchFrames = 1024;
+constexpr uint64_t kBatchBytes = 16u << 20;
+
+struct BatchFrame {
+  uint64_t offset = 0;
+  uint8_t header[kFrameHeaderBytes];
+  bool chunk = false;  // else a seal frame, which the reader reads in its turn
+  Sha256 chain_before{};
+  // A chunk's body, as a worker found it.
+  std::optional<Error> read_error;
+  ChunkBody body;
+  ChunkTally tally;
+  bool bad_event = false;  // event tally.events does not parse
+};
+
+// A chunk's events as verify needs them: the wire-level scan where it is sure and nothing more is needed, else the
+// full parse, whose verdict stands.
+void tally_events(const std::vector<uint8_t>& raw, BatchFrame& f) {
+  const uint8_t* p = raw.data();
+  const uint8_t* end = p + raw.size();
+  const uint32_t count = get_u32(f.header + 12);
+  for (uint32_t i = 0; i < count; ++i) {
+    uint64_t length = 0;
+    read_varint(p, end, length);  // checked by check_chunk_body
+    const EventScan scan = scan_event(p, length);
+    if (scan.sure && !f.tally.needs_message(scan.kind_case)) {
+      f.tally.add(scan.kind_case);
+    } else {
+      trace::Event event;
+      if (!event.ParseFromArray(p, static_cast<int>(length))) {
+        f.bad_event = true;
+        return;
+      }
+      f.tally.add(event);
+    }
+    p += length;
+  }
+}
+
+}  // namespace
+
+Result<> TraceReader::scan(const std::function<void(const ChunkTally&)>& each_chunk) {
+  // One worker a core: this thread (with the reader's own zstd context) and the others, each with a context.
+  std::vector<std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)>> contexts;
+  for (unsigned i = 1; i < std::thread::hardware_concurrency(); ++i) {
+    contexts.emplace_back(ZSTD_createDCtx(), &ZSTD_freeDCtx);
+    if (!contexts.back()) return fail(ErrorKind::kHost, "cannot allocate a zstd decompression context");
+  }
+  std::vector<BatchFrame> batch;
+  while (!ended_) {
+    if (error_) return std::unexpected(*error_);
+    // The frames ahead that load_next_frame() would take as sound chunk frames (or seal frames, read in order below);
+    // anything else (the footer, a bad header, a cut) ends the batch and is load_next_frame()'s, in its turn.
+    batch.clear();
+    uint64_t at = offset_, bytes = 0;
+    Sha256 chain = chain_;
+    while (batch.size() < kBatchFrames && bytes < kBatchBytes && file_size_ - at >= kFrameHeaderBytes &&
+           !(has_trailer_ && at == trailer_footer_offset_)) {
+      BatchFrame f;
+      if (!read_at(at, f.header, sizeof f.header)) break;
+      const uint32_t magic = get_u32(f.header), stored = get_u32(f.header + 4);
+      f.chunk = magic == kChunkFrameMagic;
+      if (!f.chunk && !(magic == kSealFrameMagic && header_.format_version() >= 6)) break;
+      if ((f.chunk && !chunk_header_problem(f.header).empty()) || stored > file_size_ - at - kFrameHeaderBytes) break;
+      f.offset = at;
+      if (f.chunk) {
+        // The value before it, as the chunk before computes it if it checks out (it is that chunk's frame's value).
+        f.chain_before = chain;
+        std::memcpy(chain.data(), f.header + kFrameFieldBytes, chain.size());
+        bytes += stored;
+      }
+      batch.push_back(std::move(f));
+      at += kFrameHeaderBytes + stored;
+    }
+    if (batch.empty()) {
+      if (auto r = load_next_frame(); !r) return r;
+      DEJA_ASSERT(chunk_remaining_ == 0, "scan: load_next_frame took a chunk that the batch did not");
+      continue;
+    }
+    std::atomic<size_t> next_frame{0};
+    auto work = [&](ZSTD_DCtx* context) {
+      std::vector<uint8_t> payload, raw;
+      for (size_t i; (i = next_frame.fetch_add(1)) < batch.size();) {
+        BatchFrame& f = batch[i];
+        if (!f.chunk) continue;
+        payload.resize(get_u32(f.header + 4));
+        if (auto r = read_at(f.offset + kFrameHeaderBytes, payload.data(), payload.size()); !r) {
+          f.read_error = r.error();
+          continue;
+        }
+        f.body = check_chunk_body(context, f.chain_before, f.header, payload, raw);
+        if (f.body.problem.empty()) tally_events(raw, f);
+      }
+    };
+    {
+      std::vector<std::jthread> threads;
+      for (size_t w = 0; w < contexts.size() && w + 1 < batch.size(); ++w) {
+        try {
+          threads.emplace_back(work, contexts[w].get());
+        } catch (const std::system_error&) {  // no more threads to be had: the ones there are do the work
+          break;
+        }
+      }
+      work(dctx_);
+    }
+    // In order, as next() would have met them.
+    for (BatchFrame& f : batch) {
+      if (!f.chunk) {
+        if (auto r = load_next_frame(); !r) return r;
+        continue;
+      }
+      if (f.read_error) return std::unexpected(*f.read_error);
+      if (!f.body.problem.empty()) return corrupt(f.body.problem, f.body.check);
+      take_chunk(f.header, f.body.chain);
+      events_read_ += f.tally.events;
+      if (f.tally.first_at) *chunks_.back().mutable_first_at() = *f.tally.first_at;
+      take_tally(f.tally);
+      each_chunk(f.tally);
+      if (f.bad_event) return corrupt(bad_event_message(events_read_));
+    }
+  }
+  if (error_) return std::unexpected(*error_);
   return {};
 }
 

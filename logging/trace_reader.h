@@ -1,7 +1,9 @@
-// Reads a trace front to back, one chunk in memory at a time, verifying checksums and the hash chain as it goes.
+// Reads a trace front to back, verifying checksums and the hash chain as it goes: one chunk in memory at a time
+// (next()), or for verify a bounded batch of chunks checked on every core (scan()).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,6 +29,21 @@ struct SealFrame {
   std::string envelope;
 };
 
+// What a reader learns of one chunk's events, whoever read them (next(), one by one, or scan(), on several threads):
+// what the footer is checked against, and what verify checks of the events themselves.
+struct ChunkTally {
+  uint32_t events = 0;
+  std::vector<uint32_t> by_case;              // events by Event::kind_case()
+  std::optional<trace::Coordinate> first_at;  // of the first event that has a coordinate
+  std::string serial_output;                  // the SerialOutput events' bytes, in order
+  std::optional<uint32_t> first_kindless;     // the first event without a known kind
+  std::vector<std::pair<uint32_t, std::string>> ends;  // End events: place in the chunk, reason
+  void add(const trace::Event& e);
+  void add(int kind_case);  // an event the tally needs no more of than its kind (see needs_message)
+  // Whether add() needs the whole event of this kind: its coordinate, serial output or End reason.
+  bool needs_message(int kind_case) const;
+};
+
 class TraceReader {
  public:
   // Validates magic, version and header (checksum and protobuf).
@@ -40,6 +57,12 @@ class TraceReader {
   // the chunk, byte offset and check that failed; an incomplete final frame (truncation) just ends the stream.
   // After an error every further call returns the same error.
   Result<std::optional<trace::Event>> next();
+  // The rest of the trace read as next() would, making the same checks in the same order and failing with the same
+  // error, but without handing out events: chunk bodies (chain value, zstd, framing, each event's encoding) are
+  // checked on every core, and events are scanned at the wire level (logging/event_scan.h) rather than parsed where
+  // that is enough. `each_chunk` hears every chunk's tally, in order, once the reader has taken the chunk in.
+  // verify's pass; do not mix with next().
+  Result<> scan(const std::function<void(const ChunkTally&)>& each_chunk);
   // After the stream ended: a valid footer + trailer was found and matches what was read.
   bool complete() const { return complete_; }
   bool truncated() const { return truncated_; }
@@ -86,8 +109,12 @@ class TraceReader {
 
  private:
   TraceReader(int fd, std::string path, uint64_t file_size);
-  Result<> read_at(uint64_t offset, void* data, size_t size);
+  Result<> read_at(uint64_t offset, void* data, size_t size) const;
   Result<> load_next_frame();  // sets ended_/truncated_/complete_ or loads the next chunk
+  // The chunk frame whose header `frame` is at offset_, its body checked: from here on it counts as read.
+  void take_chunk(const uint8_t* frame, const Sha256& chain);
+  // A chunk's tally, once its events are all read: into the totals the footer is checked against.
+  void take_tally(const ChunkTally& tally);
   Result<> read_footer_frame(const uint8_t* frame, uint64_t remaining);
   Result<> check_footer_against_stream();
   void end_truncated(std::string why);
@@ -127,6 +154,7 @@ class TraceReader {
   uint64_t first_chunk_ = 0;               // the chunk of chunks_[0] (start_at_event)
   Sha256 chunks_chain_{};                  // the chain value after the last chunk read (chain_ goes on to the footer)
   std::vector<uint64_t> count_by_case_;  // indexed by Event::kind_case(); named only when compared/written
+  ChunkTally tally_;                     // next(): the current chunk's events so far
   std::unique_ptr<trace_detail::Sha256Stream> serial_sha_;
   uint64_t serial_bytes_ = 0;
   std::optional<trace::Footer> footer_;

@@ -40,34 +40,30 @@ struct Walk {
   std::string end_reason;  // the last End event's reason
 };
 
-// Check 1 and 2: every frame, event and the footer, as the reader checks them, plus what a complete recording has.
+// Check 1 and 2: every frame, event and the footer, as the reader checks them (chunks on every core, events scanned),
+// plus what a complete recording has.
 Walk walk(TraceReader& reader, const VerifyOptions& options) {
   Walk w;
-  uint64_t end_events = 0, first_end_index = 0, chunks_seen = 0;
+  uint64_t end_events = 0, first_end_index = 0;
   bool last_is_end = false;
   auto tell = [&] {
     if (options.progress) options.progress(reader.valid_bytes(), reader.file_size(), reader.events_read());
   };
-  while (true) {
-    auto event = reader.next();
-    if (!event) {
-      w.problem = event.error().message;
-      w.check = reader.failed_check();
-      return w;
+  auto scanned = reader.scan([&](const ChunkTally& chunk) {
+    const uint64_t first_event = reader.events_read() - chunk.events;
+    if (chunk.first_kindless && w.problem.empty())
+      w.problem = fmt::format("event {} has no kind (unknown to this deja, or empty)", first_event + *chunk.first_kindless);
+    for (const auto& [at, reason] : chunk.ends) {
+      if (end_events++ == 0) first_end_index = first_event + at;
+      w.end_reason = reason;
     }
-    if (!*event) break;
-    const trace::Event& e = **event;
-    if (reader.chunks_read() != chunks_seen) {
-      chunks_seen = reader.chunks_read();
-      tell();
-    }
-    if (e.kind_case() == trace::Event::KIND_NOT_SET && w.problem.empty())
-      w.problem = fmt::format("event {} has no kind (unknown to this deja, or empty)", reader.events_read() - 1);
-    if (e.has_end()) {
-      if (end_events++ == 0) first_end_index = reader.events_read() - 1;
-      w.end_reason = e.end().reason();
-    }
-    last_is_end = e.has_end();
+    if (chunk.events > 0) last_is_end = !chunk.ends.empty() && chunk.ends.back().first == chunk.events - 1;
+    tell();
+  });
+  if (!scanned) {
+    w.problem = scanned.error().message;
+    w.check = reader.failed_check();
+    return w;
   }
   tell();
   if (!w.problem.empty()) return w;
