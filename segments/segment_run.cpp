@@ -109,6 +109,7 @@ class SegmentRun {
     ro.backend = m_.backend();
     ro.interp_mode = m_.interp_mode();
     ro.serial_out = "/dev/null";
+    ro.restores_checkpoint = seg.start_checkpoint() != 0;
     for (const auto& in : m_.inputs()) {
       auto path = find(in, in.role());
       if (!path) return std::unexpected(path.error());
