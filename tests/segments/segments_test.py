@@ -4,6 +4,7 @@ segmented verify chains from the start to the End; plan/segment/merge by hand; a
 name and the merge names the segment; SIGTERM to a local job stops its workers and leaves none behind."""
 import argparse
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -54,6 +55,25 @@ with tempfile.TemporaryDirectory() as work:
         check(f"deja segment --index {i}", s.returncode == 0, s)
     r = run("merge", manifest)
     check("deja merge proves the whole trace", r.returncode == 0 and "OK:" in r.stderr, r)
+    # A segment that starts from a checkpoint does not load the guest image, but still checks it against the trace.
+    with open(manifest) as f:
+        planned = f.read()
+    changed = os.path.join(work, "changed.elf")
+    with open(guest, "rb") as f:
+        image = bytearray(f.read())
+    image[-1] ^= 0xFF
+    with open(changed, "wb") as f:
+        f.write(image)
+    for name, path in (("a changed", changed), ("a missing", os.path.join(work, "missing.elf"))):
+        edited = json.loads(planned)
+        edited["inputs"][0]["path"] = path
+        with open(manifest, "w") as f:
+            json.dump(edited, f)
+        s = run("segment", manifest, "--index", "1")
+        check(f"a segment from a checkpoint refuses {name} guest image by name", s.returncode == 2 and path in s.stderr, s)
+    with open(manifest, "w") as f:
+        f.write(planned)
+
     # One segment's result removed: the merge says which is missing.
     os.unlink(os.path.join(wd, "results", "item-1.json"))
     r = run("merge", manifest)
