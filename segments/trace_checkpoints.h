@@ -46,6 +46,7 @@ class CheckpointWriter {
   uint64_t number_ = 0;
   StateSha previous_digest_{};
   uint64_t bytes_ = 0;
+  RamPageHashes ram_hashes_;  // RAM's page hashes as of the last checkpoint (or create())
 };
 
 // A checkpoint directory is replaced whole: written as DIR.partial and renamed over DIR once complete. What is
