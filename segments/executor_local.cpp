@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -146,14 +147,16 @@ class WorkerSignals {
   WorkerSignals& operator=(const WorkerSignals&) = delete;
 
   const sigset_t& saved() const { return saved_; }
-  // The next signal (SIGCHLD included), or 0 after `timeout_seconds` (< 0: no limit).
-  int wait(double timeout_seconds) {
+  // The next signal (SIGCHLD included), or 0 once `deadline` has passed.
+  int wait(std::optional<std::chrono::steady_clock::time_point> deadline) {
     while (true) {
       int s = 0;
-      if (timeout_seconds < 0) {
+      if (!deadline) {
         s = ::sigwaitinfo(&waited_, nullptr);
       } else {
-        const timespec t{time_t(timeout_seconds), long((timeout_seconds - double(time_t(timeout_seconds))) * 1e9)};
+        const auto left = std::max(std::chrono::nanoseconds(*deadline - std::chrono::steady_clock::now()),
+                                   std::chrono::nanoseconds(0));
+        const timespec t{time_t(left.count() / 1'000'000'000), long(left.count() % 1'000'000'000)};
         s = ::sigtimedwait(&waited_, nullptr, &t);
         if (s < 0 && errno == EAGAIN) return 0;
       }
@@ -207,26 +210,23 @@ Result<int> run_local(const LoadedManifest& loaded, const ExecutorOptions& optio
   // end them with SIGKILL.
   constexpr std::chrono::seconds kKillAfter{10};
   int interrupted_by = 0;
-  std::chrono::steady_clock::time_point kill_at;
+  std::optional<std::chrono::steady_clock::time_point> kill_at;  // from the first signal until SIGKILL was sent
   Result<> failure;
   while (true) {
     while (failure && !interrupted_by && running.size() < jobs && next < items) failure = spawn(next++);
     int status = 0;
     for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) running.erase(pid);
     if (running.empty() && (interrupted_by || !failure || next == items)) break;
-    double timeout = -1;
-    if (interrupted_by) {
-      timeout = std::chrono::duration<double>(kill_at - std::chrono::steady_clock::now()).count();
-      if (timeout <= 0) {
-        say("{} workers still running {} s after the signal: killing them", running.size(), kKillAfter.count());
-        signal_workers(SIGKILL);
-        timeout = -1;
-      }
+    if (kill_at && std::chrono::steady_clock::now() >= *kill_at) {
+      say("{} workers still running {} s after the signal: killing them", running.size(), kKillAfter.count());
+      signal_workers(SIGKILL);
+      kill_at.reset();
     }
-    const int signal = signals.wait(timeout);
+    const int signal = signals.wait(kill_at);
     if (signal == SIGCHLD || signal == 0) continue;
     if (interrupted_by) {
       signal_workers(SIGKILL);
+      kill_at.reset();
       continue;
     }
     interrupted_by = signal;
