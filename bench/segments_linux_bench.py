@@ -65,13 +65,17 @@ with tempfile.TemporaryDirectory(dir=args.keep) as work:
     print(f"Linux workload, {args.rounds} rounds: {instructions / 1e9:.2f} G instructions "
           f"({guest_minutes * 60:.1f} s of guest time); record {record_s:.1f} s, {record_cpu:.1f} s CPU")
     if not args.no_record_checkpoints:
-        record_ckpt_s, _ = timed("record", "--backend", "interp", "-o", checked, "--serial-out", os.devnull,
+        record_ckpt_s, r = timed("record", "--backend", "interp", "-o", checked, "--serial-out", os.devnull,
                                  "--checkpoint-every", args.every, *workload, ok=(1,))
+        # What taking them cost the recording's thread, as deja measured it: unlike the two runs' totals, not blurred
+        # by what else runs on the machine.
+        taking = float(re.search(r"([0-9.]+) s CPU on the recording's thread", r.stderr).group(1))
         sizes = [os.path.getsize(f) / 2**20 for f in sorted(glob.glob(checked + ".ckpt/*"))]
         incremental = sizes[1:] or [0]
         print(f"record with --checkpoint-every {args.every} {record_ckpt_s:.1f} s "
               f"({(record_ckpt_s / record_s - 1) * 100:+.1f}%), {timed.cpu:.1f} s CPU "
-              f"({(timed.cpu / record_cpu - 1) * 100:+.1f}%): {len(sizes)} checkpoints, {sum(sizes):.1f} MiB "
+              f"({(timed.cpu / record_cpu - 1) * 100:+.1f}%); taking the checkpoints {taking:.2f} s CPU "
+              f"({taking / record_cpu * 100:.1f}% of the plain recording's): {len(sizes)} checkpoints, {sum(sizes):.1f} MiB "
               f"({sum(sizes) / guest_minutes:.0f} MiB per guest-minute of this run); the full one {sizes[0]:.1f} MiB, "
               f"incremental ones {sum(incremental) / len(incremental):.2f} MiB on average, at most "
               f"{max(incremental):.2f} (zstd; every 16th full)")

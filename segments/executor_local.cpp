@@ -213,10 +213,10 @@ Result<int> run_local(const LoadedManifest& loaded, const ExecutorOptions& optio
   std::optional<std::chrono::steady_clock::time_point> kill_at;  // from the first signal until SIGKILL was sent
   Result<> failure;
   while (true) {
-    while (failure && !interrupted_by && running.size() < jobs && next < items) failure = spawn(next++);
     int status = 0;
     for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) running.erase(pid);
-    if (running.empty() && (interrupted_by || !failure || next == items)) break;
+    while (failure && !interrupted_by && running.size() < jobs && next < items) failure = spawn(next++);
+    if (running.empty()) break;  // every item ran, or none may start (a signal, a failed spawn)
     if (kill_at && std::chrono::steady_clock::now() >= *kill_at) {
       say("{} workers still running {} s after the signal: killing them", running.size(), kKillAfter.count());
       signal_workers(SIGKILL);

@@ -1,6 +1,7 @@
 // Checkpoint directories: the writer (dirty pages and disk blocks since the last checkpoint) and the restore of a chain of files into a fresh replay.
 #include "segments/trace_checkpoints.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,6 +52,28 @@ Result<uint64_t> parse_checkpoint_interval(const std::string& text, uint64_t ps_
   return uint64_t(instructions);
 }
 
+namespace {
+
+// Adds the calling thread's CPU time from its construction to its destruction to `into`.
+class ThreadCpuTimer {
+ public:
+  explicit ThreadCpuTimer(double& into) : into_(into), start_(now()) {}
+  ~ThreadCpuTimer() { into_ += now() - start_; }
+  ThreadCpuTimer(const ThreadCpuTimer&) = delete;
+  ThreadCpuTimer& operator=(const ThreadCpuTimer&) = delete;
+
+ private:
+  static double now() {
+    timespec t{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) + double(t.tv_nsec) / 1e9;
+  }
+  double& into_;
+  double start_;
+};
+
+}  // namespace
+
 Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::create(Session& session, const CheckpointIdentity& identity,
                                                                    std::string directory, uint64_t full_every) {
   if (auto r = make_directories(directory); !r) return std::unexpected(r.error());
@@ -59,11 +82,13 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::create(Session& sess
   for (auto& disk : session.disks()) disk->track_changes();
   auto writer = std::unique_ptr<CheckpointWriter>(
       new CheckpointWriter(session, identity, std::move(directory), std::max<uint64_t>(1, full_every)));
+  ThreadCpuTimer timer(writer->cpu_seconds_);
   writer->ram_hashes_.update_all(session.machine().memory());  // from here on, the dirty pages keep them current
   return writer;
 }
 
 Result<TraceCheckpointMeta> CheckpointWriter::take() {
+  ThreadCpuTimer timer(cpu_seconds_);
   auto state = session_.capture_state();
   if (!state) return std::unexpected(state.error());
   GuestMemory& ram = session_.machine().memory();
