@@ -137,9 +137,13 @@ class WorkerSignals {
     ::pthread_sigmask(SIG_BLOCK, &waited_, &saved_);
   }
   ~WorkerSignals() {
-    // Signals still pending (a SIGCHLD for a worker already reaped) are taken here, not delivered afterwards.
+    // A SIGCHLD for a worker already reaped is taken here; a signal that stops deja, arriving after the last worker
+    // ended, is delivered when the mask is restored.
+    sigset_t child;
+    sigemptyset(&child);
+    sigaddset(&child, SIGCHLD);
     const timespec now{0, 0};
-    while (::sigtimedwait(&waited_, nullptr, &now) > 0) {
+    while (::sigtimedwait(&child, nullptr, &now) > 0) {
     }
     ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
   }
