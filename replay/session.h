@@ -305,7 +305,7 @@ class Session {
 
   Engine engine_;
   std::string image_format_;
-  bool cpu_has_nx_ = true;  // the machine's CPU model, for the loader's entry state
+  bool cpu_has_nx_ = true;  // the machine's CPU model has NX: the loader's entry state sets EFER.NXE
   std::unique_ptr<FileSink> out_;
   std::unique_ptr<TeeSink> tee_;
   std::vector<std::unique_ptr<DiskImage>> disks_;  // before machine_: its disks refer to them

@@ -21,7 +21,7 @@ constexpr size_t kSections = 7;
 constexpr uint64_t kMaxStateSection = uint64_t{64} << 20;  // everything but RAM and disks
 // A recording compresses its checkpoints on its own thread. A full one (all of RAM) at zstd level 1: level 3's last 9%
 // of size cost 1.8 times the CPU (a Linux guest's 66 MiB of pages: level 1 4.14x at 242 MB/s, level 3 4.54x at
-// 130 MB/s here). The pages changed since the one before (a few MiB) at level 3, which stores them 15-25% smaller.
+// 130 MB/s here). The pages changed since the one before (a few MiB) at level 3, which stores them 13-24% smaller.
 constexpr int kFullCompressionLevel = 1;
 constexpr int kIncrementalCompressionLevel = 3;
 
