@@ -238,10 +238,11 @@ Result<ReplaySetup> open_replay_as_recorded(const ReplaySetupOptions& options) {
   if (auto ok = files.check(); !ok) return std::unexpected(ok.error());
   for (auto& name : disk_names) name = printable(name);  // named in messages: as the trace's other strings
   session.engine().set_disk_names(std::move(disk_names));
-  if (auto built = session.build(config, options.serial_out, inputs.image, image_path, load, inputs.modules,
-                                 inputs.initrd);
-      !built) {
-    return std::unexpected(built.error());
+  if (auto built = session.build_machine(config, options.serial_out); !built) return std::unexpected(built.error());
+  if (!options.restores_checkpoint) {
+    if (auto loaded = session.load_image(inputs.image, image_path, load, inputs.modules, inputs.initrd); !loaded) {
+      return std::unexpected(loaded.error());
+    }
   }
   if (auto ok = adopt_recording_ways(session, rc); !ok) {
     return std::unexpected(Error{ok.error().kind, fmt::format("{}: {}", options.trace_path, ok.error().message)});

@@ -25,6 +25,9 @@ struct ReplaySetupOptions {
   std::string test_device_semantics;  // test-only: replay with perturbed device semantics
   bool rewind = false;  // keep the trace in memory so that checkpoints can move the replay back (debug, query)
   std::string interp_mode;  // "" = the software CPU's default executor
+  // The caller restores a checkpoint before the replay runs (a segment): the inputs are read and checked against the
+  // trace as always, but not loaded, since the checkpoint replaces RAM and every vCPU's state (Session::build_machine).
+  bool restores_checkpoint = false;
   // What the command writes besides the serial output (debug: checkpoint files); open_replay adds the trace's inputs
   // and the serial output and checks them all before opening any (logging/output_file.h).
   OutputPlan files;

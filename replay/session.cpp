@@ -80,6 +80,11 @@ Session::~Session() = default;
 Result<> Session::build(const MachineConfig& config, const std::string& serial_out, std::span<const uint8_t> image,
                         const std::string& image_name, const LoadOptions& load,
                         std::span<const std::vector<uint8_t>> modules, std::span<const uint8_t> initrd) {
+  if (auto built = build_machine(config, serial_out); !built) return built;
+  return load_image(image, image_name, load, modules, initrd);
+}
+
+Result<> Session::build_machine(const MachineConfig& config, const std::string& serial_out) {
   auto sink = FileSink::open(serial_out);
   if (!sink) return std::unexpected(sink.error());
   out_ = std::move(*sink);
@@ -87,15 +92,10 @@ Result<> Session::build(const MachineConfig& config, const std::string& serial_o
   auto machine = Machine::create(config, engine_, *tee_, &engine_, &engine_);
   if (!machine) return std::unexpected(machine.error());
   machine_ = std::move(*machine);
-  LoadOptions options = load;
-  options.cpu_has_nx = config.cpu_model->has(feature("NX"));
-  auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, options, modules, initrd);
-  if (!loaded) return std::unexpected(loaded.error());
-  image_format_ = loaded->format;
+  cpu_has_nx_ = config.cpu_model->has(feature("NX"));
   vcpus_.clear();
   for (size_t i = 0; i < machine_->vcpu_count(); ++i) vcpus_.push_back(Vcpu{.cpu = &machine_->backend(i)});
   current_ = 0;
-  if (auto s = machine_->backend().set_state(loaded->initial_state); !s) return std::unexpected(s.error());
   // Application processors wait for STARTUP (docs/smp.md) in the state INIT leaves.
   for (size_t i = 1; i < vcpus_.size(); ++i) {
     if (auto s = vcpus_[i].cpu->set_state(cpu_state_after_init(cpu_signature())); !s) return std::unexpected(s.error());
@@ -103,6 +103,16 @@ Result<> Session::build(const MachineConfig& config, const std::string& serial_o
   engine_.set_position_source([this] { return position(); });
   has_budget_ = machine_->backend().set_instruction_budget(0).has_value();
   return {};
+}
+
+Result<> Session::load_image(std::span<const uint8_t> image, const std::string& image_name, const LoadOptions& load,
+                             std::span<const std::vector<uint8_t>> modules, std::span<const uint8_t> initrd) {
+  LoadOptions options = load;
+  options.cpu_has_nx = cpu_has_nx_;
+  auto loaded = load_guest_image_bytes(machine_->memory(), image, image_name, options, modules, initrd);
+  if (!loaded) return std::unexpected(loaded.error());
+  image_format_ = loaded->format;
+  return machine_->backend().set_state(loaded->initial_state);
 }
 
 std::string Session::counter_description() {

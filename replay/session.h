@@ -66,10 +66,17 @@ class Session {
   Engine& engine() { return engine_; }
 
   // Builds the machine, loads the image (with its modules, or a Linux kernel with its initrd) and sets the vCPU
-  // to its entry state.
+  // to its entry state: build_machine() then load_image().
   Result<> build(const MachineConfig& config, const std::string& serial_out, std::span<const uint8_t> image,
                  const std::string& image_name, const LoadOptions& load,
                  std::span<const std::vector<uint8_t>> modules, std::span<const uint8_t> initrd = {});
+  // The machine with its vCPUs in their reset state, the application processors waiting for STARTUP. A replay that
+  // restores a checkpoint before it runs stops here: the checkpoint replaces all of RAM and every vCPU's state, so
+  // loading the image (for a bzImage, decompressing its payload) would be work thrown away.
+  Result<> build_machine(const MachineConfig& config, const std::string& serial_out);
+  // Writes the image into RAM and sets the boot vCPU to its entry state.
+  Result<> load_image(std::span<const uint8_t> image, const std::string& image_name, const LoadOptions& load,
+                      std::span<const std::vector<uint8_t>> modules, std::span<const uint8_t> initrd = {});
   // The loaded image's format ("multiboot-elf32", "linux-pvh", ...), once built.
   const std::string& image_format() const { return image_format_; }
 
@@ -298,6 +305,7 @@ class Session {
 
   Engine engine_;
   std::string image_format_;
+  bool cpu_has_nx_ = true;  // the machine's CPU model has NX: the loader's entry state sets EFER.NXE
   std::unique_ptr<FileSink> out_;
   std::unique_ptr<TeeSink> tee_;
   std::vector<std::unique_ptr<DiskImage>> disks_;  // before machine_: its disks refer to them

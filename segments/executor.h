@@ -26,8 +26,10 @@ unsigned available_cores();
 std::string this_binary();
 
 // Local: runs `deja segment MANIFEST --index I` for every item, `jobs` at a time, each item's output in its log
-// (WORKDIR/logs/item-I.log), and returns when all have ended; the caller merges.
-Result<> run_local(const LoadedManifest& manifest, const ExecutorOptions& options);
+// (WORKDIR/logs/item-I.log), and returns 0 when all have ended; the caller merges. SIGINT, SIGTERM or SIGHUP is
+// forwarded to the running workers and every one waited for (SIGKILL after a second signal or 10 s): the status is
+// then exit_status::kInterrupted, and no worker is left behind.
+Result<int> run_local(const LoadedManifest& manifest, const ExecutorOptions& options);
 
 // Slurm: submits the items as one array job (sbatch --array, each task `deja segment MANIFEST --index
 // $SLURM_ARRAY_TASK_ID`) and `deja merge MANIFEST` as a job that depends on it (afterok), follows the tasks' states

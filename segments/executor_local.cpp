@@ -7,13 +7,17 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
 
+#include "core/exit_status.h"
 #include "core/messages.h"
 #include "segments/executor.h"
 
@@ -121,14 +125,65 @@ Result<> clear_results(const LoadedManifest& loaded, const std::vector<uint32_t>
   return {};
 }
 
-Result<> run_local(const LoadedManifest& loaded, const ExecutorOptions& options) {
+namespace {
+
+// While workers run, SIGCHLD and the signals that stop deja are blocked and taken with sigtimedwait, so that a signal
+// arriving between two checks is never lost; workers start with the mask deja had.
+class WorkerSignals {
+ public:
+  WorkerSignals() {
+    sigemptyset(&waited_);
+    for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&waited_, s);
+    ::pthread_sigmask(SIG_BLOCK, &waited_, &saved_);
+  }
+  ~WorkerSignals() {
+    // A SIGCHLD for a worker already reaped is taken here; a signal that stops deja, arriving after the last worker
+    // ended, is delivered when the mask is restored.
+    sigset_t child;
+    sigemptyset(&child);
+    sigaddset(&child, SIGCHLD);
+    const timespec now{0, 0};
+    while (::sigtimedwait(&child, nullptr, &now) > 0) {
+    }
+    ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
+  }
+  WorkerSignals(const WorkerSignals&) = delete;
+  WorkerSignals& operator=(const WorkerSignals&) = delete;
+
+  const sigset_t& saved() const { return saved_; }
+  // The next signal (SIGCHLD included), or 0 once `deadline` has passed.
+  int wait(std::optional<std::chrono::steady_clock::time_point> deadline) {
+    while (true) {
+      int s = 0;
+      if (!deadline) {
+        s = ::sigwaitinfo(&waited_, nullptr);
+      } else {
+        const auto left = std::max(std::chrono::nanoseconds(*deadline - std::chrono::steady_clock::now()),
+                                   std::chrono::nanoseconds(0));
+        const timespec t{time_t(left.count() / 1'000'000'000), long(left.count() % 1'000'000'000)};
+        s = ::sigtimedwait(&waited_, nullptr, &t);
+        if (s < 0 && errno == EAGAIN) return 0;
+      }
+      if (s > 0) return s;
+      // EINTR: a signal outside the set (SIGSTOP and SIGCONT, say); wait again.
+    }
+  }
+
+ private:
+  sigset_t waited_{}, saved_{};
+};
+
+}  // namespace
+
+Result<int> run_local(const LoadedManifest& loaded, const ExecutorOptions& options) {
   const segments::Manifest& m = loaded.manifest;
   const uint32_t items = item_count(m);
   const unsigned jobs = options.jobs ? options.jobs : available_cores();
   const std::string deja = options.deja.empty() ? this_binary() : options.deja;
   std::vector<uint32_t> all(items);
   for (uint32_t i = 0; i < items; ++i) all[i] = i;
-  if (auto r = clear_results(loaded, all); !r) return r;
+  if (auto r = clear_results(loaded, all); !r) return std::unexpected(r.error());
+  WorkerSignals signals;
   std::map<pid_t, uint32_t> running;
   uint32_t next = 0;
   auto spawn = [&](uint32_t index) -> Result<> {
@@ -137,28 +192,59 @@ Result<> run_local(const LoadedManifest& loaded, const ExecutorOptions& options)
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0600);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+    posix_spawnattr_setsigmask(&attributes, &signals.saved());
     const std::vector<std::string> argv{deja, "segment", loaded.path, "--index", std::to_string(index)};
     auto args = c_argv(argv);
     pid_t pid = 0;
-    const int spawned = ::posix_spawn(&pid, deja.c_str(), &actions, nullptr, args.data(), environ);
+    const int spawned = ::posix_spawn(&pid, deja.c_str(), &actions, &attributes, args.data(), environ);
+    posix_spawnattr_destroy(&attributes);
     posix_spawn_file_actions_destroy(&actions);
     if (spawned != 0) return fail(ErrorKind::kHost, "cannot run {}: {}", deja, std::strerror(spawned));
     running[pid] = index;
     return {};
   };
+  auto signal_workers = [&](int signal) {
+    for (const auto& [pid, index] : running) ::kill(pid, signal);
+  };
+  // SIGINT, SIGTERM or SIGHUP: forwarded to every worker (a replay stops at its next check and says so), no item
+  // started after it, every worker waited for. A second signal, or workers still running kKillAfter seconds later,
+  // end them with SIGKILL.
+  constexpr std::chrono::seconds kKillAfter{10};
+  int interrupted_by = 0;
+  std::optional<std::chrono::steady_clock::time_point> kill_at;  // from the first signal until SIGKILL was sent
   Result<> failure;
-  while (next < items || !running.empty()) {
-    while (failure && running.size() < jobs && next < items) failure = spawn(next++);
-    if (running.empty()) break;
+  while (true) {
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
-      return fail(ErrorKind::kHost, "waiting for workers: {}", std::strerror(errno));
+    for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) running.erase(pid);
+    while (failure && !interrupted_by && running.size() < jobs && next < items) failure = spawn(next++);
+    if (running.empty()) break;  // every item ran, or none may start (a signal, a failed spawn)
+    if (kill_at && std::chrono::steady_clock::now() >= *kill_at) {
+      say("{} workers still running {} s after the signal: killing them", running.size(), kKillAfter.count());
+      signal_workers(SIGKILL);
+      kill_at.reset();
     }
-    running.erase(pid);
+    const int signal = signals.wait(kill_at);
+    if (signal == SIGCHLD || signal == 0) continue;
+    if (interrupted_by) {
+      signal_workers(SIGKILL);
+      kill_at.reset();
+      continue;
+    }
+    interrupted_by = signal;
+    kill_at = std::chrono::steady_clock::now() + kKillAfter;
+    say("{}: stopping {} workers ({} of {} items not started)", strsignal(signal), running.size(), items - next,
+        items);
+    signal_workers(signal);
   }
-  return failure;
+  if (!failure) return std::unexpected(failure.error());
+  if (interrupted_by) {
+    say("interrupted ({}): every worker has ended; the job's results are incomplete", strsignal(interrupted_by));
+    return exit_status::kInterrupted;
+  }
+  return 0;
 }
 
 }  // namespace deja

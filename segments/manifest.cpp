@@ -213,10 +213,15 @@ Result<segments::Manifest> plan_segments(const PlanOptions& o) {
     }
     return best;
   };
-  if ((o.segments > 1 || o.every_instructions > 0) && total > 0) {
-    const uint64_t every = o.every_instructions ? o.every_instructions : std::max<uint64_t>(1, total / o.segments);
-    for (uint64_t target = every; target < total; target += every) {
+  if (o.every_instructions > 0 && total > 0) {
+    for (uint64_t target = o.every_instructions; target < total; target += o.every_instructions) {
       if (const segments::CheckpointRef* c = nearest_after(double(target))) cuts.push_back(c);
+    }
+  } else if (o.segments > 1 && total > 0) {
+    // N - 1 cuts, at k/N of the instructions (steps of total/N rounded down put an N-th cut just before the End: a
+    // last segment of a few instructions, or the last checkpoint's tail as a segment of its own).
+    for (uint32_t k = 1; k < o.segments; ++k) {
+      if (const segments::CheckpointRef* c = nearest_after(double(total) * k / o.segments)) cuts.push_back(c);
     }
   } else if (o.segments != 1) {
     // Every checkpoint (a trace that counts no instructions, KVM's, is cut at all of them too).

@@ -1,6 +1,7 @@
 // One item: files found (store or paths), replay opened, start checkpoint restored, the task run to the end checkpoint or the End, and everything there checked.
 #include "segments/segment_run.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -109,6 +110,7 @@ class SegmentRun {
     ro.backend = m_.backend();
     ro.interp_mode = m_.interp_mode();
     ro.serial_out = "/dev/null";
+    ro.restores_checkpoint = seg.start_checkpoint() != 0;
     for (const auto& in : m_.inputs()) {
       auto path = find(in, in.role());
       if (!path) return std::unexpected(path.error());
@@ -236,10 +238,18 @@ segments::ItemResult run_shard(const LoadedManifest& loaded, uint32_t index, con
   return r;
 }
 
+double cpu_seconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) / 1e6; };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
 }  // namespace
 
 segments::ItemResult run_item(const LoadedManifest& loaded, uint32_t index, const ItemOptions& options) {
   const auto started = std::chrono::steady_clock::now();
+  const double started_cpu = cpu_seconds();
   const double started_unix =
       double(std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
                  .count()) /
@@ -248,6 +258,7 @@ segments::ItemResult run_item(const LoadedManifest& loaded, uint32_t index, cons
                                                                  : SegmentRun(loaded, index, options).run();
   r.set_started_unix(started_unix);
   r.set_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  r.set_cpu_seconds(cpu_seconds() - started_cpu);
   return r;
 }
 

@@ -1,6 +1,7 @@
 // Checkpoint directories: the writer (dirty pages and disk blocks since the last checkpoint) and the restore of a chain of files into a fresh replay.
 #include "segments/trace_checkpoints.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,31 +17,6 @@
 #include "segments/files.h"
 
 namespace deja {
-namespace {
-
-bool all_zero(const uint8_t* page) {
-  static const uint8_t kZero[kPageSize] = {};
-  return std::memcmp(page, kZero, kPageSize) == 0;
-}
-
-// The pages of RAM that hold data (the memfd's holes skipped), ascending.
-std::vector<uint64_t> data_pages(const GuestMemory& memory) {
-  std::vector<uint64_t> pages;
-  const off_t size = off_t(memory.size());
-  for (off_t data = 0; data < size;) {
-    data = ::lseek(memory.fd(), data, SEEK_DATA);
-    if (data < 0) break;
-    off_t hole = ::lseek(memory.fd(), data, SEEK_HOLE);
-    if (hole < 0 || hole > size) hole = size;
-    for (off_t page = data & ~off_t(kPageSize - 1); page < hole; page += off_t(kPageSize)) {
-      pages.push_back(uint64_t(page) / kPageSize);
-    }
-    data = hole;
-  }
-  return pages;
-}
-
-}  // namespace
 
 std::string checkpoint_directory(const std::string& trace) { return trace + ".ckpt"; }
 std::string checkpoint_file_name(uint64_t number) { return fmt::format("{:06}.ckpt", number); }
@@ -76,23 +52,51 @@ Result<uint64_t> parse_checkpoint_interval(const std::string& text, uint64_t ps_
   return uint64_t(instructions);
 }
 
+namespace {
+
+// Adds the calling thread's CPU time from its construction to its destruction to `into`.
+class ThreadCpuTimer {
+ public:
+  explicit ThreadCpuTimer(double& into) : into_(into), start_(now()) {}
+  ~ThreadCpuTimer() { into_ += now() - start_; }
+  ThreadCpuTimer(const ThreadCpuTimer&) = delete;
+  ThreadCpuTimer& operator=(const ThreadCpuTimer&) = delete;
+
+ private:
+  static double now() {
+    timespec t{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) + double(t.tv_nsec) / 1e9;
+  }
+  double& into_;
+  double start_;
+};
+
+}  // namespace
+
 Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::create(Session& session, const CheckpointIdentity& identity,
                                                                    std::string directory, uint64_t full_every) {
   if (auto r = make_directories(directory); !r) return std::unexpected(r.error());
   if (auto r = session.machine().backend().start_dirty_log(); !r) return std::unexpected(r.error());
   session.machine().memory().take_dirty_pages();  // the first checkpoint is a full one
   for (auto& disk : session.disks()) disk->track_changes();
-  return std::unique_ptr<CheckpointWriter>(
+  auto writer = std::unique_ptr<CheckpointWriter>(
       new CheckpointWriter(session, identity, std::move(directory), std::max<uint64_t>(1, full_every)));
+  ThreadCpuTimer timer(writer->cpu_seconds_);
+  writer->ram_hashes_.update_all(session.machine().memory());  // from here on, the dirty pages keep them current
+  return writer;
 }
 
 Result<TraceCheckpointMeta> CheckpointWriter::take() {
+  ThreadCpuTimer timer(cpu_seconds_);
   auto state = session_.capture_state();
   if (!state) return std::unexpected(state.error());
-  auto digest = state_digest(session_, *state);
-  if (!digest) return std::unexpected(digest.error());
   GuestMemory& ram = session_.machine().memory();
   if (auto r = session_.machine().backend().sync_dirty_log(); !r) return std::unexpected(r.error());
+  std::vector<uint64_t> dirty = ram.take_dirty_pages();
+  ram_hashes_.update(ram, dirty);
+  auto digest = state_digest(session_, *state, &ram_hashes_);
+  if (!digest) return std::unexpected(digest.error());
   const bool full = number_ % full_every_ == 0;
   TraceCheckpointSource source;
   source.meta.identity = identity_;
@@ -104,17 +108,10 @@ Result<TraceCheckpointMeta> CheckpointWriter::take() {
   source.meta.digest = digest->value;
   source.meta.parts = digest->parts;
   source.machine = &*state;
-  std::vector<uint64_t> dirty = ram.take_dirty_pages();
-  if (full) {
-    for (uint64_t page : data_pages(ram)) {
-      if (!all_zero(ram.host_base() + page * kPageSize)) source.pages.push_back(page);
-    }
-  } else {
-    source.pages = std::move(dirty);
-  }
+  source.pages = full ? ram_hashes_.pages() : std::move(dirty);
   source.page = [&ram](uint64_t pfn) -> const uint8_t* {
     const uint8_t* bytes = ram.host_base() + pfn * kPageSize;
-    return all_zero(bytes) ? nullptr : bytes;
+    return all_zero_page(bytes) ? nullptr : bytes;
   };
   for (auto& disk : session_.disks()) {
     DiskImage::Contents changed = disk->take_changes();
@@ -186,14 +183,14 @@ Result<StateDigest> restore_trace_checkpoint(Session& session, const CheckpointI
       uint8_t* to = ram.host_base() + pfn * kPageSize;
       if (i == 0) stored[pfn] = true;
       if (bytes) std::memcpy(to, bytes, kPageSize);
-      else if (!all_zero(to)) std::memset(to, 0, kPageSize);
+      else if (!all_zero_page(to)) std::memset(to, 0, kPageSize);
       touched.insert(pfn);
     };
     if (auto r = apply_checkpoint_pages(*file, page_count, put); !r) return std::unexpected(r.error());
     if (i == 0) {
       // A full checkpoint: every page it does not hold is zero.
       for (uint64_t page : data_pages(ram)) {
-        if (stored[page] || all_zero(ram.host_base() + page * kPageSize)) continue;
+        if (stored[page] || all_zero_page(ram.host_base() + page * kPageSize)) continue;
         std::memset(ram.host_base() + page * kPageSize, 0, kPageSize);
         touched.insert(page);
       }

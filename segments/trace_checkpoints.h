@@ -34,6 +34,8 @@ class CheckpointWriter {
   Result<TraceCheckpointMeta> take();
   uint64_t checkpoints() const { return number_; }
   uint64_t bytes_written() const { return bytes_; }
+  // CPU time the calling thread spent taking checkpoints (create() and take()): what they cost a recording.
+  double cpu_seconds() const { return cpu_seconds_; }
   static constexpr uint64_t kDefaultFullEvery = 16;
 
  private:
@@ -46,6 +48,8 @@ class CheckpointWriter {
   uint64_t number_ = 0;
   StateSha previous_digest_{};
   uint64_t bytes_ = 0;
+  RamPageHashes ram_hashes_;  // RAM's page hashes as of the last checkpoint (or create())
+  double cpu_seconds_ = 0;
 };
 
 // A checkpoint directory is replaced whole: written as DIR.partial and renamed over DIR once complete. What is

@@ -56,7 +56,9 @@ struct TraceCheckpointSource {
 // "DEVS": the devices by name), SESS (the session's loop state), MEMZ and DSKZ (a u64 raw length and one zstd
 // frame: RAM's pages as (pfn, present, 4096 bytes), the disks as (state, written blocks with their bytes, verified
 // blocks)); then the SHA-256 of every byte before it. Written whole and renamed into place by the caller.
-constexpr uint32_t kTraceCheckpointVersion = 1;
+// Version 2: the state digest's RAM part hashes each page's SHA-256 rather than its bytes (segments/state_digest.h),
+// so version 1 files name digests this build does not compute.
+constexpr uint32_t kTraceCheckpointVersion = 2;
 
 Result<std::vector<uint8_t>> encode_trace_checkpoint(const TraceCheckpointSource& source);
 

@@ -21,6 +21,7 @@
 #include "segments/merge.h"
 #include "segments/tasks.h"
 #include "tools/command_support.h"
+#include "tools/job_support.h"
 #include "tools/progress_line.h"
 #include "tools/run_options.h"
 
@@ -427,13 +428,7 @@ int run_sharded(const ExploreArgs& a) {
   ExecutorOptions executor;
   executor.kind = a.executor;
   executor.jobs = a.jobs;
-  if (a.executor == "slurm") {
-    if (a.json) executor.merge_args.push_back("--json");
-    auto ran = run_slurm(*loaded, executor);
-    return ran ? *ran : report_error(ran.error());
-  }
-  if (auto ran = run_local(*loaded, executor); !ran) return report_error(ran.error());
-  return print_merge(merge_results(*loaded), *loaded, a.json);
+  return run_job(*loaded, executor, a.json);
 }
 
 // --minimize TRACE: the failing run again, from the campaign and seed its header records, taking away one perturbation

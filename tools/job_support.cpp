@@ -50,7 +50,9 @@ int run_job(const LoadedManifest& loaded, ExecutorOptions& executor, bool json) 
     auto ran = run_slurm(loaded, executor);
     return ran ? *ran : report_error(ran.error());
   }
-  if (auto ran = run_local(loaded, executor); !ran) return report_error(ran.error());
+  auto ran = run_local(loaded, executor);
+  if (!ran) return report_error(ran.error());
+  if (*ran != 0) return *ran;
   return print_merge(merge_results(loaded), loaded, json);
 }
 

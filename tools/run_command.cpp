@@ -614,8 +614,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     if (checkpoints) {
       const std::string directory = checkpoint_directory(options.trace_path);
       if (auto r = commit_checkpoint_directory(directory); !r) return report_error(r.error());
-      say("{} checkpoints in {} ({:.1f} MiB)", checkpoints->checkpoints(), directory,
-          double(checkpoints->bytes_written()) / (1 << 20));
+      say("{} checkpoints in {} ({:.1f} MiB, {:.2f} s CPU on the recording's thread)", checkpoints->checkpoints(),
+          directory, double(checkpoints->bytes_written()) / (1 << 20), checkpoints->cpu_seconds());
     }
     // The progress option as given (emulated-pmu:N is exact progress through an emulated counter).
     std::string counter = progress.mode == ProgressMode::kExact ? session.counter_description() : std::string();

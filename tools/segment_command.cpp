@@ -31,7 +31,8 @@ int run_segment(const SegmentArgs& a) {
     say("{}", result.error());
     return result.status();
   }
-  say("item {} OK: {} events in {:.1f} s on {}", a.index, result.events(), result.seconds(), result.host());
+  say("item {} OK: {} events in {:.1f} s ({:.1f} s CPU) on {}", a.index, result.events(), result.seconds(),
+      result.cpu_seconds(), result.host());
   return 0;
 }
 
