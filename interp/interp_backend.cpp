@@ -490,9 +490,9 @@ Result<> InterpBackend::Counter::arm(uint64_t at) {
 std::span<const std::string_view> interp_features() {
   // FPU: the whole x87 (interp/x87.cpp); MMX (interp/exec_mmx.cpp); SSE3-SSE4.2 (interp/exec_sse4.cpp), whose
   // floating point (ADDSUBPS, HADDPS, ROUNDPS, DPPS, ...) the host runs under the guest's MXCSR, as SSE's: a
-  // host without SSE3 or SSE4.1 cannot provide them. BMI1/BMI2 in portable C++; XSAVE and the AVX family
-  // (interp/exec_avx.cpp) only on a host with AVX2, FMA and F16C, whose own instructions compute their floating
-  // point (interp/avx.h). No SMAP here: its instructions stay #UD.
+  // host without SSE3 or SSE4.1 cannot provide them. BMI1/BMI2 in portable C++; XSAVE (with XGETBV(1)) and the
+  // AVX family (interp/exec_avx.cpp) only on a host with AVX2, FMA and F16C, whose own instructions compute their
+  // floating point (interp/avx.h). No SMAP here: its instructions stay #UD.
   static const std::vector<std::string_view> features = [] {
     std::vector<std::string_view> out = {"FPU", "PSE",    "TSC",   "MSR",     "PAE",       "CX8",     "PGE", "CMOV",
                                          "PAT", "CLFSH",  "MMX",   "FXSR",    "SSE",       "SSE2",    "CX16",
@@ -502,7 +502,7 @@ std::span<const std::string_view> interp_features() {
     if (__builtin_cpu_supports("sse3")) out.push_back("SSE3");
     if (__builtin_cpu_supports("sse4.1")) out.push_back("SSE4.1");
     if (interp::avx::host_supports_avx())
-      for (std::string_view f : {"XSAVE", "AVX", "AVX2", "FMA", "F16C"}) out.push_back(f);
+      for (std::string_view f : {"XSAVE", "XGETBV_ECX1", "AVX", "AVX2", "FMA", "F16C"}) out.push_back(f);
     return out;
   }();
   return features;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The same jobs on the local executor and on a single-node Slurm cluster started here (scripts/slurm-local.sh):
-a 4-segment verify of a recorded Linux boot, a `writes` query and a shard set (the built-in sha256 campaign), each
-with the same results on both; on Slurm also a task that ends without a result (run again), a job that never starts
+a 4-segment verify of a recorded Linux boot, a `writes` query, a shard set (the built-in sha256 campaign) and an
+explore campaign in shards, each with the same results on both; on Slurm also a task that ends without a result (run again), a job that never starts
 (the timeout names it), an interrupt (the jobs are cancelled), a refused job, missing client commands; and corruption
 caught naming the segment: a damaged checkpoint, swapped checkpoints, a missing image in the store, results whose
 state digests do not chain. Exit status 0 = pass, 1 = fail, 77 = skipped (no Slurm daemons, or no bundled Linux guest).
@@ -22,6 +22,7 @@ import time
 ap = argparse.ArgumentParser()
 ap.add_argument("--deja", required=True)
 ap.add_argument("--guest-dir", required=True, help="the build's guest-linux/ directory")
+ap.add_argument("--guest-tests", required=True, help="the build's guest-tests/ directory (explore-race.elf)")
 ap.add_argument("--slurm-local", required=True, help="scripts/slurm-local.sh")
 args = ap.parse_args()
 args.deja, args.guest_dir = os.path.abspath(args.deja), os.path.abspath(args.guest_dir)
@@ -134,6 +135,18 @@ try:
         check(f"a shard set on --executor {kind}", r.returncode == 0 and r.stdout == expected, r)
     check("the same shard results on both executors", shard_out["local"] == shard_out["slurm"])
     shards = os.path.join(work, "shards-slurm", "manifest.json")
+
+    # 3b. An explore campaign in shards (2 vCPUs, PCT schedules, 40 seeds): the same seeds fail on both executors.
+    explored = {}
+    for kind in ("local", "slurm"):
+        r = run("explore", "--machine", "pc-apic", "--cpus", "2", "--seeds", "0..39", "--schedule", "pct:2:200",
+                "--until", "serial:BUG", "-o", os.path.join(work, f"explore-{kind}"), "--shards", "4",
+                "--workdir", os.path.join(work, f"explore-work-{kind}"), *executor(kind),
+                os.path.join(args.guest_tests, "explore-race.elf"))
+        explored[kind] = re.sub(r"\S*explore-(local|slurm)\S*", "", r.stdout)
+        check(f"explore --shards 4 --executor {kind}", r.returncode in (0, 14) and "40 seeds" in r.stdout, r)
+    check("the same explore results on both executors", explored["local"] == explored["slurm"],
+          detail=explored["slurm"].strip().splitlines()[-1] if explored["slurm"].strip() else "")
 
     # 4. Slurm's own cases.
     # A task that ends without a result (a node failure) is submitted again; the job still succeeds.
