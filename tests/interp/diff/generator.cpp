@@ -803,19 +803,22 @@ bool Generator::emit_one(Sequence& seq) {
   if (!ok || b.empty()) return false;
   if (step.reads & seq.undefined_flags) return false;  // would depend on an undefined flag
   seq.undefined_flags = (seq.undefined_flags & ~step.defines) | step.undefines;
-  // The listing: Zydis' own disassembly of what was encoded.
+  append_instructions(seq, b, step.cls);
+  return true;
+}
+
+void append_instructions(Sequence& seq, const std::vector<uint8_t>& bytes, const std::string& cls) {
   size_t offset = 0;
-  while (offset < b.size()) {
+  while (offset < bytes.size()) {
     ZydisDisassembledInstruction insn;
     if (!ZYAN_SUCCESS(ZydisDisassembleIntel(ZYDIS_MACHINE_MODE_LONG_64, kCodeAddr + seq.code.size() + offset,
-                                            b.data() + offset, b.size() - offset, &insn)))
+                                            bytes.data() + offset, bytes.size() - offset, &insn)))
       break;
-    seq.listing.push_back(insn.text);
-    seq.classes.push_back(step.cls);
+    seq.listing.emplace_back(insn.text);
+    seq.classes.push_back(cls);
     offset += insn.info.length;
   }
-  seq.code.insert(seq.code.end(), b.begin(), b.end());
-  return true;
+  seq.code.insert(seq.code.end(), bytes.begin(), bytes.end());
 }
 
 const std::vector<std::string>& Generator::simd_class_names() {

@@ -24,6 +24,10 @@ struct Sequence {
   uint16_t x87_undefined_status = 0;
 };
 
+// Appends encoded instructions to `seq`: the bytes, and each instruction's line in the listing (Zydis' own
+// disassembly of what was encoded) with its class.
+void append_instructions(Sequence& seq, const std::vector<uint8_t>& bytes, const std::string& cls);
+
 class Generator {
  public:
   // TZCNT/LZCNT run as BSF/BSR on CPUs without BMI1/LZCNT, so they are generated only when both

@@ -1,7 +1,6 @@
 // The differential tester's XSAVE class: XRSTOR to a known XINUSE, random events, XGETBV(1) and XSAVE/XSAVEOPT.
 #include "tests/interp/diff/xsave_generator.h"
 
-#include <Zydis/Zydis.h>
 #include <fmt/format.h>
 
 #include <iterator>
@@ -51,20 +50,6 @@ std::vector<uint8_t> xrstor(uint32_t xstate_bv, uint32_t rfbm) {
 
 }  // namespace
 
-void XsaveGenerator::append(Sequence& seq, const std::vector<uint8_t>& bytes) {
-  size_t offset = 0;
-  while (offset < bytes.size()) {
-    ZydisDisassembledInstruction insn;
-    if (!ZYAN_SUCCESS(ZydisDisassembleIntel(ZYDIS_MACHINE_MODE_LONG_64, kCodeAddr + seq.code.size() + offset,
-                                            bytes.data() + offset, bytes.size() - offset, &insn)))
-      break;
-    seq.listing.emplace_back(insn.text);
-    seq.classes.emplace_back("xsave");
-    offset += insn.info.length;
-  }
-  seq.code.insert(seq.code.end(), bytes.begin(), bytes.end());
-}
-
 RegisterFile XsaveGenerator::registers() {
   RegisterFile r = legacy_.registers();
   r.ymm = 1;
@@ -92,13 +77,14 @@ Sequence XsaveGenerator::sequence(int count) {
   }
   const std::vector<uint8_t> start = xrstor(uint32_t(rng_() % 8), 7);
   prologue.insert(prologue.end(), start.begin(), start.end());
-  append(seq, prologue);
+  append_instructions(seq, prologue, "xsave");
   for (int i = 0; i < count; ++i) {
-    if (rng_() % 6 == 0) append(seq, xrstor(uint32_t(rng_() % 8), uint32_t(1 + rng_() % 7)));
-    else append(seq, events()[rng_() % events().size()]);
+    if (rng_() % 6 == 0) append_instructions(seq, xrstor(uint32_t(rng_() % 8), uint32_t(1 + rng_() % 7)), "xsave");
+    else append_instructions(seq, events()[rng_() % events().size()], "xsave");
   }
   // mov ecx, 1; xgetbv; and eax, 7 (the host's XCR0 has more components); mov r8, rax
-  append(seq, {0xb9, 0x01, 0x00, 0x00, 0x00, 0x0f, 0x01, 0xd0, 0x83, 0xe0, 0x07, 0x49, 0x89, 0xc0});
+  append_instructions(seq, {0xb9, 0x01, 0x00, 0x00, 0x00, 0x0f, 0x01, 0xd0, 0x83, 0xe0, 0x07, 0x49, 0x89, 0xc0},
+                      "xsave");
   // mov eax, rfbm; xor edx, edx; xsave/xsaveopt [rbx + 0x400], with REX.W or not
   std::vector<uint8_t> save = {0xb8};
   put32(save, rng_() % 3 == 0 ? uint32_t(1 + rng_() % 7) : 7u);
@@ -108,7 +94,7 @@ Sequence XsaveGenerator::sequence(int count) {
   for (uint8_t x : {uint8_t{0x0f}, uint8_t{0xae}, uint8_t(rng_() % 2 ? 0xa3 : 0xb3), uint8_t{0x00}, uint8_t{0x04},
                     uint8_t{0x00}, uint8_t{0x00}})
     save.push_back(x);
-  append(seq, save);
+  append_instructions(seq, save, "xsave");
   return seq;
 }
 

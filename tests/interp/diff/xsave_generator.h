@@ -22,7 +22,6 @@ class XsaveGenerator {
   std::vector<uint8_t> data() { return legacy_.data(); }
 
  private:
-  void append(Sequence& seq, const std::vector<uint8_t>& bytes);
   std::mt19937_64 rng_;
   Generator legacy_;
 };
