@@ -151,6 +151,18 @@ class KvmTest : public ::testing::Test {
     return state ? *state : CpuState{};
   }
 
+  // Each run() stops with a single step at the next of `rips`, in the exit and in the vCPU's state.
+  void expect_steps(std::initializer_list<uint64_t> rips) {
+    for (uint64_t next : rips) {
+      VcpuExit* exit = run();
+      ASSERT_NE(exit, nullptr);
+      ASSERT_EQ(exit->kind, ExitKind::kDebug) << "expected a step to " << std::hex << next << ", got "
+                                              << exit_kind_name(exit->kind);
+      EXPECT_EQ(exit->rip, next);
+      EXPECT_EQ(state().rip, next);
+    }
+  }
+
   std::optional<GuestMemory> memory_;
   std::unique_ptr<Backend> backend_;
 };
@@ -224,13 +236,7 @@ TEST_F(KvmTest, SingleStepVisitsEachInstructionInOrder) {
               });
   start(long_mode(kCode));
   ASSERT_TRUE(backend_->set_debug({.single_step = true}));
-  for (uint64_t next : {0x10001u, 0x10006u, 0x10008u, 0x1000au}) {
-    VcpuExit* exit = run();
-    ASSERT_EQ(exit->kind, ExitKind::kDebug) << "expected a step to " << std::hex << next << ", got "
-                                            << exit_kind_name(exit->kind);
-    EXPECT_EQ(exit->rip, next);
-    EXPECT_EQ(state().rip, next);
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_steps({0x10001u, 0x10006u, 0x10008u, 0x1000au}));
   EXPECT_EQ(state().gpr[kRax], 2u);
   EXPECT_EQ(state().rflags & rflags::kTf, 0u) << "the VMM's trap flag stays hidden from the guest state";
   // The OUT still exits to the VMM; its step completes on the next run().
@@ -272,23 +278,12 @@ TEST_F(KvmTest, SingleStepGoesOnPastMmioAccesses) {
   exit = run();
   ASSERT_EQ(exit->kind, ExitKind::kMmioRead);
   exit->value = 0x1234;
-  for (uint64_t next : {0x10009u, 0x1000au}) {
-    exit = run();
-    ASSERT_EQ(exit->kind, ExitKind::kDebug) << "expected a step to " << std::hex << next << ", got "
-                                            << exit_kind_name(exit->kind);
-    EXPECT_EQ(exit->rip, next);
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_steps({0x10009u, 0x1000au}));
   exit = run();
   ASSERT_EQ(exit->kind, ExitKind::kMmioWrite);
   EXPECT_EQ(exit->value, 0x1234u);
   // KVM finished the write before it exited; its step is reported without running, then the steps go on.
-  for (uint64_t next : {0x1000du, 0x1000eu, 0x10010u}) {
-    exit = run();
-    ASSERT_EQ(exit->kind, ExitKind::kDebug) << "expected a step to " << std::hex << next << ", got "
-                                            << exit_kind_name(exit->kind);
-    EXPECT_EQ(exit->rip, next);
-    EXPECT_EQ(state().rip, next);
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_steps({0x1000du, 0x1000eu, 0x10010u}));
   EXPECT_EQ(state().gpr[kRax], 0x1235u);
   EXPECT_EQ(state().rflags & rflags::kTf, 0u) << "the VMM's trap flag stays hidden from the guest state";
   ASSERT_TRUE(backend_->set_debug({}));
