@@ -25,10 +25,15 @@ class Clock {
 class HostInput {
  public:
   virtual ~HostInput() = default;
-  // Non-blocking: copies up to out.size() available bytes, returns how many. 0 = none now.
-  virtual size_t read_available(std::span<uint8_t> out) = 0;
+  // Non-blocking: copies up to out.size() bytes available at guest time now_ns, returns how many. 0 = none now.
+  virtual size_t read_available(std::span<uint8_t> out, uint64_t now_ns) = 0;
   // True once the source is exhausted for good (end of file).
   virtual bool at_end() const = 0;
+  // The host file descriptor to wait on for more bytes, or -1 (a simulated host's input has none).
+  virtual int fd() const { return -1; }
+  // Input scripted in guest time (a simulated host's): when the next bytes arrive after guest time after_ns, so that
+  // a halted guest's wait ends there. nullopt: nothing more is scheduled after it (or it comes from the host).
+  virtual std::optional<uint64_t> next_arrival_ns(uint64_t /*after_ns*/) const { return std::nullopt; }
 };
 
 // Random bytes from outside the machine (virtio-rng). Owned by the engine like Clock: host entropy in a plain

@@ -42,6 +42,10 @@ void bus_write(Bus& bus, uint64_t address, unsigned size, uint64_t value) {
   bus.write(address, std::span(data, size));
 }
 
+std::optional<uint64_t> earliest(std::optional<uint64_t> a, std::optional<uint64_t> b) {
+  if (!a || !b) return a ? a : b;
+  return std::min(*a, *b);
+}
 
 }  // namespace
 
@@ -290,16 +294,21 @@ bool Session::async_work_due() {
   return false;
 }
 
+std::optional<uint64_t> Session::scripted_input_arrival() {
+  if (!input_ || input_->at_end()) return std::nullopt;
+  return input_->next_arrival_ns(engine_.running_now_ns());
+}
+
 // Run / record: let host time and host input into the machine, if anything is due.
 void Session::poll_async(bool idle) {
   auto deadline = machine_->next_deadline_ns();
-  uint64_t now = idle ? engine_.idle_now_ns(deadline) : engine_.running_now_ns();
+  uint64_t now = idle ? engine_.idle_now_ns(earliest(deadline, scripted_input_arrival())) : engine_.running_now_ns();
   bool due = deadline && engine_.timer_due_ns(*deadline) <= now;
   uint8_t buf[256];
   size_t n = 0;
   if (input_ && !input_->at_end()) {
     size_t space = std::min(machine_->uart().rx_space(), sizeof(buf));
-    if (space > 0) n = input_->read_available(std::span(buf, space));
+    if (space > 0) n = input_->read_available(std::span(buf, space), now);
   }
   std::vector<NetFrameIn> frames = take_network_frames();
   if (!due && n == 0 && frames.empty()) return;
@@ -443,14 +452,22 @@ Result<std::optional<Outcome>> Session::wait_for_wake() {
       return Outcome{exit_status::kGuestStopped, "the guest halted with no timer armed and no input attached", false};
     }
     if (engine_.host_simulated()) {
-      // No host to wait for: the wait ends at the next deadline, at once (Engine::idle_now_ns).
-      if (limits_ && limits_->max_idle_ns && engine_.running_now_ns() > idle_from + limits_->max_idle_ns) {
+      // No host to wait for: the wait ends at the next deadline or scripted input, at once (Engine::idle_now_ns).
+      const bool time_goes_on = deadline || scripted_input_arrival();
+      if (limits_ && limits_->max_idle_ns && !scripted_input_arrival() &&
+          engine_.running_now_ns() > idle_from + limits_->max_idle_ns) {
         return Outcome{exit_status::kGuestStopped,
                        fmt::format("{}every vCPU halted for {} ms of guest time with nothing to wake it",
                                    kHangReason, limits_->max_idle_ns / 1'000'000),
                        false};
       }
       poll_async(true);
+      if (!time_goes_on && !(vcpus_.size() == 1 ? machine_->interrupts().interrupt_pending() : any_runnable())) {
+        return Outcome{exit_status::kGuestStopped,
+                       "the guest halted with no timer armed, and the serial input waits for a guest that does not "
+                       "read it",
+                       false};
+      }
       continue;
     }
     uint64_t now = engine_.host_now_ns();
@@ -1009,7 +1026,12 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
       if (deadline) limit(engine_.instructions_until(engine_.timer_due_ns(*deadline)));
       kick = UINT64_MAX;
     }
-    if (input_ && !input_->at_end()) kick = std::min(kick, HostClock::monotonic_ns() + 10'000'000);
+    if (auto arrival = scripted_input_arrival(); arrival && derived_budget_) {
+      // Input scripted in guest time arrives where derived time reaches it, an instruction count away.
+      limit(engine_.instructions_until(engine_.timer_due_ns(*arrival)));
+    } else if (input_ && !input_->at_end() && !engine_.host_simulated()) {
+      kick = std::min(kick, HostClock::monotonic_ns() + 10'000'000);
+    }
     // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
     if (!engine_.networks().empty()) kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
     if (mode == Mode::kRecord && !engine_.host_simulated()) kick = std::min(kick, next_heartbeat_);

@@ -93,7 +93,7 @@ class Session {
   // The vCPU running now (or that last ran).
   uint32_t current_vcpu() const { return current_; }
 
-  void attach_input(std::unique_ptr<FdInput> input) { input_ = std::move(input); }
+  void attach_input(std::unique_ptr<HostInput> input) { input_ = std::move(input); }
   // RDTSC/RDRAND exits count as guest-caused exits (trace header rdtsc_exits_are_guest_exits): they are
   // instruction-synchronous wherever the backend traps them, so exit-synchronous recording can deliver
   // interrupts there too. Recording turns it on where the backend traps RDTSC; replay as the trace says.
@@ -225,6 +225,8 @@ class Session {
   // Run / record: let host time and host input in if anything is due. `idle`: the guest waits in HLT, where virtual
   // time catches up with host time; else, with derived time, a deadline is due when derived time reaches it.
   void poll_async(bool idle = false);
+  // Scripted serial input (a simulated host's) still to arrive after the guest's present: a wait or a slice ends there.
+  std::optional<uint64_t> scripted_input_arrival();
   std::vector<NetFrameIn> take_network_frames();
   bool async_work_due();
   // The backend stops at an instruction count (Backend::set_instruction_budget).
@@ -310,7 +312,7 @@ class Session {
   std::unique_ptr<TeeSink> tee_;
   std::vector<std::unique_ptr<DiskImage>> disks_;  // before machine_: its disks refer to them
   std::unique_ptr<Machine> machine_;
-  std::unique_ptr<FdInput> input_;
+  std::unique_ptr<HostInput> input_;
   std::vector<Vcpu> vcpus_;
   uint32_t current_ = 0;
   // Several vCPUs: the schedule, and where the running vCPU's slice ends (its step count, or its guest-exit count

@@ -14,6 +14,7 @@
 #include "explore/campaign.h"
 #include "explore/predicates.h"
 #include "explore/symbols.h"
+#include "logging/trace_format.h"
 #include "logging/trace_reader.h"
 #include "logging/output_file.h"
 #include "segments/executor.h"
@@ -41,6 +42,7 @@ struct ExploreArgs {
   std::string schedule = "pct:2";
   std::string timer_jitter = "10us";
   std::string faults;
+  std::string inputs_from;
   uint64_t max_instructions = 20'000'000'000;
   bool json = false;
   ProgressDisplay display;
@@ -65,6 +67,8 @@ struct Campaign {
   std::optional<uint64_t> quantum;
   uint64_t max_timer_delay_ns = 0;
   FaultPlan faults;  // (its seed is each run's)
+  std::optional<RecordedInput> inputs_from;  // --inputs-from: the trace, and its serial input by guest time
+  std::vector<ScriptedInput::Arrival> scripted_serial;
   uint64_t max_instructions = 0;
   std::vector<std::string> args;  // the campaign's own arguments, recorded in each trace (Header.exploration)
   std::string file_prefix = "seed-";
@@ -190,6 +194,8 @@ SeedResult run_seed(const Campaign& c, uint64_t seed) {
   recording.faults = c.faults;
   recording.faults.seed = seed;
   recording.faults.suppressed = c.suppressed_faults;
+  recording.inputs_from = c.inputs_from;
+  recording.scripted_serial = c.scripted_serial;
   for (const std::string& arg : c.args) recording.provenance.add_args(arg);
   recording.provenance.set_seed(seed);
   recording.limits.max_steps = c.max_instructions;
@@ -235,6 +241,39 @@ SeedResult run_seed(const Campaign& c, uint64_t seed) {
   return result;
 }
 
+// Serial input a seeded run can have: a regular file's bytes, typed ahead as `deja record` types them (--serial-in),
+// or a recording's serial input at the guest times it arrived (--inputs-from). Nothing read from the host as it runs.
+Result<> resolve_serial_input(const ExploreArgs& a, Campaign& c) {
+  if (!a.run.serial_in.empty()) {
+    if (!a.inputs_from.empty()) return fail(ErrorKind::kInvalidArgument, "give --serial-in or --inputs-from, not both");
+    struct stat st{};
+    if (a.run.serial_in == "-" || ::stat(a.run.serial_in.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      return fail(ErrorKind::kInvalidArgument,
+                  "--serial-in {}: deja explore reads nothing from the host while a seed runs, so its serial input is "
+                  "a regular file (its bytes typed ahead), or --inputs-from TRACE",
+                  a.run.serial_in);
+    }
+    return {};
+  }
+  if (a.inputs_from.empty()) return {};
+  auto from = ScriptedInput::read_trace(a.inputs_from);
+  if (!from) return fail(ErrorKind::kInvalidArgument, "--inputs-from {}: {}", a.inputs_from, from.error().message);
+  if (!from->damage.empty()) {
+    say("note: --inputs-from {}: the serial input before the damage is used ({})", a.inputs_from, from->damage);
+  }
+  if (from->net_frames > 0) {
+    say("note: --inputs-from {}: its {} network frames are left out (deja explore has no network yet)", a.inputs_from,
+        from->net_frames);
+  }
+  auto hashed = sha256_file(a.inputs_from);
+  if (!hashed) return std::unexpected(hashed.error());
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(a.inputs_from, ec);
+  c.inputs_from = RecordedInput{"serial-in", a.inputs_from, std::string(hashed->begin(), hashed->end()), ec ? 0 : size};
+  c.scripted_serial = std::move(from->arrivals);
+  return {};
+}
+
 Result<Campaign> resolve(ExploreArgs& a) {
   Campaign c;
   if (a.run.backend == "kvm") {
@@ -248,11 +287,11 @@ Result<Campaign> resolve(ExploreArgs& a) {
   if (a.run.schedule_seed) {
     return fail(ErrorKind::kInvalidArgument, "deja explore draws each run's schedule from its seed: drop --schedule-seed");
   }
-  if (!a.run.serial_in.empty() || !a.run.nets.empty()) {
+  if (!a.run.nets.empty()) {
     return fail(ErrorKind::kInvalidArgument,
-                "deja explore takes no input from the host: --serial-in and --net are not available (yet) in a "
-                "seeded run");
+                "deja explore takes no input from the host while it runs: --net is not available (yet) in a seeded run");
   }
+  if (auto r = resolve_serial_input(a, c); !r) return std::unexpected(r.error());
   if (a.until.empty()) return fail(ErrorKind::kInvalidArgument, "give at least one --until PREDICATE");
   for (const std::string& u : a.until) {
     auto p = explore::parse_predicate(u);
@@ -395,6 +434,9 @@ void add_explore_options(CLI::App* cmd, ExploreArgs& a) {
                   "faults drawn from the seed: disk-eio:RATE (a read or write answered VIRTIO_BLK_S_IOERR), "
                   "disk-torn:RATE (a write cut short: a prefix of its sectors written, then IOERR); RATE a fraction of "
                   "requests (0.01) or a percentage (1%); comma-separated");
+  cmd->add_option("--inputs-from", a.inputs_from,
+                  "a trace whose serial input each run gets, at the guest times it arrived there (instead of "
+                  "--serial-in FILE, whose bytes are typed ahead)");
   cmd->add_option("--max-instructions", a.max_instructions,
                   "a run stops after this many instructions (a limit, not a failure; default 20G)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 50));

@@ -442,6 +442,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     if (!in) return report_error(in.error());
     serial_input = std::move(*in);
   }
+  const bool scripted_serial = seeded && seeded->inputs_from;
   if (auto built = session.build(config, options.serial_out, inputs->image, options.image_path, options.load,
                                  inputs->modules, inputs->initrd);
       !built) {
@@ -521,7 +522,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       recorded.inputs.push_back(RecordedInput{"serial-in", options.serial_in, std::string(hashed->first.begin(),
                                               hashed->first.end()), hashed->second});
     }
-    recorded.serial_input = !options.serial_in.empty();
+    if (scripted_serial) recorded.inputs.push_back(*seeded->inputs_from);
+    recorded.serial_input = !options.serial_in.empty() || scripted_serial;
     for (size_t i = 0; i < options.disks.size(); ++i) {
       recorded.disks.push_back(RecordedDisk{options.disks[i].path, identities[i], options.disks[i].read_only,
                                             options.disks[i].overlay, config.disks[i].serial});
@@ -554,7 +556,11 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       checkpoints = std::move(*started);
     }
   }
-  session.attach_input(std::move(serial_input));
+  if (scripted_serial) {
+    session.attach_input(std::make_unique<ScriptedInput>(seeded->scripted_serial));
+  } else {
+    session.attach_input(std::move(serial_input));
+  }
 
   auto outcome = session.run();
   if (!outcome) {

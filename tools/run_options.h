@@ -15,6 +15,7 @@
 #include "logging/signing.h"
 #include "logging/trace_writer.h"
 #include "replay/scheduler.h"
+#include "replay/scripted_input.h"
 #include "replay/session.h"
 #include "segments/trace_checkpoints.h"
 #include "tools/libvirt_options.h"
@@ -69,6 +70,10 @@ struct SeededRecording {
   FaultPlan faults;
   Session::RunLimits limits;
   std::function<void(std::span<const uint8_t>)> serial_tap;
+  // --inputs-from TRACE: that recording's serial input, typed at the guest times it arrived (instead of --serial-in);
+  // the trace is named among the recording's inputs.
+  std::optional<RecordedInput> inputs_from;
+  std::vector<ScriptedInput::Arrival> scripted_serial;
   std::optional<Outcome> outcome;
   std::string digest;  // the final CPU and RAM digest (`--digest`)
   uint64_t instructions = 0, schedule_events = 0, faults_injected = 0;

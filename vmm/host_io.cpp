@@ -92,7 +92,7 @@ FdInput::~FdInput() {
   if (owned_) close(fd_);
 }
 
-size_t FdInput::read_available(std::span<uint8_t> out) {
+size_t FdInput::read_available(std::span<uint8_t> out, uint64_t /*now_ns: bytes come when the host has them*/) {
   if (eof_ || out.empty()) return 0;
   ssize_t n = ::read(fd_, out.data(), out.size());
   if (n > 0) return size_t(n);

@@ -37,9 +37,9 @@ class FdInput : public HostInput {
  public:
   static Result<std::unique_ptr<FdInput>> open(const std::string& path);  // "-" = stdin
   ~FdInput() override;
-  size_t read_available(std::span<uint8_t> out) override;
+  size_t read_available(std::span<uint8_t> out, uint64_t now_ns) override;
   bool at_end() const override { return eof_; }
-  int fd() const { return fd_; }
+  int fd() const override { return fd_; }
   // A regular file can be hashed up front (its bytes are also recorded as they arrive); a FIFO, a
   // terminal or a device such as /dev/zero is streamed like a real terminal, never read ahead.
   bool regular() const { return regular_; }

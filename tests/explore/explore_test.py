@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`deja explore` through the deja binary (docs/explore.md): a seed's recording is the same bytes every time (10 of 10,
 on the JIT and on the reference executor); a failing run's trace is kept and replays exactly, a passing run leaves
-nothing; the planted race (explore-race) is found by PCT and its trace replays; a hang is found; a campaign in shards
-runs through `deja segment` and `deja merge` on the local executor; bad options are refused with exit status 2."""
+nothing; serial input comes from a file or a recording, never the host; the planted race (explore-race) is found by PCT
+and its trace replays; a hang is found; a campaign in shards runs through `deja segment` and `deja merge` on the local
+executor; bad options are refused with exit status 2."""
 import argparse
 import filecmp
 import json
@@ -169,12 +170,63 @@ def linux_disk_eio(args, tmp):
           f"replayed exactly, the same bytes twice; {summary['failures']} of 4 seeds")
 
 
+def serial_input(args, tmp):
+    """Serial input without a host: a file typed ahead (--serial-in) or a recording's input at its guest times
+    (--inputs-from); either way the run is a function of its seed and replays."""
+    text = os.path.join(args.sources, "serial-echo.input")
+    recorded = os.path.join(tmp, "echo.trace")
+    p = run([args.deja, "record", "--backend", "interp", "--serial-in", text, "-o", recorded,
+             os.path.join(args.guests, "serial-echo.elf")])
+    if p.returncode != 1:
+        sys.exit(f"FAIL: recording serial-echo:\n{show(p)}")
+    echoed = "fnv1a32=5cb4ef46"  # (serial-echo.expected: the input's hash, as the guest computed it)
+    for how in (["--serial-in", text], ["--inputs-from", recorded]):
+        traces = []
+        for i in range(2):
+            out = os.path.join(tmp, f"input-{how[0][2:]}-{i}")
+            p = explore(args, out, "--seed", "5", *how, "--until", f"serial:{echoed}", guest="serial-echo", cpus=1)
+            if p.returncode != FOUND:
+                sys.exit(f"FAIL: explore {how} should see the guest echo its input:\n{show(p)}")
+            traces.append(os.path.join(out, "seed-5.trace"))
+        if not filecmp.cmp(*traces, shallow=False):
+            sys.exit(f"FAIL: explore {how} --seed 5 gave two different traces")
+        check_replay(args, traces[0], 12)
+    print("ok: serial input from a file and from a recording reach the guest, the same bytes twice, and replay")
+
+
+def linux_inputs_from(args, tmp):
+    """A Linux shell session recorded interactively (each command typed once the prompt came back) is explored with
+    --inputs-from: every command arrives at its recorded guest time, so the seeded run does what the recording did."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "linux"))
+    import linux_guest
+    recorded = os.path.join(tmp, "session.trace")
+    session = linux_guest.Session([args.deja, "record", "--backend", "interp", "--linux", "-o", recorded,
+                                   "--serial-in", "-"])
+    session.boot()
+    if session.run("echo typed-$((6 * 7))")[1] != "typed-42\n":
+        sys.exit("FAIL: the recorded shell session did not run its command")
+    session.finish(7)
+    out = os.path.join(tmp, "linux-inputs")
+    p = run([args.deja, "explore", "--linux", "--inputs-from", recorded, "--seed", "3", "--until", "exit:!0", "-o", out,
+             "--json"])
+    seeds, _ = results(p)
+    serial = open(os.path.join(out, "seed-3.serial"), "rb").read() if seeds else b""
+    if p.returncode != FOUND or seeds[0]["reason"] != "guest exit" or b"\ntyped-42" not in serial:
+        sys.exit(f"FAIL: the explored run should type the recorded commands and end with deja-exit 7:\n{show(p)}")
+    check_replay(args, seeds[0]["trace"], seeds[0]["status"])
+    print("ok: a recorded Linux shell session typed again by deja explore --inputs-from: same commands, same end, "
+          "replayed exactly")
+
+
 def refusals(args, tmp):
     image = os.path.join(args.guests, "smp-counter.elf")
     for extra in (["--seeds", "5..1", "--until", "hang"], ["--seed", "1"], ["--seed", "1", "--until", "bogus:1"],
                   ["--seed", "1", "--until", "serial:("], ["--seed", "1", "--until", "hang", "--backend", "kvm"],
                   ["--seed", "1", "--until", "hang", "--schedule", "pct:0"],
-                  ["--seed", "1", "--until", "hang", "--schedule", "pct:2:x"], ["--seed", "1", "--until", "hang", "--faults", "disk-eio:2%"]):
+                  ["--seed", "1", "--until", "hang", "--schedule", "pct:2:x"], ["--seed", "1", "--until", "hang", "--faults", "disk-eio:2%"],
+                  ["--seed", "1", "--until", "hang", "--serial-in", "-"], ["--seed", "1", "--until", "hang", "--serial-in", "/dev/zero"],
+                  ["--seed", "1", "--until", "hang", "--inputs-from", image],
+                  ["--seed", "1", "--until", "hang", "--inputs-from", image, "--serial-in", image]):
         p = run([args.deja, "explore", "-o", os.path.join(tmp, "bad"), *extra, image])
         if p.returncode != 2 or b"deja:" not in p.stderr:
             sys.exit(f"FAIL: {extra} should be refused with status 2:\n{show(p)}")
@@ -189,14 +241,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--deja", required=True)
     ap.add_argument("--guests", required=True, help="the build's guest-tests/ directory")
+    ap.add_argument("--sources", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "guest-tests"),
+                    help="the source tree's guest-tests/ directory (serial-echo.input)")
     ap.add_argument("--only", help="run only this part")
     ap.add_argument("--linux", help="the build's guest-linux/ directory: also the Linux disk-fault test")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        for part in (refusals, kept_only_failures, same_bytes, race, hang, shards, linux_disk_eio):
+        for part in (refusals, kept_only_failures, serial_input, same_bytes, race, hang, shards, linux_disk_eio,
+                     linux_inputs_from):
             if args.only and part.__name__ != args.only:
                 continue
-            if part is linux_disk_eio and not args.linux:
+            if part in (linux_disk_eio, linux_inputs_from) and not args.linux:
                 continue
             part(args, tmp)
     print("PASS")
