@@ -578,13 +578,13 @@ TEST(InterpSystem, WindowStepsAsTrapFlagEndAtGateDelivery) {
     if (trap_flag) {
       // The step after OUT; the #UD's delivery cleared TF, so the handler ran unstepped to its HLT, and the RFLAGS
       // it found on its stack has the step's TF, as under KVM (an IRET would bring the step back).
-      EXPECT_EQ(seen, (std::vector<StepSeen>{{ExitKind::kDebug, kCode + 2}, {ExitKind::kHlt, kHandler + 4}}));
+      EXPECT_EQ(seen, (std::vector<StepSeen>{{ExitKind::kDebug, kCode + 2}, {ExitKind::kHlt, kHandler + 5}}));
       EXPECT_EQ(vm.state().gpr[kRbx] & 0x100, 0x100u);
     } else {
       EXPECT_EQ(seen, (std::vector<StepSeen>{{ExitKind::kDebug, kCode + 2},
                                              {ExitKind::kDebug, kHandler},
-                                             {ExitKind::kDebug, kHandler + 4},
-                                             {ExitKind::kHlt, kHandler + 4}}));
+                                             {ExitKind::kDebug, kHandler + 5},
+                                             {ExitKind::kHlt, kHandler + 5}}));
       EXPECT_EQ(vm.state().gpr[kRbx] & 0x100, 0u);
     }
   }
