@@ -982,6 +982,8 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     if (stop.at_step) user.stop_at_step = *stop.at_step > others ? *stop.at_step - others : 0;
     if (turn.step_over) user.stop_at_step = std::min(user.stop_at_step.value_or(UINT64_MAX), own + 1);
     user.single_step = turn.finish_instruction || now().seeking_window;
+    // (a debugger's step that finishes an instruction is one step, whatever clears TF)
+    user.step_as_trap_flag = window_steps_trap_flag_ && !turn.finish_instruction;
     if (auto r = apply_debug(user); !r) return r;
     if (now().seeker) {
       now().seeker->set_target(seek_target());
