@@ -334,6 +334,25 @@ TEST_F(KvmTest, SingleStepEndsAtSysretAndSyscall) {
   ASSERT_TRUE(backend_->set_debug({}));
 }
 
+// An exception's delivery clears the step's trap flag and saves it in the frame: the handler runs unstepped
+// (InterpSystem.WindowStepsAsTrapFlagEndAtGateDelivery).
+TEST_F(KvmTest, SingleStepEndsAtAnExceptionsDelivery) {
+  constexpr uint64_t kUdHandler = 0x11200;
+  set_gate(6, kUdHandler);
+  load(kUdHandler, {0x48, 0x8b, 0x5c, 0x24, 0x10, 0xf4});  // 11200: mov rbx, [rsp + 16] (RFLAGS); 11205: hlt
+  load(kCode, {0xe6, 0x80, 0x0f, 0x0b});                   // 10000: out 0x80, al; 10002: ud2
+  start(long_mode(kCode));
+  VcpuExit* exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoOut);
+  ASSERT_TRUE(backend_->set_debug({.single_step = true}));
+  ASSERT_NO_FATAL_FAILURE(expect_steps({0x10002u}));
+  exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kHlt) << "no step in the handler: " << exit_kind_name(exit->kind);
+  EXPECT_EQ(exit->rip, 0x11205u);
+  EXPECT_EQ(state().gpr[kRbx] & rflags::kTf, rflags::kTf) << "the frame holds the step's TF";
+  ASSERT_TRUE(backend_->set_debug({}));
+}
+
 TEST_F(KvmTest, BreakpointStopsBeforeTheInstructionEveryIteration) {
   load(kCode, {
                   0xb9, 0x05, 0x00, 0x00, 0x00,  // 10000: mov ecx, 5
