@@ -139,7 +139,7 @@ void InterpBackend::take_fault(const GuestException& fault) {
 void InterpBackend::step() {
   cache_.release_retired();
   begin_step(s_.rip);
-  bool single_step = s_.rflags & rflags::kTf;
+  const bool single_step = s_.rflags & rflags::kTf;
   uint16_t mnemonic = 0;
   try {
     const interp::DecodedInsn& insn = fetch_decoded();

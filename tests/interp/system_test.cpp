@@ -508,23 +508,9 @@ std::vector<StepSeen> steps_to_hlt(TestVm& vm, const DebugControl& steps) {
   return seen;
 }
 
+// The program and stops of KvmTest.SingleStepEndsAtSysretAndSyscall (tests/kvm), which KVM gives in the nested harness.
 TEST(InterpSystem, WindowStepsAsTrapFlagEndAtSysretAndSyscall) {
   const std::string program = R"(
-    mov ecx, 0xc0000081
-    xor eax, eax
-    mov edx, 0x00180008
-    wrmsr
-    mov ecx, 0xc0000082
-    lea rax, [rip + entry]
-    mov rdx, rax
-    shr rdx, 32
-    wrmsr
-    mov ecx, 0xc0000084
-    mov eax, 0x300
-    xor edx, edx
-    wrmsr
-    lea rcx, [rip + user]
-    mov r11, 0x3202
     out 0x80, al
     nop
     sysretq
@@ -536,13 +522,21 @@ TEST(InterpSystem, WindowStepsAsTrapFlagEndAtSysretAndSyscall) {
     nop
     hlt
   )";
-  const std::vector<uint8_t> bytes = assemble(program, kCode);
-  // The labels' addresses, from the tail of the program: hlt (1), nop (1), syscall (2), out (2), nop (1), sysretq (3).
-  const uint64_t end = kCode + bytes.size(), halt = end - 1, entry = halt - 1, user_syscall = entry - 2,
-                 user_out = user_syscall - 2, user = user_out - 1, sysret = user - 3, kernel = sysret - 1;
+  const uint64_t kernel = kCode + 2, sysret = kCode + 3, user = kCode + 6, user_out = kCode + 7,
+                 user_syscall = kCode + 9, entry = kCode + 0xb, halt = kCode + 0xc;
+  auto start = [&](TestVm& vm) {
+    vm.code(program);
+    CpuState s = vm.state();
+    s.msrs.star = (uint64_t{0x18} << 48) | (uint64_t{kCode64} << 32);  // SYSRET: CS 0x2b, SS 0x23
+    s.msrs.lstar = entry;
+    s.msrs.sfmask = rflags::kIf | rflags::kTf;  // as Linux's
+    s.gpr[kRcx] = user;
+    s.gpr[kR11] = 0x3202;  // IOPL 3: the user OUT exits
+    vm.set_state(s);
+  };
   {
     TestVm vm = TestVm::long_mode();
-    vm.load(kCode, bytes);
+    start(vm);
     EXPECT_EQ(steps_to_hlt(vm, {.single_step = true, .step_as_trap_flag = true}),
               (std::vector<StepSeen>{{ExitKind::kDebug, kernel},
                                      {ExitKind::kDebug, sysret},
@@ -550,11 +544,11 @@ TEST(InterpSystem, WindowStepsAsTrapFlagEndAtSysretAndSyscall) {
                                      {ExitKind::kDebug, user_syscall},  // armed again at the exit
                                      {ExitKind::kHlt, halt}}));          // FMASK cleared TF: the kernel unstepped
     // The guest sees the step's TF where KVM's guest does: SYSCALL saved it in R11.
-    EXPECT_EQ(vm.state().gpr[kR11] & 0x100, 0x100u);
+    EXPECT_EQ(vm.state().gpr[kR11] & rflags::kTf, rflags::kTf);
   }
   {
     TestVm vm = TestVm::long_mode();
-    vm.load(kCode, bytes);
+    start(vm);
     EXPECT_EQ(steps_to_hlt(vm, {.single_step = true}),
               (std::vector<StepSeen>{{ExitKind::kDebug, kernel},
                                      {ExitKind::kDebug, sysret},
