@@ -79,6 +79,14 @@ struct Watchpoint {
 struct DebugControl {
   // run() returns kDebug after one instruction, or one iteration of a REP string instruction.
   bool single_step = false;
+  // The single step is the trap flag's, as KVM's is (KVM_GUESTDBG_SINGLESTEP): RFLAGS.TF, set by the VMM at every
+  // run() (not after a kick) and hidden from get_state(), traps after an instruction that began with it, so a step is
+  // not reported after an instruction that clears it (SYSRET loads RFLAGS from R11, SYSCALL masks it with FMASK, MOV SS
+  // holds the trap one instruction, delivery through a gate clears it), and the vCPU then runs unstepped to its next
+  // exit; the guest sees it (PUSHF, the RFLAGS a gate pushes, SYSCALL's R11) and IRET or POPF can bring it back. The
+  // KVM backend's step is this whatever the flag says; the software CPU's, without it, stops after every instruction
+  // and every exception delivery (trace header window_steps_trap_flag).
+  bool step_as_trap_flag = false;
   // run() returns kDebug before executing the instruction at this linear address (a fault-like
   // instruction breakpoint; to continue past it, clear it and single-step once).
   std::optional<uint64_t> breakpoint;

@@ -1,6 +1,8 @@
 // The software CPU's run loop: decode-cache fetch, retirement and progress counting, exits, interrupts, state.
 #include "interp/interp_backend.h"
 
+#include <Zydis/Zydis.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -138,8 +140,10 @@ void InterpBackend::step() {
   cache_.release_retired();
   begin_step(s_.rip);
   const bool single_step = s_.rflags & rflags::kTf;
+  uint16_t mnemonic = 0;
   try {
     const interp::DecodedInsn& insn = fetch_decoded();
+    mnemonic = insn.mnemonic;
     next_rip_ = insn_rip_ + insn.length;
     if (insn.mode != interp::kMode64) next_rip_ &= insn.mode == interp::kMode16 ? 0xffff : 0xffffffffu;
     execute(insn);
@@ -165,6 +169,13 @@ void InterpBackend::step() {
   }
   if (software_interrupt_ >= 0) {
     deliver_event(uint8_t(software_interrupt_), false, 0, !icebp_, s_.rip);
+  } else if (single_step && trap_flag_steps()) {
+    // The VMM's step, which KVM takes for every #DB (a guest's own TF too). SYSCALL and SYSRET trap on the TF they
+    // leave (QEMU's TCG rechecks it; processors: Linux never SYSRETs with TF set, which would trap in user mode), not
+    // the one they found; MOV SS and POP SS hold the trap until after the next instruction.
+    const bool rechecks = mnemonic == ZYDIS_MNEMONIC_SYSCALL || mnemonic == ZYDIS_MNEMONIC_SYSRET;
+    const bool holds = shadow_next_ && mnemonic != ZYDIS_MNEMONIC_STI;
+    trap_flag_trapped_ = rechecks ? (s_.rflags & rflags::kTf) != 0 : !holds;
   } else if (single_step) {
     deliver_event(kDb, false, 0, false, s_.rip);
   }
@@ -224,6 +235,10 @@ Result<VcpuExit*> InterpBackend::run() {
     }
     responses_.push_back(Response{exit_.kind, key, exit_.value, exit_.ok, exit_.fault});
   }
+  // KVM's rule (kvm_backend.cpp run()): the step's trap flag is set again before every run but one after a kick, which
+  // must go on exactly as it would have without the kick; an instruction that cleared it leaves the vCPU unstepped.
+  if (trap_flag_steps() && (exit_.kind != ExitKind::kKicked || state_set_since_exit_)) s_.rflags |= rflags::kTf;
+  state_set_since_exit_ = false;
   auto finish = [&](ExitKind kind) -> VcpuExit* {
     exit_ = VcpuExit{};
     exit_.kind = kind;
@@ -280,7 +295,8 @@ Result<VcpuExit*> InterpBackend::run() {
         deliver_event(vector, false, 0, false, s_.rip);
         continue;
       }
-      if (debug_.single_step && executed() != step_origin_) {
+      if (trap_flag_steps() ? std::exchange(trap_flag_trapped_, false)
+                            : debug_.single_step && executed() != step_origin_) {
         step_origin_ = executed();
         return finish(ExitKind::kDebug);
       }
@@ -319,7 +335,7 @@ Result<VcpuExit*> InterpBackend::run() {
       // The fast path only where nothing between two instructions can need the run loop: no answer
       // of an exit pending, no single-step (the VMM's or the guest's TF), no interrupt shadow ending
       // after the next instruction.
-      if (mode_ != InterpMode::kReference && responses_.empty() && !debug_.single_step &&
+      if (mode_ != InterpMode::kReference && responses_.empty() && (!debug_.single_step || trap_flag_steps()) &&
           !(s_.rflags & rflags::kTf) && !s_.interrupt_shadow && !s_.halted) {
         run_fast();
         if (exit_pending_) return finish_deferred_exit();
@@ -339,11 +355,16 @@ Result<VcpuExit*> InterpBackend::run() {
   }
 }
 
-Result<CpuState> InterpBackend::get_state() { return s_; }
+Result<CpuState> InterpBackend::get_state() {
+  CpuState state = s_;
+  if (trap_flag_steps()) state.rflags &= ~rflags::kTf;  // (KVM hides the step's TF too)
+  return state;
+}
 
 Result<> InterpBackend::set_state(const CpuState& state) {
   s_ = state;
   s_.rflags |= 2;
+  state_set_since_exit_ = true;
   // A new state abandons any half-executed instruction and every cached translation.
   responses_.clear();
   exit_outstanding_ = false;
@@ -380,7 +401,11 @@ Result<> InterpBackend::set_pause_exits(bool on) {
 
 Result<> InterpBackend::set_debug(const DebugControl& control) {
   const bool watch_changed = control.watchpoints != debug_.watchpoints;
+  // The trap flag goes with the step, as KVM_SET_GUEST_DEBUG sets or clears it.
+  if (trap_flag_steps()) s_.rflags &= ~rflags::kTf;
   debug_ = control;
+  trap_flag_trapped_ = false;
+  if (trap_flag_steps()) s_.rflags |= rflags::kTf;
   // Pages with a watchpoint lose their fast tags (every access must be checked); pages without one get them back.
   if (watch_changed)
     for (const uint16_t index : tlb_live_) fill_fast_tags(tlb_[index]);

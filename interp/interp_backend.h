@@ -493,6 +493,10 @@ class InterpBackend : public Backend {
   std::optional<WatchHit> watch_hit_;  // set during a step that touched a watched range
   uint64_t* dirty_bits_;               // GuestMemory's checkpoint dirty bitmap: every store marks its page
   uint64_t step_origin_ = 0;  // executed() when single-stepping last stopped
+  // DebugControl::step_as_trap_flag: the VMM's step is RFLAGS.TF in s_ (hidden from get_state()), as KVM's is.
+  bool trap_flag_steps() const { return debug_.single_step && debug_.step_as_trap_flag; }
+  bool trap_flag_trapped_ = false;   // an instruction ended with the step's trap, not yet reported
+  bool state_set_since_exit_ = false;
   bool window_requested_ = false;
   std::optional<uint8_t> pending_irq_;
   bool shadow_next_ = false;  // set by STI/MOV SS during the current instruction

@@ -12,6 +12,8 @@ namespace deja {
 Result<> CoordinateSeeker::apply(const DebugControl& own) {
   DebugControl control = own;
   control.single_step |= user_.single_step;
+  // The caller's steps are the trap flag's only where the seeker does not step itself (it needs every instruction).
+  control.step_as_trap_flag = user_.step_as_trap_flag && !own.single_step;
   control.breakpoints = user_.breakpoints;
   control.watchpoints = user_.watchpoints;
   if (user_.stop_at_step) control.stop_at_step = std::min(control.stop_at_step.value_or(UINT64_MAX), *user_.stop_at_step);

@@ -999,6 +999,8 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     if (stop.at_step) user.stop_at_step = *stop.at_step > others ? *stop.at_step - others : 0;
     if (turn.step_over) user.stop_at_step = std::min(user.stop_at_step.value_or(UINT64_MAX), own + 1);
     user.single_step = turn.finish_instruction || now().seeking_window;
+    // (a debugger's step that finishes an instruction is one step, whatever clears TF)
+    user.step_as_trap_flag = window_steps_trap_flag_ && !turn.finish_instruction;
     if (auto r = apply_debug(user); !r) return r;
     if (now().seeker) {
       now().seeker->set_target(seek_target());
@@ -1036,7 +1038,8 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     if (!engine_.networks().empty()) kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
     if (mode == Mode::kRecord && !engine_.host_simulated()) kick = std::min(kick, next_heartbeat_);
     if (interrupt_window_steps_ > 0) {
-      if (auto r = apply_debug(DebugControl{.single_step = now().seeking_window}); !r) return r;
+      const DebugControl steps{.single_step = now().seeking_window, .step_as_trap_flag = window_steps_trap_flag_};
+      if (auto r = apply_debug(steps); !r) return r;
     }
     // A plain run in slices of guest exits switches at kicks too (schedule()): one every slice of host time.
     if (mode == Mode::kRun && scheduler_ && scheduler_->config().unit == SliceUnit::kGuestExits) {

@@ -113,6 +113,12 @@ class Session {
   // Recording sets it; replay as the trace says (0: off, as before).
   void step_to_interrupt_windows(uint32_t steps) { interrupt_window_steps_ = steps; }
   uint32_t interrupt_window_steps() const { return interrupt_window_steps_; }
+  // The steps of a window search are the trap flag's on every backend (trace header window_steps_trap_flag): KVM's
+  // are, and a step the trap flag does not give (after SYSRET, SYSCALL, an exception's delivery) cannot be added
+  // there, so the software CPU leaves it out too. Recording turns it on; replay as the trace says (off: the software
+  // CPU steps every instruction, as before the field).
+  void step_windows_by_trap_flag(bool on) { window_steps_trap_flag_ = on; }
+  bool window_steps_by_trap_flag() const { return window_steps_trap_flag_; }
   static constexpr uint32_t kInterruptWindowSteps = 16384;
   static constexpr uint32_t kBlockedExitsBeforeSteps = 64;
   // The disk images behind MachineConfig::disks, kept alive with the machine (call before build()).
@@ -334,6 +340,7 @@ class Session {
   bool rdtsc_exits_are_guest_exits_ = false;
   bool mmio_write_exits_complete_ = false;
   uint32_t interrupt_window_steps_ = 0;
+  bool window_steps_trap_flag_ = false;
   uint64_t last_guest_exit_host_ns_ = HostClock::monotonic_ns();
   static constexpr uint64_t kSpinWarnNs = 1'000'000'000, kSpinStopNs = 10'000'000'000;
   static constexpr uint64_t kHeartbeatNs = 1'000'000'000;

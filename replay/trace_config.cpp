@@ -32,7 +32,8 @@ bool TraceConfig::operator==(const TraceConfig& o) const {
          progress_counter == o.progress_counter && rdtsc_trapped == o.rdtsc_trapped &&
          rdtsc_exits_are_guest_exits == o.rdtsc_exits_are_guest_exits &&
          mmio_write_exits_complete == o.mmio_write_exits_complete &&
-         interrupt_window_steps == o.interrupt_window_steps && tsc_hz == o.tsc_hz &&
+         interrupt_window_steps == o.interrupt_window_steps &&
+         window_steps_trap_flag == o.window_steps_trap_flag && tsc_hz == o.tsc_hz &&
          digest_interval == o.digest_interval && software_tlb_entries == o.software_tlb_entries &&
          cpu_quirks == o.cpu_quirks && same_rates(derived_time, o.derived_time);
 }
@@ -117,6 +118,7 @@ trace::Header to_header(const TraceConfig& t) {
   c->set_rdtsc_exits_are_guest_exits(t.rdtsc_exits_are_guest_exits);
   c->set_mmio_write_exits_complete(t.mmio_write_exits_complete);
   c->set_interrupt_window_steps(t.interrupt_window_steps);
+  c->set_window_steps_trap_flag(t.window_steps_trap_flag);
   c->set_tsc_hz(t.tsc_hz);
   c->set_digest_interval(t.digest_interval);
   c->set_software_tlb_entries(t.software_tlb_entries);
@@ -230,6 +232,7 @@ Result<TraceConfig> from_header(const trace::Header& h) {
   t.rdtsc_exits_are_guest_exits = c.rdtsc_exits_are_guest_exits();
   t.mmio_write_exits_complete = c.mmio_write_exits_complete();
   t.interrupt_window_steps = c.interrupt_window_steps();
+  t.window_steps_trap_flag = c.window_steps_trap_flag();
   t.tsc_hz = c.tsc_hz();
   t.digest_interval = c.digest_interval() ? c.digest_interval() : Session::kDefaultDigestInterval;
   t.software_tlb_entries = c.software_tlb_entries() ? c.software_tlb_entries() : kSoftwareTlbEntriesBeforeRecorded;
@@ -272,6 +275,7 @@ TraceConfig recording_config(Session& session, const MachineConfig& machine, con
   t.rdtsc_exits_are_guest_exits = session.rdtsc_exits_are_guest_exits();
   t.mmio_write_exits_complete = session.mmio_write_exits_complete();
   t.interrupt_window_steps = session.interrupt_window_steps();
+  t.window_steps_trap_flag = session.window_steps_by_trap_flag();
   t.digest_interval = session.digest_interval();
   t.software_tlb_entries = kSoftwareTlbEntries;
   t.cpu_quirks = cpu.cpu_quirks();
@@ -333,6 +337,7 @@ Result<> adopt_recording_ways(Session& session, const TraceConfig& t) {
   session.set_digest_interval(t.digest_interval);
   session.complete_mmio_write_exits(t.mmio_write_exits_complete);
   session.step_to_interrupt_windows(t.interrupt_window_steps);
+  session.step_windows_by_trap_flag(t.window_steps_trap_flag);
   for (size_t i = 0; i < session.machine().vcpu_count(); ++i) {
     Backend& cpu = session.machine().backend(i);
     if (auto ok = cpu.adopt_software_tlb_entries(t.software_tlb_entries); !ok) return ok;

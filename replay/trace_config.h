@@ -99,6 +99,7 @@ struct TraceConfig {
   bool rdtsc_exits_are_guest_exits = false;
   bool mmio_write_exits_complete = false;
   uint32_t interrupt_window_steps = 0;  // Session::step_to_interrupt_windows
+  bool window_steps_trap_flag = false;  // Session::step_windows_by_trap_flag
   uint64_t tsc_hz = CpuModel::kTscHz;
   uint64_t digest_interval = 16384;                                  // unset in a trace: 16384
   uint32_t software_tlb_entries = kSoftwareTlbEntriesBeforeRecorded;  // unset: 256

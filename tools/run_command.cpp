@@ -479,6 +479,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   session.complete_mmio_write_exits(true);
   if (config.vcpus > 1 && progress.mode == ProgressMode::kExitSync) {
     session.step_to_interrupt_windows(Session::kInterruptWindowSteps);
+    session.step_windows_by_trap_flag(true);
   }
   // Where instructions are counted exactly, time read between asynchronous events follows from them: no event per
   // clock or TSC read (format 4). The same in a plain run, so that a run and its recording see the same time.

@@ -484,6 +484,106 @@ TEST(InterpSystem, SingleStepTrapAfterEachInstruction) {
   EXPECT_EQ(vm.state().gpr[kR15], 5u);
 }
 
+// A window search's steps (Session::step_to_interrupt_windows) as KVM takes them: the trap flag, set again at every
+// run, traps after an instruction that began with it, except SYSRET and SYSCALL, which trap on the flag they leave
+// (R11's, FMASK's), and an exception's delivery through a gate clears it. The vCPU then runs unstepped to its next
+// exit. Without step_as_trap_flag (traces before window_steps_trap_flag), a step after every instruction.
+struct StepSeen {
+  ExitKind kind;
+  uint64_t rip;
+  bool operator==(const StepSeen&) const = default;
+};
+void PrintTo(const StepSeen& s, std::ostream* os) { *os << fmt::format("{}@{:#x}", int(s.kind), s.rip); }
+
+std::vector<StepSeen> steps_to_hlt(TestVm& vm, const DebugControl& steps) {
+  std::vector<StepSeen> seen;
+  VcpuExit* exit = *vm.cpu->run();
+  EXPECT_EQ(exit->kind, ExitKind::kIoOut);  // where the search starts
+  EXPECT_TRUE(vm.cpu->set_debug(steps).has_value());
+  do {
+    exit = *vm.cpu->run();
+    seen.push_back({exit->kind, exit->rip});
+  } while (exit->kind != ExitKind::kHlt && seen.size() < 20);
+  EXPECT_EQ(vm.state().rflags & 0x100, 0u);  // the step's TF is the VMM's
+  return seen;
+}
+
+// The program and stops of KvmTest.SingleStepEndsAtSysretAndSyscall (tests/kvm), which KVM gives in the nested harness.
+TEST(InterpSystem, WindowStepsAsTrapFlagEndAtSysretAndSyscall) {
+  const std::string program = R"(
+    out 0x80, al
+    nop
+    sysretq
+  user:
+    nop
+    out 0x80, al
+    syscall
+  entry:
+    nop
+    hlt
+  )";
+  const uint64_t kernel = kCode + 2, sysret = kCode + 3, user = kCode + 6, user_out = kCode + 7,
+                 user_syscall = kCode + 9, entry = kCode + 0xb, halt = kCode + 0xc;
+  auto start = [&](TestVm& vm) {
+    vm.code(program);
+    CpuState s = vm.state();
+    s.msrs.star = (uint64_t{0x18} << 48) | (uint64_t{kCode64} << 32);  // SYSRET: CS 0x2b, SS 0x23
+    s.msrs.lstar = entry;
+    s.msrs.sfmask = rflags::kIf | rflags::kTf;  // as Linux's
+    s.gpr[kRcx] = user;
+    s.gpr[kR11] = 0x3202;  // IOPL 3: the user OUT exits
+    vm.set_state(s);
+  };
+  {
+    TestVm vm = TestVm::long_mode();
+    start(vm);
+    EXPECT_EQ(steps_to_hlt(vm, {.single_step = true, .step_as_trap_flag = true}),
+              (std::vector<StepSeen>{{ExitKind::kDebug, kernel},
+                                     {ExitKind::kDebug, sysret},
+                                     {ExitKind::kIoOut, user_out},       // SYSRET left TF clear: user code unstepped
+                                     {ExitKind::kDebug, user_syscall},  // armed again at the exit
+                                     {ExitKind::kHlt, halt}}));          // FMASK cleared TF: the kernel unstepped
+    // The guest sees the step's TF where KVM's guest does: SYSCALL saved it in R11.
+    EXPECT_EQ(vm.state().gpr[kR11] & rflags::kTf, rflags::kTf);
+  }
+  {
+    TestVm vm = TestVm::long_mode();
+    start(vm);
+    EXPECT_EQ(steps_to_hlt(vm, {.single_step = true}),
+              (std::vector<StepSeen>{{ExitKind::kDebug, kernel},
+                                     {ExitKind::kDebug, sysret},
+                                     {ExitKind::kDebug, user},
+                                     {ExitKind::kDebug, user_out},
+                                     {ExitKind::kIoOut, user_out},
+                                     {ExitKind::kDebug, user_syscall},
+                                     {ExitKind::kDebug, entry},
+                                     {ExitKind::kDebug, halt},
+                                     {ExitKind::kHlt, halt}}));
+  }
+}
+
+TEST(InterpSystem, WindowStepsAsTrapFlagEndAtGateDelivery) {
+  for (const bool trap_flag : {true, false}) {
+    TestVm vm = TestVm::long_mode();
+    vm.idt_gate(6, kHandler);
+    handler(vm, kHandler, "mov rbx, [rsp + 16]\n hlt\n");
+    vm.code("out 0x80, al\n ud2\n");
+    const std::vector<StepSeen> seen = steps_to_hlt(vm, {.single_step = true, .step_as_trap_flag = trap_flag});
+    if (trap_flag) {
+      // The step after OUT; the #UD's delivery cleared TF, so the handler ran unstepped to its HLT, and the RFLAGS
+      // it found on its stack has the step's TF, as under KVM (an IRET would bring the step back).
+      EXPECT_EQ(seen, (std::vector<StepSeen>{{ExitKind::kDebug, kCode + 2}, {ExitKind::kHlt, kHandler + 5}}));
+      EXPECT_EQ(vm.state().gpr[kRbx] & 0x100, 0x100u);
+    } else {
+      EXPECT_EQ(seen, (std::vector<StepSeen>{{ExitKind::kDebug, kCode + 2},
+                                             {ExitKind::kDebug, kHandler},
+                                             {ExitKind::kDebug, kHandler + 5},
+                                             {ExitKind::kHlt, kHandler + 5}}));
+      EXPECT_EQ(vm.state().gpr[kRbx] & 0x100, 0u);
+    }
+  }
+}
+
 TEST(InterpSystem, DivideErrorIsFault) {
   TestVm vm = TestVm::long_mode();
   vm.idt_gate(0, kHandler);

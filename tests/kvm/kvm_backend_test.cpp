@@ -290,6 +290,69 @@ TEST_F(KvmTest, SingleStepGoesOnPastMmioAccesses) {
   EXPECT_EQ(run()->kind, ExitKind::kHlt);
 }
 
+// KVM's step is the trap flag, which SYSRET (RFLAGS from R11) and SYSCALL (FMASK) leave clear: no step is reported
+// after either, and the vCPU runs unstepped to its next exit. The software CPU's window steps do the same
+// (InterpSystem.WindowStepsAsTrapFlagEndAtSysretAndSyscall, the same program and the same stops).
+TEST_F(KvmTest, SingleStepEndsAtSysretAndSyscall) {
+  const uint64_t user_data = 0x00cff3000000ffffull, user_code64 = 0x00affb000000ffffull;  // selectors 0x23, 0x2b
+  write_u64(kGdt + 0x20, user_data);
+  write_u64(kGdt + 0x28, user_code64);
+  write_u64(kPml4, kPdpt | 0x7);  // user pages too
+  write_u64(kPdpt, kPd | 0x7);
+  write_u64(kPd, 0x000000 | 0x87);
+  load(kCode, {
+                  0xe6, 0x80,        // 10000: out 0x80, al
+                  0x90,              // 10002: nop
+                  0x48, 0x0f, 0x07,  // 10003: sysretq
+                  0x90,              // 10006: user: nop
+                  0xe6, 0x80,        // 10007: out 0x80, al (IOPL 3)
+                  0x0f, 0x05,        // 10009: syscall
+                  0x90,              // 1000b: entry: nop
+                  0xf4,              // 1000c: hlt
+              });
+  CpuState s = long_mode(kCode);
+  s.gdt = {kGdt, 6 * 8 - 1};
+  s.msrs.star = (uint64_t{0x18} << 48) | (uint64_t{kCode64} << 32);
+  s.msrs.lstar = 0x1000b;
+  s.msrs.sfmask = rflags::kIf | rflags::kTf;  // as Linux's
+  s.gpr[kRcx] = 0x10006;
+  s.gpr[kR11] = 0x3202;
+  start(s);
+  VcpuExit* exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoOut);
+  ASSERT_TRUE(backend_->set_debug({.single_step = true}));
+  ASSERT_NO_FATAL_FAILURE(expect_steps({0x10002u, 0x10003u}));
+  exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoOut) << "no step after SYSRET: " << exit_kind_name(exit->kind);
+  EXPECT_EQ(exit->rip, 0x10007u);
+  EXPECT_EQ(state().cs.selector, 0x2b);
+  ASSERT_NO_FATAL_FAILURE(expect_steps({0x10009u}));
+  exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kHlt) << "no step after SYSCALL: " << exit_kind_name(exit->kind);
+  EXPECT_EQ(exit->rip, 0x1000cu);
+  EXPECT_EQ(state().gpr[kR11] & rflags::kTf, rflags::kTf) << "SYSCALL saved the step's TF, which the guest sees";
+  ASSERT_TRUE(backend_->set_debug({}));
+}
+
+// An exception's delivery clears the step's trap flag and saves it in the frame: the handler runs unstepped
+// (InterpSystem.WindowStepsAsTrapFlagEndAtGateDelivery).
+TEST_F(KvmTest, SingleStepEndsAtAnExceptionsDelivery) {
+  constexpr uint64_t kUdHandler = 0x11200;
+  set_gate(6, kUdHandler);
+  load(kUdHandler, {0x48, 0x8b, 0x5c, 0x24, 0x10, 0xf4});  // 11200: mov rbx, [rsp + 16] (RFLAGS); 11205: hlt
+  load(kCode, {0xe6, 0x80, 0x0f, 0x0b});                   // 10000: out 0x80, al; 10002: ud2
+  start(long_mode(kCode));
+  VcpuExit* exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kIoOut);
+  ASSERT_TRUE(backend_->set_debug({.single_step = true}));
+  ASSERT_NO_FATAL_FAILURE(expect_steps({0x10002u}));
+  exit = run();
+  ASSERT_EQ(exit->kind, ExitKind::kHlt) << "no step in the handler: " << exit_kind_name(exit->kind);
+  EXPECT_EQ(exit->rip, 0x11205u);
+  EXPECT_EQ(state().gpr[kRbx] & rflags::kTf, rflags::kTf) << "the frame holds the step's TF";
+  ASSERT_TRUE(backend_->set_debug({}));
+}
+
 TEST_F(KvmTest, BreakpointStopsBeforeTheInstructionEveryIteration) {
   load(kCode, {
                   0xb9, 0x05, 0x00, 0x00, 0x00,  // 10000: mov ecx, 5

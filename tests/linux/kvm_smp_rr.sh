@@ -31,7 +31,8 @@ replay_ok() {  # label, trace, expected serial output, deja replay options...
 
 if [[ "${DEJA_KVM_SMP_INSIDE:-}" != 1 ]]; then
   work="$(mktemp -d /tmp/deja-kvm-smp-rr.XXXXXX)"
-  trap 'rm -rf "$work"' EXIT
+  # Kept when the test fails: the traces to find a divergence in.
+  trap 'status=$?; if [[ $status -eq 0 ]]; then rm -rf "$work"; else echo "(kept $work)"; fi' EXIT
   # The interp recordings the nested half replays on KVM: exit-synchronous, as KVM replays them, and with a CPU model
   # KVM provides (this host's interp default may be x86-64-v3).
   for spec in "${smp_guests[@]}"; do

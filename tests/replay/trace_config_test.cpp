@@ -50,6 +50,7 @@ TraceConfig everything() {
   t.rdtsc_exits_are_guest_exits = true;
   t.mmio_write_exits_complete = true;
   t.interrupt_window_steps = 16384;
+  t.window_steps_trap_flag = true;
   t.tsc_hz = 3'000'000'000;
   t.digest_interval = 77;
   t.software_tlb_entries = 1024;
@@ -112,7 +113,7 @@ TEST(TraceConfig, EachFieldMatters) {
       [](TraceConfig& t) { t.faults->seed++; }, [](TraceConfig& t) { t.faults->disk_eio_ppm++; },
       [](TraceConfig& t) { t.faults->disk_torn_ppm++; }, [](TraceConfig& t) { t.faults->suppressed.pop_back(); },
       [](TraceConfig& t) { t.faults.reset(); },
-      [](TraceConfig& t) { t.interrupt_window_steps = 0; },
+      [](TraceConfig& t) { t.interrupt_window_steps = 0; }, [](TraceConfig& t) { t.window_steps_trap_flag = false; },
       [](TraceConfig& t) {
         t.vcpus = 1;
         t.schedule.reset();
