@@ -15,7 +15,8 @@ namespace {
 // scheduling events, and at the i-th the running vCPU's priority drops to d - i. A bug of depth d then shows with
 // probability at least 1 / (n k^(d-1)). Steps are scheduling events (ScheduleEvent), not instructions, so k stays
 // small. A vCPU spinning on PAUSE (waiting for a lower-priority one, which strict priorities would starve) yields
-// one slice to the highest-priority other runnable vCPU after its slice's PAUSEs: PCT for programs that spin.
+// one slice to the highest-priority other runnable vCPU after its slice's PAUSEs, and (schedule version 1) after a
+// whole slice of instructions: PCT for programs that spin, with or without PAUSE.
 class PctScheduler : public Scheduler {
  public:
   explicit PctScheduler(const ScheduleConfig& config) : config_(config), random_(config.seed) {
@@ -42,7 +43,11 @@ class PctScheduler : public Scheduler {
 
   uint32_t next(uint32_t current, SwitchPoint why, std::span<const bool> runnable) override {
     preempting_ = false;
-    const bool yield = why == SwitchPoint::kPause;
+    // A slice that ends without a PAUSE, a halt or a preemption is a spin too (schedule version 1): Linux's AP
+    // calibrates its delay loop reading the TSC until jiffies move, which only the BSP's timer tick moves, so a
+    // higher-priority AP that never yielded there starved the BSP for good.
+    const bool yield = why == SwitchPoint::kPause ||
+                       (why == SwitchPoint::kSliceEnd && config_.version >= kScheduleVersionPauseWithCompany);
     uint32_t best = current;
     bool found = false;
     for (uint32_t v = 0; v < runnable.size(); ++v) {
