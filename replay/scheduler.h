@@ -56,7 +56,7 @@ inline constexpr uint32_t kScheduleVersionPauseAlways = 0;
 // 1: a vCPU's PAUSEs exit only while another vCPU is runnable (instruction slices): one spinning with nobody to
 //    yield to (Linux's TSC delay loops while its APs wait for STARTUP) makes no exits, and waking another (an IPI,
 //    STARTUP, a device interrupt routed to it) makes its PAUSEs switch points again at once; and "pct" yields one slice
-//    at a slice's end as after its PAUSEs (a spin without PAUSE must not starve the vCPU it waits for).
+//    after 8 whole slices in a row as after its PAUSEs (a spin without PAUSE must not starve the vCPU it waits for).
 inline constexpr uint32_t kScheduleVersionPauseWithCompany = 1;
 // The defaults: a quantum of 200,000 instructions (0.2 ms of the guest's clock per slice), 32 guest exits in
 // exit-sync mode, and up to 64 PAUSEs (Linux's spinlocks pause between reads of the lock word).
