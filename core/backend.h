@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <span>
@@ -167,6 +168,11 @@ class Backend {
     if (!on) return {};
     return fail(ErrorKind::kUnsupported, "the {} backend cannot stop at PAUSE", name());
   }
+  // Answers RDTSC and RDTSCP from `tsc` (the VMM's derived clock, which reads instruction_count()) inside run(),
+  // without a kRdtsc exit: where the time follows from instructions and the recording logs no event for it, an exit
+  // would be a run-loop trip for nothing (Linux's TSC delay loops make millions). An empty function: exit again.
+  // Returns false where the backend cannot (it then exits as before).
+  virtual bool answer_rdtsc_inline(std::function<uint64_t()> /*tsc*/) { return false; }
   // Ask for a kInterruptWindow exit as soon as can_inject_interrupt() would become true.
   virtual void request_interrupt_window(bool enable) = 0;
 

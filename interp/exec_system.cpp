@@ -49,7 +49,9 @@ void InterpBackend::exec_system(const DecodedInsn& insn) {
       if (rdtscp && !cpuid_has(model_, 0x80000001, 3, 27)) raise_ud(insn, false);
       if ((s_.cr4 & 4 /* TSD */) && cpl() != 0 && (s_.cr0 & cr0::kPe)) raise(kGp, 0, true);
       uint64_t value = 0;
-      if (!take_response(ExitKind::kRdtsc, 0, value)) {
+      if (inline_tsc_) {
+        value = inline_tsc_();
+      } else if (!take_response(ExitKind::kRdtsc, 0, value)) {
         exit_ = VcpuExit{};
         exit_.kind = ExitKind::kRdtsc;
         exit_.is_rdtscp = rdtscp;

@@ -133,6 +133,13 @@ struct InterpBackend::Ops {
   static const Op* reference_may_exit(InterpBackend& c, const Op* op) {
     c.materialize_flags();
     enter_reference(c, op);
+    // The instructions before it in the block have retired: an RDTSC answered inline reads the count.
+    struct RetiredInBlock {
+      InterpBackend& c;
+      uint64_t before;
+      ~RetiredInBlock() { c.steps_ -= before; }
+    } retired{c, op->index};
+    c.steps_ += op->index;
     c.execute(op->insn);
     if (c.exit_pending_) {
       c.s_.rip = op->rip;

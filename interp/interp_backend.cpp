@@ -392,10 +392,13 @@ Result<> InterpBackend::inject_interrupt(uint8_t vector) {
 }
 
 Result<> InterpBackend::set_pause_exits(bool on) {
-  if (on != pause_exits_) {
-    pause_exits_ = on;
-    blocks_.clear();  // (blocks run PAUSE as a no-op: it leaves them for step() while it exits)
+  // Blocks run PAUSE as a no-op: once it may exit, it stays with step(), so that turning exits off and on again (the
+  // schedule does at every change of the other vCPUs' runnability) keeps the translated code.
+  if (on && !pause_in_step_) {
+    pause_in_step_ = true;
+    blocks_.clear();
   }
+  pause_exits_ = on;
   return {};
 }
 

@@ -52,6 +52,10 @@ class InterpBackend : public Backend {
     return {};
   }
   Result<> set_pause_exits(bool on) override;
+  bool answer_rdtsc_inline(std::function<uint64_t()> tsc) override {
+    inline_tsc_ = std::move(tsc);
+    return true;
+  }
   void request_interrupt_window(bool enable) override { window_requested_ = enable; }
   void kick() override { kicked_.store(true, std::memory_order_relaxed); }
   ProgressCounter* progress_counter() override { return &counter_; }
@@ -511,6 +515,8 @@ class InterpBackend : public Backend {
   bool nmi_pending_ = false;     // inject_nmi() not yet delivered
   bool nmi_blocked_ = false;     // an NMI handler runs: NMIs wait for its IRET
   bool pause_exits_ = false;     // set_pause_exits
+  bool pause_in_step_ = false;   // PAUSE has exited once: blocks leave it to step()
+  std::function<uint64_t()> inline_tsc_;  // answer_rdtsc_inline
   bool pause_executed_ = false;  // the current instruction is a PAUSE that exits once retired
   bool pause_unreported_ = false;
   uint64_t pause_rip_ = 0;

@@ -21,6 +21,8 @@ ScheduleConfig default_schedule(SliceUnit unit, uint64_t seed) {
   // to 64 of them let a vCPU waiting for another that catches up on its timer ticks (IF clear) take as much host time
   // as that one's slice, and Linux's tick handler never caught up (docs/smp.md, run G). A few PAUSEs hand over sooner.
   c.pause_limit = unit == SliceUnit::kInstructions ? 64 : 8;
+  // (Guest-exit slices keep every PAUSE an exit: untested under nested KVM with the newer rule.)
+  c.version = unit == SliceUnit::kInstructions ? kScheduleVersionPauseWithCompany : kScheduleVersionPauseAlways;
   return c;
 }
 
@@ -74,6 +76,10 @@ Result<std::unique_ptr<Scheduler>> make_scheduler(const ScheduleConfig& config) 
   if (config.pause_limit > (1u << 20)) {
     return fail(ErrorKind::kInvalidArgument, "schedule PAUSE limit {} is out of range (0 to 2^20)",
                 config.pause_limit);
+  }
+  if (config.version > kScheduleVersionPauseWithCompany) {
+    return fail(ErrorKind::kUnsupported, "schedule version {} is newer than this deja's ({})", config.version,
+                kScheduleVersionPauseWithCompany);
   }
   if (config.policy == "pct") return make_pct_scheduler(config);
   if (config.policy == "random") return make_random_scheduler(config);

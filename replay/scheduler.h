@@ -46,8 +46,18 @@ struct ScheduleConfig {
   uint32_t depth = 0;          // "pct": the bug depth d it aims at (d - 1 priority change points)
   uint64_t change_window = 0;  // "pct": the change points are drawn from the first k scheduling events
   uint64_t dropped_change_points = 0;  // "pct": bit i leaves out the i-th change point (deja explore --minimize)
+  // How the session applies the policy (kScheduleVersion*): which exits it makes switch points.
+  uint32_t version = 0;
   bool operator==(const ScheduleConfig&) const = default;
 };
+// The schedule versions (ScheduleConfig::version, the trace header's Schedule.version):
+// 0: every PAUSE exits while pause_limit > 0 (traces recorded before version 1);
+inline constexpr uint32_t kScheduleVersionPauseAlways = 0;
+// 1: a vCPU's PAUSEs exit only while another vCPU is runnable (instruction slices): one spinning with nobody to
+//    yield to (Linux's TSC delay loops while its APs wait for STARTUP) makes no exits, and waking another (an IPI,
+//    STARTUP, a device interrupt routed to it) makes its PAUSEs switch points again at once; and "pct" yields one slice
+//    after 8 whole slices in a row as after its PAUSEs (a spin without PAUSE must not starve the vCPU it waits for).
+inline constexpr uint32_t kScheduleVersionPauseWithCompany = 1;
 // The defaults: a quantum of 200,000 instructions (0.2 ms of the guest's clock per slice), 32 guest exits in
 // exit-sync mode, and up to 64 PAUSEs (Linux's spinlocks pause between reads of the lock word).
 ScheduleConfig default_schedule(SliceUnit unit, uint64_t seed);

@@ -15,7 +15,8 @@ namespace {
 // scheduling events, and at the i-th the running vCPU's priority drops to d - i. A bug of depth d then shows with
 // probability at least 1 / (n k^(d-1)). Steps are scheduling events (ScheduleEvent), not instructions, so k stays
 // small. A vCPU spinning on PAUSE (waiting for a lower-priority one, which strict priorities would starve) yields
-// one slice to the highest-priority other runnable vCPU after its slice's PAUSEs: PCT for programs that spin.
+// one slice to the highest-priority other runnable vCPU after its slice's PAUSEs, and (schedule version 1) after 8
+// whole slices of instructions in a row: PCT for programs that spin, with or without PAUSE.
 class PctScheduler : public Scheduler {
  public:
   explicit PctScheduler(const ScheduleConfig& config) : config_(config), random_(config.seed) {
@@ -42,7 +43,16 @@ class PctScheduler : public Scheduler {
 
   uint32_t next(uint32_t current, SwitchPoint why, std::span<const bool> runnable) override {
     preempting_ = false;
-    const bool yield = why == SwitchPoint::kPause;
+    // kSpinSlices whole slices in a row without a PAUSE, a halt or a preemption while another vCPU could run are a spin
+    // too (schedule version 1): Linux's AP calibrates its delay loop reading the TSC until jiffies move, which only the
+    // BSP's timer tick moves, so a higher-priority AP that never yielded there starved the BSP for good. (Not one
+    // slice: a lower-priority vCPU held at a change point must stay held through a long computation of the other.)
+    bool others = false;
+    for (uint32_t v = 0; v < runnable.size(); ++v) others |= runnable[v] && v != current;
+    const bool long_run = why == SwitchPoint::kSliceEnd && others && config_.version >= kScheduleVersionPauseWithCompany;
+    full_slices_ = long_run ? full_slices_ + 1 : 0;
+    const bool yield = why == SwitchPoint::kPause || full_slices_ >= kSpinSlices;
+    if (full_slices_ >= kSpinSlices) full_slices_ = 0;
     uint32_t best = current;
     bool found = false;
     for (uint32_t v = 0; v < runnable.size(); ++v) {
@@ -57,8 +67,9 @@ class PctScheduler : public Scheduler {
   }
 
   std::vector<uint8_t> save() const override {
-    StateWriter w("PCTS", 1);
+    StateWriter w("PCTS", 2);
     w.u64(random_.state());
+    w.u32(full_slices_);
     w.u64(events_);
     w.boolean(preempting_);
     for (uint64_t p : priorities_) w.u64(p);
@@ -67,8 +78,11 @@ class PctScheduler : public Scheduler {
     return w.take();
   }
   Result<> restore(std::span<const uint8_t> state) override {
-    StateReader r(state, "PCTS", 1);
-    const uint64_t s = r.u64(), events = r.u64();
+    const uint8_t version = state.size() > 4 && state[4] == 1 ? 1 : 2;  // (1: before full_slices)
+    StateReader r(state, "PCTS", version);
+    const uint64_t s = r.u64();
+    const uint32_t full_slices = version >= 2 ? r.u32() : 0;
+    const uint64_t events = r.u64();
     const bool preempting = r.boolean();
     std::array<uint64_t, kMaxVcpus> priorities{};
     for (uint64_t& p : priorities) p = r.u64();
@@ -76,6 +90,7 @@ class PctScheduler : public Scheduler {
     for (uint64_t& c : changes) c = r.u64();
     if (auto done = r.finish(); !done) return done;
     random_.set_state(s);
+    full_slices_ = full_slices;
     events_ = events;
     preempting_ = preempting;
     priorities_ = priorities;
@@ -90,6 +105,8 @@ class PctScheduler : public Scheduler {
   std::vector<uint64_t> change_points_;
   uint64_t events_ = 0;
   bool preempting_ = false;
+  static constexpr uint32_t kSpinSlices = 8;
+  uint32_t full_slices_ = 0;  // whole slices the running vCPU ran in a row while another could run
 };
 
 // Uniformly random: each slice's length is uniform in [1, 2 quantum] and its PAUSEs in [1, pause_limit], and the vCPU

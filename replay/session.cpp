@@ -202,7 +202,23 @@ Result<> Session::derive_time(Engine::TimeRates rates) {
     return sum;
   });
   derived_budget_ = has_budget_;
+  answer_rdtsc_inline_where_possible();
   return {};
+}
+
+void Session::count_rdtsc_as_guest_exits(bool on) {
+  rdtsc_exits_are_guest_exits_ = on;
+  answer_rdtsc_inline_where_possible();
+}
+
+void Session::answer_rdtsc_inline_where_possible() {
+  // An RDTSC exit that counts as a guest exit is a coordinate (every recording before the inline RDTSC): it
+  // stays an exit. Otherwise, with derived time, the exit only asks the engine what tsc_now() says.
+  const bool inline_tsc = engine_.derived_time_rates() && !rdtsc_exits_are_guest_exits_;
+  for (const Vcpu& v : vcpus_) {
+    v.cpu->answer_rdtsc_inline(inline_tsc ? std::function<uint64_t()>([this] { return engine_.tsc_now(); })
+                                          : std::function<uint64_t()>());
+  }
 }
 
 Result<CpuState> Session::comparable_state(uint32_t vcpu) {
@@ -836,6 +852,7 @@ Result<std::optional<Outcome>> Session::schedule() {
       vcpus_[v].halted = false;
     }
   }
+  if (auto r = follow_company(); !r) return std::unexpected(r.error());
   const bool can_run = runnable(current_);
   const bool slice_over = scheduler_->config().unit == SliceUnit::kInstructions
                               ? cpu().step_count().value_or(0) >= slice_end_
@@ -860,7 +877,20 @@ Result<std::optional<Outcome>> Session::schedule() {
     return std::nullopt;
   }
   switch_to(scheduler_->next(current_, why, std::span<const bool>(ready.data(), vcpus_.size())));
+  if (auto r = follow_company(); !r) return std::unexpected(r.error());
   return std::nullopt;
+}
+
+Result<> Session::follow_company() {
+  const ScheduleConfig& c = scheduler_->config();
+  if (c.version < kScheduleVersionPauseWithCompany || c.pause_limit == 0) return {};
+  // Evaluated at every turn, from the vCPUs' states alone: another vCPU becomes runnable only at a turn a recording
+  // and its replay both make (the running vCPU's IPI is an exit, a device interrupt an event), so both see the change
+  // at the same instruction. Nothing to keep in a checkpoint: the next turn computes the same. (The slice's PAUSE count
+  // is untouched while they do not exit.)
+  bool company = false;
+  for (uint32_t other = 0; other < vcpus_.size() && !company; ++other) company = other != current_ && runnable(other);
+  return cpu().set_pause_exits(company);
 }
 
 void Session::schedule_event(ScheduleEvent event, uint64_t rip) {

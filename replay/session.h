@@ -97,7 +97,9 @@ class Session {
   // RDTSC/RDRAND exits count as guest-caused exits (trace header rdtsc_exits_are_guest_exits): they are
   // instruction-synchronous wherever the backend traps them, so exit-synchronous recording can deliver
   // interrupts there too. Recording turns it on where the backend traps RDTSC; replay as the trace says.
-  void count_rdtsc_as_guest_exits(bool on) { rdtsc_exits_are_guest_exits_ = on; }
+  // Off, with derived time, the software CPU answers RDTSC without an exit (answer_rdtsc_inline): no guest exit to
+  // count, no event to log, no run-loop trip.
+  void count_rdtsc_as_guest_exits(bool on);
   bool rdtsc_exits_are_guest_exits() const { return rdtsc_exits_are_guest_exits_; }
   // Until the vCPU runs again after an MMIO-write exit, its state counts as after the writing instruction (trace
   // header mmio_write_exits_complete): KVM completes an MMIO write before it exits, the software CPU finishes the
@@ -216,6 +218,11 @@ class Session {
 
  private:
   class TeeSink;
+
+  // Wires or unwires every vCPU's inline RDTSC (count_rdtsc_as_guest_exits) as derived time and the flag allow.
+  void answer_rdtsc_inline_where_possible();
+  // Schedule version 1: the running vCPU's PAUSEs exit only while another vCPU is runnable.
+  Result<> follow_company();
 
   Position position();
   // A vCPU's state as coordinates and digests see it (the same on both backends at an MMIO-write exit).

@@ -75,6 +75,7 @@ struct Campaign {
   // --minimize: the perturbations taken away.
   uint64_t dropped_change_points = 0;
   std::vector<uint64_t> suppressed_faults;
+  std::optional<uint32_t> schedule_version;  // the trace's, where it is minimized (else this deja's)
 };
 
 Result<uint64_t> parse_duration_ns(const std::string& text) {
@@ -151,12 +152,13 @@ Result<> parse_schedule(const std::string& text, Campaign& c) {
 
 // The schedule of `seed`'s run (several vCPUs).
 ScheduleConfig schedule_for(const Campaign& c, uint64_t seed) {
+  // "none": the same schedule whatever the seed.
+  ScheduleConfig s = default_schedule(SliceUnit::kInstructions, c.policy == "none" ? 0 : seed);
+  if (c.schedule_version) s.version = *c.schedule_version;
   if (c.policy == "none") {
-    ScheduleConfig s = default_schedule(SliceUnit::kInstructions, 0);  // the same schedule whatever the seed
     if (c.quantum) s.quantum = *c.quantum;
     return s;
   }
-  ScheduleConfig s = default_schedule(SliceUnit::kInstructions, seed);
   s.policy = c.policy;
   if (c.policy == "pct") {
     s.depth = c.depth;
@@ -509,7 +511,10 @@ int run_minimize(const ExploreArgs& given) {
   if (header.config().has_faults()) {
     c.suppressed_faults.assign(header.config().faults().suppressed().begin(), header.config().faults().suppressed().end());
   }
-  if (header.config().has_schedule()) c.dropped_change_points = header.config().schedule().dropped_change_points();
+  if (header.config().has_schedule()) {
+    c.dropped_change_points = header.config().schedule().dropped_change_points();
+    c.schedule_version = header.config().schedule().version();
+  }
 
   unsigned attempt = 0;
   auto try_run = [&](const Campaign& variant) {

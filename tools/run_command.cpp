@@ -475,15 +475,17 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     if (!options.schedule_seed) say("note: {} vCPUs, schedule seed {} (repeat with --schedule-seed {})", config.vcpus, seed, seed);
   }
   session.set_digest_interval(options.digest_interval);
-  session.count_rdtsc_as_guest_exits(session.machine().backend().traps_rdtsc());
+  // Where instructions are counted exactly, time read between asynchronous events follows from them: no event per
+  // clock or TSC read (format 4). The same in a plain run, so that a run and its recording see the same time.
+  const bool derived_time = progress.mode == ProgressMode::kExact && session.machine().backend().instruction_count();
+  // With derived time the software CPU answers RDTSC itself: no exit, so none to count as a guest exit.
+  session.count_rdtsc_as_guest_exits(session.machine().backend().traps_rdtsc() && !derived_time);
   session.complete_mmio_write_exits(true);
   if (config.vcpus > 1 && progress.mode == ProgressMode::kExitSync) {
     session.step_to_interrupt_windows(Session::kInterruptWindowSteps);
     session.step_windows_by_trap_flag(true);
   }
-  // Where instructions are counted exactly, time read between asynchronous events follows from them: no event per
-  // clock or TSC read (format 4). The same in a plain run, so that a run and its recording see the same time.
-  if (progress.mode == ProgressMode::kExact && session.machine().backend().instruction_count()) {
+  if (derived_time) {
     if (auto r = session.derive_time(Engine::TimeRates{}); !r) return report_error(r.error());
   }
   if (seeded) {

@@ -174,6 +174,24 @@ TEST(InterpBasic, ExitsInsideBlocksLeaveTheInstructionUnretired) {
   }
 }
 
+// An RDTSC answered inline (derived time, answer_rdtsc_inline) makes no exit, and the clock it asks sees the
+// instructions before it retired, inside a block too: the value the exit's answer would have had. In every executor.
+TEST(InterpBasic, InlineRdtscSeesTheInstructionsBeforeIt) {
+  for (const InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    SCOPED_TRACE(interp_mode_name(mode));
+    TestVm vm = TestVm::long_mode();
+    vm.cpu->set_mode(mode);
+    Backend& cpu = *vm.cpu;
+    ASSERT_TRUE(cpu.answer_rdtsc_inline([&cpu] { return 1000 + *cpu.instruction_count(); }));
+    vm.code("mov rbx, 1\n mov ecx, 2\n rdtsc\n mov esi, eax\n mov rbx, 3\n rdtsc\n mov edi, eax\n hlt\n");
+    ASSERT_EQ((*vm.cpu->run())->kind, ExitKind::kHlt);
+    const CpuState s = vm.state();
+    EXPECT_EQ(s.gpr[kRsi], 1002u);
+    EXPECT_EQ(s.gpr[kRdi], 1005u);
+    EXPECT_EQ(*vm.cpu->instruction_count(), 8u);
+  }
+}
+
 // BT and ROL change CF (and OF) only: after an ADD or CMP earlier in the same block the JIT merges their
 // bits into that producer's flags computed inline. Every flag must come out as the reference's.
 TEST(InterpBasic, PartialFlagWritersKeepTheOtherFlagsOfAKnownProducer) {

@@ -1,5 +1,8 @@
-// The default schedule: a pure function of its seed, and a PAUSE limit of 0 (KVM without PAUSE exits) that draws none.
+// The schedules: the default one a pure function of its seed, a PAUSE limit of 0 (KVM without PAUSE exits) that draws
+// none; PCT's yield at a slice's end by schedule version.
 #include "replay/scheduler.h"
+
+#include <array>
 
 #include <gtest/gtest.h>
 
@@ -46,6 +49,33 @@ TEST(Scheduler, RoundRobinOverRunnable) {
   EXPECT_EQ((*scheduler)->next(3, SwitchPoint::kPause, runnable), 0u);
   const bool only_current[] = {false, true, false, false};
   EXPECT_EQ((*scheduler)->next(1, SwitchPoint::kSliceEnd, only_current), 1u);
+}
+
+// PCT, schedule version 1: a vCPU that runs 8 whole slices in a row without a PAUSE yields one slice to the other (a spin
+// without PAUSE must not starve the vCPU it waits for); version 0, as traces before it replay, keeps it running.
+TEST(Scheduler, PctYieldsAtSliceEndFromVersionOne) {
+  for (uint32_t version : {kScheduleVersionPauseAlways, kScheduleVersionPauseWithCompany}) {
+    ScheduleConfig config = default_schedule(SliceUnit::kInstructions, 7);
+    config.policy = "pct";
+    config.depth = 2;
+    config.change_window = 1'000'000;
+    config.version = version;
+    auto made = make_scheduler(config);
+    ASSERT_TRUE(made) << made.error().message;
+    const std::array<bool, 2> both{true, true};
+    const uint32_t highest = (*made)->next(0, SwitchPoint::kIdle, both);
+    for (int slice = 1; slice < 8; ++slice) EXPECT_EQ((*made)->next(highest, SwitchPoint::kSliceEnd, both), highest);
+    const uint32_t after_eighth = (*made)->next(highest, SwitchPoint::kSliceEnd, both);
+    EXPECT_EQ(after_eighth, version == kScheduleVersionPauseAlways ? highest : 1 - highest);
+    EXPECT_EQ((*made)->next(after_eighth, SwitchPoint::kSliceEnd, both), highest);  // (then priorities rule again)
+    EXPECT_EQ((*made)->next(highest, SwitchPoint::kPause, both), 1 - highest);
+  }
+}
+
+TEST(Scheduler, RefusesANewerVersion) {
+  ScheduleConfig config = default_schedule(SliceUnit::kInstructions, 1);
+  config.version = kScheduleVersionPauseWithCompany + 1;
+  EXPECT_FALSE(make_scheduler(config));
 }
 
 }  // namespace

@@ -20,7 +20,8 @@ TraceConfig everything() {
   t.backend = "kvm";
   t.machine = std::string(kMachinePcApic);
   t.vcpus = 2;
-  t.schedule = ScheduleConfig{"pct", 0x1234'5678'9abc'def0ull, SliceUnit::kGuestExits, 48, 9, 3, 500, 2};
+  t.schedule = ScheduleConfig{"pct", 0x1234'5678'9abc'def0ull, SliceUnit::kGuestExits, 48, 9, 3, 500, 2,
+                              kScheduleVersionPauseWithCompany};
   t.faults = FaultPlan{77, 20'000, 5'000, {3, 9}};
   t.memory_bytes = 512ull << 20;
   t.cmdline = "console=ttyS0 café";
@@ -110,6 +111,7 @@ TEST(TraceConfig, EachFieldMatters) {
       [](TraceConfig& t) { t.schedule->unit = SliceUnit::kInstructions; }, [](TraceConfig& t) { t.schedule->quantum++; },
       [](TraceConfig& t) { t.schedule->pause_limit++; }, [](TraceConfig& t) { t.schedule->depth++; },
       [](TraceConfig& t) { t.schedule->change_window++; }, [](TraceConfig& t) { t.schedule->dropped_change_points = 0; },
+      [](TraceConfig& t) { t.schedule->version = kScheduleVersionPauseAlways; },
       [](TraceConfig& t) { t.faults->seed++; }, [](TraceConfig& t) { t.faults->disk_eio_ppm++; },
       [](TraceConfig& t) { t.faults->disk_torn_ppm++; }, [](TraceConfig& t) { t.faults->suppressed.pop_back(); },
       [](TraceConfig& t) { t.faults.reset(); },
@@ -184,6 +186,9 @@ TEST(TraceConfig, RefusesWhatItCannotReplay) {
   h = good;
   h.mutable_config()->mutable_schedule()->set_policy("lottery");
   refused(h, ErrorKind::kBadTrace, "lottery");
+  h = good;
+  h.mutable_config()->mutable_schedule()->set_version(kScheduleVersionPauseWithCompany + 1);
+  refused(h, ErrorKind::kBadTrace, "schedule version 2 is newer");
   h = good;
   h.mutable_config()->mutable_schedule()->set_depth(0);
   refused(h, ErrorKind::kBadTrace, "PCT depth 0");
