@@ -124,7 +124,7 @@ struct Block {
 // its cause, so that each translation can be classified. Diagnostic only: nothing is recorded without it.
 class TranslationHistory {
  public:
-  enum Cause : uint8_t { kStore, kPage, kFlush, kCauses };
+  enum Cause : uint8_t { kStore, kPage, kFlush, kEvict, kCauses };
   // Each translation, classified against what was translated and dropped before.
   enum Kind : uint8_t {
     kNew,             // bytes never translated at this RIP and mode before
@@ -186,11 +186,29 @@ class BlockCache {
   }
   // A live block of 64-bit code translated from the same guest-physical bytes for the same mode, at another RIP:
   // its operations and code can be copied rather than translated again (nullptr: none).
+  // The newest is first (insert() puts blocks at the head of their bucket).
   const Block* find_same_code(uint64_t phys, uint32_t key) const {
     for (const Block* b = buckets_[bucket(phys)]; b; b = b->next_in_bucket)
       if (b->phys == phys && b->key == key && b->count > 0) return b;
     return nullptr;
   }
+  // Copies of one code at other RIPs kept at once: the processes alive that map it (a pipeline's). Older ones
+  // belong to processes that have most likely exited, whose mappings will not come back.
+  static constexpr unsigned kMaxSameCode = 8;
+  // When kMaxSameCode blocks of these bytes and mode are cached, the oldest of them, else nullptr.
+  Block* same_code_to_evict(uint64_t phys, uint32_t key) const {
+    unsigned count = 0;
+    Block* oldest = nullptr;
+    for (Block* b = buckets_[bucket(phys)]; b; b = b->next_in_bucket) {
+      if (b->phys == phys && b->key == key && b->count > 0) {
+        ++count;
+        oldest = b;
+      }
+    }
+    return count >= kMaxSameCode ? oldest : nullptr;
+  }
+  // Drops one block (as invalidation would).
+  void evict(Block* block);
   // Takes ownership; returns the block. May flush everything first when the cache is full.
   Block* insert(std::unique_ptr<Block> block);
 
@@ -227,6 +245,7 @@ class BlockCache {
   uint64_t flushes() const { return flushes_; }
   uint64_t invalidations() const { return invalidations_; }
   uint64_t translations() const { return translations_; }
+  uint64_t evictions() const { return evictions_; }
 
  private:
   static constexpr unsigned kBucketBits = 16;
@@ -269,6 +288,7 @@ class BlockCache {
   uint64_t flushes_ = 0;
   uint64_t invalidations_ = 0;
   uint64_t translations_ = 0;
+  uint64_t evictions_ = 0;
 };
 
 }  // namespace deja::interp

@@ -76,6 +76,26 @@ bool BlockCache::invalidate_range(uint64_t gpa, uint64_t size) {
   return dropped;
 }
 
+void BlockCache::evict(Block* block) {
+  const uint64_t pfn = block->phys >> 12;
+  auto& blocks = page_blocks_[pfn];
+  for (auto& owned : blocks) {
+    if (owned.get() != block) continue;
+    if (history_) history_->dropped(*block, TranslationHistory::kEvict);
+    drop(block);
+    --invalidations_;  // (not a code write)
+    ++evictions_;
+    graveyard_.push_back(std::move(owned));
+    owned = std::move(blocks.back());
+    blocks.pop_back();
+    break;
+  }
+  if (blocks.empty()) {
+    page_blocks_.erase(pfn);
+    if (pfn < has_code_.size()) has_code_[pfn] = 0;
+  }
+}
+
 bool BlockCache::invalidate_page(uint64_t pfn) {
   auto it = page_blocks_.find(pfn);
   if (it == page_blocks_.end()) return false;
@@ -133,13 +153,13 @@ void TranslationHistory::dropped(const Block& block, Cause cause) {
 
 std::vector<std::string> TranslationHistory::report() const {
   return {
-      fmt::format("  blocks dropped: by guest stores {}, by VMM/DMA page writes {}, by flushes {}", drops_[kStore],
-                  drops_[kPage], drops_[kFlush]),
+      fmt::format("  blocks dropped: by guest stores {}, by VMM/DMA page writes {}, by flushes {}, as old copies {}",
+                  drops_[kStore], drops_[kPage], drops_[kFlush], drops_[kEvict]),
       fmt::format("  translations: new {}; again with the same bytes {} (dropped by stores {}, page writes {}, "
-                  "flushes {}); again with new bytes {}; same bytes and physical address at another RIP {}; same "
+                  "flushes {}, as old copies {}); again with new bytes {}; same bytes and physical address at another RIP {}; same "
                   "bytes and RIP at another physical address {}; same bytes elsewhere {}",
                   kinds_[kNew], kinds_[kAgainSameBytes], again_by_cause_[kStore], again_by_cause_[kPage],
-                  again_by_cause_[kFlush], kinds_[kAgainNewBytes], kinds_[kOtherRip], kinds_[kOtherPhys],
+                  again_by_cause_[kFlush], again_by_cause_[kEvict], kinds_[kAgainNewBytes], kinds_[kOtherRip], kinds_[kOtherPhys],
                   kinds_[kOtherBoth])};
 }
 

@@ -255,7 +255,14 @@ interp::Block* InterpBackend::clone_block(const Block& from, uint64_t rip) {
       if (op.target_ok != is_canonical(op.target)) return nullptr;
     }
   }
-  if (mode_ == InterpMode::kJit && !relocate_code(*block, from)) return nullptr;
+  // The oldest copy goes (it is not `from`, the newest), and its host code's room takes the new one: copies of
+  // one code have the same size. (No block runs here, and no link or jump-cache entry names a dropped one.)
+  void* room = nullptr;
+  if (Block* old = blocks_.same_code_to_evict(from.phys, from.key)) {
+    if (old->code_bytes == from.code_bytes) room = reinterpret_cast<void*>(old->code);
+    blocks_.evict(old);
+  }
+  if (mode_ == InterpMode::kJit && !relocate_code(*block, from, room)) return nullptr;
   if (interp::TranslationHistory* history = blocks_.history()) history->translated(*block);
   ++fast_stats_.blocks_relocated;
   return insert_block(std::move(block));

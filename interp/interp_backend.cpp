@@ -19,7 +19,7 @@ constexpr uint8_t kDb = 1, kNmi = 2;
 namespace {
 // The block cache's bound (host code included): a Linux boot keeps ~95 MB of blocks; the 64 MB bound
 // it had flushed the cache once in a boot and retranslated 18,000 blocks (a quarter of them).
-constexpr uint64_t kBlockCacheBytes = uint64_t{256} << 20;
+constexpr uint64_t kBlockCacheBytes = uint64_t{1024} << 20;
 }  // namespace
 
 InterpBackend::InterpBackend(GuestMemory& memory, const CpuModel& model)

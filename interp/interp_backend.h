@@ -164,8 +164,9 @@ class InterpBackend : public Backend {
   bool compile_block(interp::Block& block);
   // Gives `to` (a copy of `from`'s operations moved to another RIP) a copy of `from`'s host code with its
   // address-dependent values rewritten (Block::relocs); false when they do not fit their encodings or the
-  // buffer is full (then `to` is compiled afresh).
-  bool relocate_code(interp::Block& to, const interp::Block& from);
+  // buffer is full (then `to` is compiled afresh). `room`: where to put it (a dropped block's code of that size),
+  // else at the buffer's end.
+  bool relocate_code(interp::Block& to, const interp::Block& from, void* room = nullptr);
   uint32_t block_key() const;
   static constexpr uint32_t kKeyPaging = 1u << 4;  // block_key(): CR0.PG
   // Chaining (docs/interp.md, "The fast path"): may `from` link to `next`, the block that followed it? Within

@@ -2275,10 +2275,10 @@ bool InterpBackend::compile_block(Block& block) {
 }
 
 
-bool InterpBackend::relocate_code(Block& to, const Block& from) {
+bool InterpBackend::relocate_code(Block& to, const Block& from, void* room) {
   if (!from.code || !from.relocatable || !jit_) return false;
   // Room first, as compile_block: a full buffer is left to it (it drops every block, `from` included).
-  if (jit_->used() + from.code_bytes + 16 > jit_->capacity()) return false;
+  if (!room && jit_->used() + from.code_bytes + 16 > jit_->capacity()) return false;
   std::vector<uint8_t>& code = jit_->scratch;
   const auto* source = reinterpret_cast<const uint8_t*>(from.code);
   code.assign(source, source + from.code_bytes);
@@ -2313,7 +2313,7 @@ bool InterpBackend::relocate_code(Block& to, const Block& from) {
     if (!keeps) return false;
     std::memcpy(field, &value, width);
   }
-  void* placed = jit_->add({code.data(), code.size()});
+  void* placed = room ? std::memcpy(room, code.data(), code.size()) : jit_->add({code.data(), code.size()});
   if (!placed) return false;
   const auto moved = [&](const void* p) {
     return static_cast<const uint8_t*>(placed) + (static_cast<const uint8_t*>(p) - source);

@@ -14,7 +14,7 @@ class JitBuffer {
  public:
   // (Reserved, not committed: only the code written takes memory. Sized so that the block cache's bound,
   // not this buffer, decides when everything is dropped.)
-  static constexpr size_t kDefaultBytes = size_t{256} << 20;
+  static constexpr size_t kDefaultBytes = size_t{1024} << 20;
 
   explicit JitBuffer(size_t bytes = kDefaultBytes);
   ~JitBuffer();
