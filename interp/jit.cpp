@@ -1406,18 +1406,19 @@ struct InterpBackend::Jit {
   }
   // An indirect JMP or CALL its handler does (the target from memory, the push): then, unless it faulted,
   // exited or ended the run, straight into the target's block as chain_exit's slow path would.
+  // The handler, then on to the target's block as a RET goes: through the link if it names the block for RIP,
+  // else the jump cache, else next_body (a PLT stub's JMP [GOT] runs at every call into a shared library).
   void emit_transfer(const Op& op) {
     call_op(op);
     a.mov(8, rdi, rbx);
-    a.mov_imm64(rsi, block.count);
-    a.call_abs(reinterpret_cast<uint64_t>(&transfer_next));
+    a.call_abs(reinterpret_cast<uint64_t>(&transfer_ends));
     a.test(8, rax, rax);
-    a.jcc(x64::kE, ended);
-    a.jmp_reg(rax);
+    a.jcc(x64::kNe, ended);
+    chain_exit(op, 0, std::nullopt);
   }
-  static const void* transfer_next(InterpBackend* cpu, uint64_t retired) noexcept {
-    if (cpu->jit_trap_ || cpu->end_block_after_op_ || cpu->watch_hit_) return nullptr;
-    return next_body(cpu, retired, 0);
+  // The handler faulted or exited, stored into this block or hit a watchpoint: the runner takes over.
+  static uint64_t transfer_ends(InterpBackend* cpu) noexcept {
+    return cpu->jit_trap_ || cpu->end_block_after_op_ || cpu->watch_hit_;
   }
 
   // Operations that change some of CF and OF only (ROL/ROR, BT*: interp/alu.cpp's values) keep the other
