@@ -160,9 +160,8 @@ class TranslationHistory {
   uint64_t drops_[kCauses] = {};
 };
 
-// All translated blocks, by guest-physical address, with the same bound as the decode cache: past
-// `capacity_bytes` everything is dropped and translation starts again, as QEMU flushes its
-// translation buffer. Dropped blocks go to a graveyard freed only at safe points (release_retired),
+// All translated blocks, by guest-physical address: past `capacity_bytes` everything is dropped and translation
+// starts again, as QEMU flushes its translation buffer. Dropped blocks go to a graveyard freed only at safe points (release_retired),
 // because the block being executed may be the one a store invalidates.
 class BlockCache {
  public:

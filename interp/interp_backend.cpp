@@ -17,8 +17,8 @@ constexpr uint8_t kDb = 1, kNmi = 2;
 }
 
 namespace {
-// The block cache's bound (host code included): a Linux boot keeps ~95 MB of blocks; the 64 MB bound
-// it had flushed the cache once in a boot and retranslated 18,000 blocks (a quarter of them).
+// The block cache's bound (host code included), QEMU's default translation buffer: a Linux boot keeps ~95 MB of
+// blocks; two rounds of the glibc workload, which starts a process per command, flushed 256 MiB three times.
 constexpr uint64_t kBlockCacheBytes = uint64_t{1024} << 20;
 }  // namespace
 
