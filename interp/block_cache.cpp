@@ -47,7 +47,6 @@ void BlockCache::drop(Block* block) {
   }
   if (on_drop_) on_drop_(*block);
   bytes_ -= std::min(bytes_, block->memory_bytes());
-  ++invalidations_;
 }
 
 bool BlockCache::invalidate_range(uint64_t gpa, uint64_t size) {
@@ -61,6 +60,7 @@ bool BlockCache::invalidate_range(uint64_t gpa, uint64_t size) {
     if (b->phys < gpa + size && gpa < b->phys + std::max<uint32_t>(b->bytes, 1)) {
       if (history_) history_->dropped(*b, TranslationHistory::kStore);
       drop(b);
+      ++invalidations_;
       graveyard_.push_back(std::move(blocks[i]));
       blocks[i] = std::move(blocks.back());
       blocks.pop_back();
@@ -83,7 +83,6 @@ void BlockCache::evict(Block* block) {
     if (owned.get() != block) continue;
     if (history_) history_->dropped(*block, TranslationHistory::kEvict);
     drop(block);
-    --invalidations_;  // (not a code write)
     ++evictions_;
     graveyard_.push_back(std::move(owned));
     owned = std::move(blocks.back());
@@ -102,6 +101,7 @@ bool BlockCache::invalidate_page(uint64_t pfn) {
   for (auto& b : it->second) {
     if (history_) history_->dropped(*b, TranslationHistory::kPage);
     drop(b.get());
+    ++invalidations_;
     graveyard_.push_back(std::move(b));
   }
   page_blocks_.erase(it);

@@ -463,10 +463,10 @@ struct InterpBackend::Jit {
   };
   std::vector<Slow> slows;
   const bool user;
-  const bool paged64;
+  const bool paged64;  // 64-bit code with paging: links into other pages are possible (linkable)
   // The address-dependent values emitted (Block::relocs), and whether every one was listed.
   std::vector<interp::Reloc> relocs;
-  bool relocatable = true;  // 64-bit code with paging: links into other pages are possible (linkable)
+  bool relocatable = true;
   // The lazy-flags producer earlier in this block whose operands are stored, if known.
   bool known = false;
   // Where RCX bit 0 is CF (after ROL/ROR and BT*, which leave the new CF there): the code size and label
