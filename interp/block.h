@@ -161,8 +161,8 @@ class TranslationHistory {
 };
 
 // All translated blocks, by guest-physical address: past `capacity_bytes` everything is dropped and translation
-// starts again, as QEMU flushes its translation buffer. Dropped blocks go to a graveyard freed only at safe points (release_retired),
-// because the block being executed may be the one a store invalidates.
+// starts again, as QEMU flushes its translation buffer. Dropped blocks go to a graveyard freed only at safe points
+// (release_retired), because the block being executed may be the one a store invalidates.
 class BlockCache {
  public:
   static constexpr uint64_t kDefaultCapacityBytes = uint64_t{64} << 20;
@@ -244,7 +244,6 @@ class BlockCache {
   uint64_t flushes() const { return flushes_; }
   uint64_t invalidations() const { return invalidations_; }
   uint64_t translations() const { return translations_; }
-  uint64_t evictions() const { return evictions_; }
 
  private:
   static constexpr unsigned kBucketBits = 16;
@@ -287,7 +286,6 @@ class BlockCache {
   uint64_t flushes_ = 0;
   uint64_t invalidations_ = 0;
   uint64_t translations_ = 0;
-  uint64_t evictions_ = 0;
 };
 
 }  // namespace deja::interp

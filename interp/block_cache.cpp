@@ -83,7 +83,6 @@ void BlockCache::evict(Block* block) {
     if (owned.get() != block) continue;
     if (history_) history_->dropped(*block, TranslationHistory::kEvict);
     drop(block);
-    ++evictions_;
     graveyard_.push_back(std::move(owned));
     owned = std::move(blocks.back());
     blocks.pop_back();
