@@ -193,7 +193,7 @@ class BlockCache {
   }
   // Copies of one code at other RIPs kept at once: the processes alive that map it (a pipeline's). Older ones
   // belong to processes that have most likely exited, whose mappings will not come back.
-  static constexpr unsigned kMaxSameCode = 8;
+  static constexpr unsigned kMaxSameCode = 4;
   // When kMaxSameCode blocks of these bytes and mode are cached, the oldest of them, else nullptr.
   Block* same_code_to_evict(uint64_t phys, uint32_t key) const {
     unsigned count = 0;

@@ -19,7 +19,7 @@ constexpr uint8_t kDb = 1, kNmi = 2;
 namespace {
 // The block cache's bound (host code included), QEMU's default translation buffer: a Linux boot keeps ~95 MB of
 // blocks; two rounds of the glibc workload, which starts a process per command, flushed 256 MiB three times.
-constexpr uint64_t kBlockCacheBytes = uint64_t{1024} << 20;
+constexpr uint64_t kBlockCacheBytes = uint64_t{512} << 20;
 }  // namespace
 
 InterpBackend::InterpBackend(GuestMemory& memory, const CpuModel& model)

@@ -14,7 +14,7 @@ class JitBuffer {
  public:
   // (Reserved, not committed: only the code written takes memory. The block cache's size: it counts live blocks'
   // code; a dropped block's code is reclaimed by the next flush, or by a copy of the same code taking its room.)
-  static constexpr size_t kDefaultBytes = size_t{1024} << 20;
+  static constexpr size_t kDefaultBytes = size_t{512} << 20;
 
   explicit JitBuffer(size_t bytes = kDefaultBytes);
   ~JitBuffer();
