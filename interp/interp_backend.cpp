@@ -17,8 +17,8 @@ constexpr uint8_t kDb = 1, kNmi = 2;
 }
 
 namespace {
-// The block cache's bound (host code included), QEMU's default translation buffer: a Linux boot keeps ~95 MB of
-// blocks; two rounds of the glibc workload, which starts a process per command, flushed 256 MiB three times.
+// The block cache's bound (host code included): a Linux boot keeps ~95 MB of blocks; two rounds of the glibc
+// workload, which starts a process per command, flushed 256 MiB three times; eight flush 512 MiB once.
 constexpr uint64_t kBlockCacheBytes = uint64_t{512} << 20;
 }  // namespace
 
