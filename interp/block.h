@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -43,6 +44,31 @@ struct Op {
   DecodedInsn insn;       // the whole decode, for handlers that need more and for the reference executor
 };
 
+// A value in a block's host code that depends on where the block is (its RIP and linear address) or on its Op and
+// Block objects: rewritten when the code is copied for the same guest bytes at another address (another mapping of
+// the same physical page: a shared library under ASLR in every process; BlockCache::find_same_code).
+struct Reloc {
+  enum Kind : uint8_t {
+    kRip,      // a RIP or a linear address in the block's page(s): moves with the block
+    kVpn,      // the block's linear page number
+    kTlbDisp,  // the displacement of the block's page's software-TLB entry (indexed by its linear page)
+    kOp,       // a pointer into the block's operations
+    kBlock,    // a pointer into the Block
+  };
+  // The encoding, which a moved value must keep (the copy has the source's layout), and which the assembler would
+  // pick for it (so that a copy is what compiling it gives).
+  enum Form : uint8_t {
+    kImm64,       // mov r64, imm64: a value beyond 32 bits
+    kImm32Zero,   // mov r32, imm32 (zero-extended): up to 0xffffffff
+    kImm32Sign,   // mov r64, imm32 (sign-extended): a negative int32
+    kStoreImm32,  // mov m64, imm32 (sign-extended): any int32
+    kDisp32,      // a ModRM disp32: beyond a disp8's range
+  };
+  uint32_t at = 0;  // the field's offset in the code
+  Kind kind = kRip;
+  Form form = kImm64;
+};
+
 // A guest basic block: instructions that run one after the other with no control transfer, decoded
 // from one guest-physical page, ending at a control transfer, before an instruction the fast path
 // leaves to the reference executor, at the page's end or at kMaxInstructions.
@@ -55,6 +81,7 @@ struct Block {
   uint32_t key = 0;     // the CPU mode the operations were bound for (InterpBackend::block_key())
   uint32_t bytes = 0;   // guest code bytes covered: [phys, phys + bytes), all in one page
   uint32_t count = 0;   // instructions; 0 = the first one is not on the fast path (run it with step())
+  uint64_t source_hash = 0;  // of the guest bytes [phys, phys + bytes) it was translated from (DEJA_BLOCK_STATS)
   bool dead = false;    // invalidated (self-modifying code, a VMM write, a flush): never entered again
   std::vector<Op> ops;  // `count` instructions, then the block's end (a synthetic fall-through op if needed)
 
@@ -82,15 +109,60 @@ struct Block {
   const void* exit_unlinked[2] = {nullptr, nullptr};
   uint8_t exit_entry[2] = {0, 0};
   uint32_t code_bytes = 0;
+  // Every address-dependent value in `code`; `relocatable` false when some could not be listed (the block is
+  // then translated afresh at another address).
+  std::vector<Reloc> relocs;
+  bool relocatable = false;
 
   uint64_t end_linear() const { return linear + bytes; }
-  uint64_t memory_bytes() const { return sizeof(Block) + ops.capacity() * sizeof(Op) + code_bytes; }
+  uint64_t memory_bytes() const {
+    return sizeof(Block) + ops.capacity() * sizeof(Op) + relocs.capacity() * sizeof(Reloc) + code_bytes;
+  }
 };
 
-// All translated blocks, by guest-physical address, with the same bound as the decode cache: past
-// `capacity_bytes` everything is dropped and translation starts again, as QEMU flushes its
-// translation buffer. Dropped blocks go to a graveyard freed only at safe points (release_retired),
-// because the block being executed may be the one a store invalidates.
+// Why blocks are translated again (DEJA_BLOCK_STATS=1, printed by --stats): every block dropped is remembered with
+// its cause, so that each translation can be classified. Diagnostic only: nothing is recorded without it.
+class TranslationHistory {
+ public:
+  enum Cause : uint8_t { kStore, kPage, kFlush, kEvict, kCauses };
+  // Each translation, classified against what was translated and dropped before.
+  enum Kind : uint8_t {
+    kNew,             // bytes never translated at this RIP and mode before
+    kAgainSameBytes,  // (phys, RIP, mode) dropped before, the same bytes now: [cause] says why it went
+    kAgainNewBytes,   // (phys, RIP, mode) dropped before, other bytes now (code really rewritten)
+    kOtherRip,        // the same bytes at the same physical address, another RIP (another mapping: ASLR)
+    kOtherPhys,       // the same bytes and RIP at another physical address (a copy of the code)
+    kOtherBoth,       // the same bytes and mode elsewhere (another address and RIP)
+    kKinds
+  };
+  void translated(const Block& block);
+  void dropped(const Block& block, Cause cause);
+  std::vector<std::string> report() const;
+
+ private:
+  struct Key {
+    uint64_t a, b, c;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const { return (k.a * 0x9e3779b97f4a7c15ull) ^ (k.b * 0xc2b2ae3d27d4eb4full) ^ k.c; }
+  };
+  struct Dropped {
+    uint64_t hash;
+    Cause cause;
+  };
+  std::unordered_map<Key, Dropped, KeyHash> dropped_;  // (phys, RIP, key): the last drop
+  std::unordered_map<Key, uint8_t, KeyHash> by_phys_;  // (hash, phys, key) seen
+  std::unordered_map<Key, uint8_t, KeyHash> by_rip_;   // (hash, RIP, key) seen
+  std::unordered_map<Key, uint8_t, KeyHash> by_bytes_; // (hash, key) seen
+  uint64_t kinds_[kKinds] = {};
+  uint64_t again_by_cause_[kCauses] = {};
+  uint64_t drops_[kCauses] = {};
+};
+
+// All translated blocks, by guest-physical address: past `capacity_bytes` everything is dropped and translation
+// starts again, as QEMU flushes its translation buffer. Dropped blocks go to a graveyard freed only at safe points
+// (release_retired), because the block being executed may be the one a store invalidates.
 class BlockCache {
  public:
   static constexpr uint64_t kDefaultCapacityBytes = uint64_t{64} << 20;
@@ -111,6 +183,31 @@ class BlockCache {
     }
     return nullptr;
   }
+  // A live block of 64-bit code translated from the same guest-physical bytes for the same mode, at another RIP:
+  // its operations and code can be copied rather than translated again (nullptr: none).
+  // The newest is first (insert() puts blocks at the head of their bucket).
+  const Block* find_same_code(uint64_t phys, uint32_t key) const {
+    for (const Block* b = buckets_[bucket(phys)]; b; b = b->next_in_bucket)
+      if (b->phys == phys && b->key == key && b->count > 0) return b;
+    return nullptr;
+  }
+  // Copies of one code at other RIPs kept at once: the processes alive that map it (a pipeline's). Older ones
+  // belong to processes that have most likely exited, whose mappings will not come back.
+  static constexpr unsigned kMaxSameCode = 4;
+  // When kMaxSameCode blocks of these bytes and mode are cached, the oldest of them, else nullptr.
+  Block* same_code_to_evict(uint64_t phys, uint32_t key) const {
+    unsigned count = 0;
+    Block* oldest = nullptr;
+    for (Block* b = buckets_[bucket(phys)]; b; b = b->next_in_bucket) {
+      if (b->phys == phys && b->key == key && b->count > 0) {
+        ++count;
+        oldest = b;
+      }
+    }
+    return count >= kMaxSameCode ? oldest : nullptr;
+  }
+  // Drops one block (as invalidation would).
+  void evict(Block* block);
   // Takes ownership; returns the block. May flush everything first when the cache is full.
   Block* insert(std::unique_ptr<Block> block);
 
@@ -120,6 +217,9 @@ class BlockCache {
   // Drops every block of page `pfn`.
   bool invalidate_page(uint64_t pfn);
   void clear();
+  // DEJA_BLOCK_STATS: why blocks are translated (nullptr when off).
+  TranslationHistory* history() { return history_.get(); }
+  const TranslationHistory* history() const { return history_.get(); }
   // Makes `to` the block linked in `slot` of `from` (nullptr: none). A dropped block links nowhere (the
   // runner's lookup after a block can drop it: a page walk's accessed bit stored into its page), and
   // nothing links to one: its memory goes at the next release_retired().
@@ -131,6 +231,8 @@ class BlockCache {
     set_link(from, slot, to);
     if (to) to->incoming.emplace_back(&from, uint8_t(slot));
   }
+  // Points the direct exit of `slot` at its unlinked path (a block's code copied from another's).
+  static void unlink_exit(Block& block, int slot) { set_link(block, slot, nullptr); }
   // Called with every block dropped, before anything can run again (the JIT's jump cache forgets it).
   void set_drop_listener(std::function<void(const Block&)> listener) { on_drop_ = std::move(listener); }
   // Frees dropped blocks; only between blocks, when none is being executed.
@@ -178,6 +280,7 @@ class BlockCache {
   std::unordered_map<uint64_t, std::vector<std::unique_ptr<Block>>> page_blocks_;  // the owners, by page
   std::vector<std::unique_ptr<Block>> graveyard_;
   std::function<void(const Block&)> on_drop_;
+  std::unique_ptr<TranslationHistory> history_;
   uint64_t capacity_;
   uint64_t bytes_ = 0;
   uint64_t flushes_ = 0;

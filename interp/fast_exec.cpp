@@ -224,7 +224,58 @@ interp::Block* InterpBackend::lookup_block() {
   if (phys >= ram_size_) return nullptr;
   const uint32_t key = block_key();
   if (Block* block = blocks_.find(phys, s_.rip, key)) return block;
+  // The same bytes at another RIP: a shared library mapped elsewhere in another process (ASLR), which would
+  // otherwise be translated again in every process.
+  if ((key & kKeyPaging) && (key & 3) == interp::kMode64) {
+    if (const Block* same = blocks_.find_same_code(phys, key)) {
+      if (Block* block = clone_block(*same, s_.rip)) return block;
+    }
+  }
   return translate_block(s_.rip, linear, phys, key);
+}
+
+interp::Block* InterpBackend::clone_block(const Block& from, uint64_t rip) {
+  // 64-bit code: RIP is the linear address, and the two differ by whole pages (the same physical offset).
+  const uint64_t delta = rip - from.rip;
+  auto block = std::make_unique<Block>();
+  block->rip = rip;
+  block->linear = from.linear + delta;
+  block->phys = from.phys;
+  block->key = from.key;
+  block->bytes = from.bytes;
+  block->count = from.count;
+  block->source_hash = from.source_hash;
+  block->ops = from.ops;
+  for (Op& op : block->ops) {
+    op.rip += delta;
+    op.next_rip += delta;
+    if (op.target_ok || op.target != 0) {
+      op.target += delta;
+      // (A target that stops or starts being canonical changes what the code checks: translated afresh.)
+      if (op.target_ok != is_canonical(op.target)) return nullptr;
+    }
+  }
+  // The oldest copy goes (it is not `from`, the newest), and its host code's room takes the new one: copies of
+  // one code have the same size. (No block runs here, and no link or jump-cache entry names a dropped one.)
+  void* room = nullptr;
+  if (Block* old = blocks_.same_code_to_evict(from.phys, from.key)) {
+    if (old->code_bytes == from.code_bytes) room = reinterpret_cast<void*>(old->code);
+    blocks_.evict(old);
+  }
+  if (mode_ == InterpMode::kJit && !relocate_code(*block, from, room)) return nullptr;
+  if (interp::TranslationHistory* history = blocks_.history()) history->translated(*block);
+  ++fast_stats_.blocks_relocated;
+  return insert_block(std::move(block));
+}
+
+interp::Block* InterpBackend::insert_block(std::unique_ptr<Block> block) {
+  // A page that held no decoded code may have fast write tags (a store into it since its last blocks
+  // were dropped earned them): they go now, so that every store into the page checks for this block.
+  const uint64_t pfn = block->phys >> 12;
+  const bool was_code = is_code_page(pfn);
+  Block* inserted = blocks_.insert(std::move(block));
+  if (!was_code) code_appeared(pfn);
+  return inserted;
 }
 
 interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uint64_t phys, uint32_t key) {
@@ -298,13 +349,14 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
     }
   }
   block->ops.assign(ops.begin(), ops.end());  // (one allocation of the exact size)
+  if (interp::TranslationHistory* history = blocks_.history()) {
+    uint64_t hash = 0xcbf29ce484222325ull;
+    for (uint64_t i = 0; i < block->bytes && phys + i < ram_size_; ++i) hash = (hash ^ ram_[phys + i]) * 0x100000001b3ull;
+    block->source_hash = hash;
+    history->translated(*block);
+  }
   if (mode_ == InterpMode::kJit && block->count > 0) compile_block(*block);  // (without code: handlers)
-  // A page that held no decoded code may have fast write tags (a store into it since its last blocks
-  // were dropped earned them): they go now, so that every store into the page checks for this block.
-  const bool was_code = is_code_page(phys >> 12);
-  Block* inserted = blocks_.insert(std::move(block));
-  if (!was_code) code_appeared(phys >> 12);
-  return inserted;
+  return insert_block(std::move(block));
 }
 
 bool InterpBackend::breakpoint_in(uint64_t begin, uint64_t end) const {

@@ -102,6 +102,7 @@ class InterpBackend : public Backend {
     // chained: blocks the runner or next_body went on to (JIT code's own links are not counted: a counter
     // there would cost a memory increment at every block).
     uint64_t blocks_entered = 0, chained = 0, fallback_steps = 0;
+    uint64_t blocks_relocated = 0;  // of blocks_translated: copied from the same bytes at another RIP
   };
   FastStats fast_stats() const;
 
@@ -165,6 +166,11 @@ class InterpBackend : public Backend {
   const interp::Op* run_block(const interp::Block& block);
   // Compiles `block` to host code (interp/jit.cpp); false when the code buffer is full.
   bool compile_block(interp::Block& block);
+  // Gives `to` (a copy of `from`'s operations moved to another RIP) a copy of `from`'s host code with its
+  // address-dependent values rewritten (Block::relocs); false when they do not fit their encodings or the
+  // buffer is full (then `to` is compiled afresh). `room`: where to put it (a dropped block's code of that size),
+  // else at the buffer's end.
+  bool relocate_code(interp::Block& to, const interp::Block& from, void* room = nullptr);
   uint32_t block_key() const;
   static constexpr uint32_t kKeyPaging = 1u << 4;  // block_key(): CR0.PG
   // Chaining (docs/interp.md, "The fast path"): may `from` link to `next`, the block that followed it? Within
@@ -185,6 +191,10 @@ class InterpBackend : public Backend {
   }
   interp::Block* lookup_block();
   interp::Block* translate_block(uint64_t rip, uint64_t linear, uint64_t phys, uint32_t key);
+  // The block at `rip` made from `from`, a block of the same bytes and mode at another RIP (nullptr: it cannot be).
+  interp::Block* clone_block(const interp::Block& from, uint64_t rip);
+  // Adds a translated block to the cache.
+  interp::Block* insert_block(std::unique_ptr<interp::Block> block);
   bool breakpoint_in(uint64_t linear_begin, uint64_t linear_end) const;
   // The step count at which the run loop must look again (budget, stop_at_step): blocks that would
   // cross it are not entered.
@@ -536,6 +546,8 @@ class InterpBackend : public Backend {
   InterpMode mode_ = default_interp_mode();
   interp::LazyFlags lazy_;  // pending arithmetic flags, only while blocks run (cc == kCcNone otherwise)
   interp::BlockCache blocks_;
+  // DEJA_JIT_CHECK_CLONES (tests): every relocated block's code is compared with the code compiled afresh.
+  bool check_clones_ = std::getenv("DEJA_JIT_CHECK_CLONES") != nullptr;
   std::vector<interp::Op> op_scratch_ = std::vector<interp::Op>(interp::Block::kMaxInstructions + 1);  // translate_block
   interp::Block* running_block_ = nullptr;  // the block being executed, if any (JIT code moves it along a chain)
   const interp::Op* running_op_ = nullptr;        // the operation being executed (what a fault names)

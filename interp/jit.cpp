@@ -464,6 +464,9 @@ struct InterpBackend::Jit {
   std::vector<Slow> slows;
   const bool user;
   const bool paged64;  // 64-bit code with paging: links into other pages are possible (linkable)
+  // The address-dependent values emitted (Block::relocs), and whether every one was listed.
+  std::vector<interp::Reloc> relocs;
+  bool relocatable = true;
   // The lazy-flags producer earlier in this block whose operands are stored, if known.
   bool known = false;
   // Where RCX bit 0 is CF (after ROL/ROR and BT*, which leave the new CF there): the code size and label
@@ -494,6 +497,26 @@ struct InterpBackend::Jit {
   static std::vector<Slow>& slow_pool() {
     static thread_local std::vector<Slow> pool;
     return pool;
+  }
+
+  // ---- values that depend on where the block is (Block::relocs) ---------------------------------------
+  // mov r64, value: `value` is of `kind`; its encoding (the assembler picks the shortest) is noted with it.
+  void mov_reloc(Reg r, uint64_t value, interp::Reloc::Kind kind) {
+    const size_t start = a.size();
+    a.mov_imm64(r, value);
+    const size_t length = a.size() - start;
+    const auto form = length == 10 ? interp::Reloc::kImm64 : length == 7 ? interp::Reloc::kImm32Sign : interp::Reloc::kImm32Zero;
+    relocs.push_back({uint32_t(a.size() - (form == interp::Reloc::kImm64 ? 8 : 4)), kind, form});
+  }
+  // The field of `kind` and `form` that ends `from_end` bytes before the end of the code emitted so far.
+  void note_reloc(interp::Reloc::Kind kind, interp::Reloc::Form form, size_t from_end = 0) {
+    relocs.push_back({uint32_t(a.size() - from_end - 4), kind, form});
+  }
+  // The software-TLB entry of the block's page, as a disp32 off RBX (a disp8 could not move).
+  x64::Mem block_tlb_field(int32_t entry, size_t field_offset) {
+    const int32_t disp = entry + int32_t(field_offset);
+    if (disp >= -128 && disp <= 127) relocatable = false;
+    return x64::at(rbx, disp);
   }
 
   // ---- offsets into the backend ----------------------------------------------------------------------
@@ -703,7 +726,7 @@ struct InterpBackend::Jit {
   // RAX = the operation's handler (its guarded form) called on it.
   void call_op(const Op& op) {
     a.mov(8, rdi, rbx);
-    a.mov_imm64(rsi, reinterpret_cast<uint64_t>(&op));
+    mov_reloc(rsi, reinterpret_cast<uint64_t>(&op), interp::Reloc::kOp);
     a.call_abs(reinterpret_cast<uint64_t>(op.jit_fn));
   }
   void call_handler(const Op& op) {
@@ -717,7 +740,7 @@ struct InterpBackend::Jit {
     return slows.back();
   }
   void end_block(const Op& op) {  // a transfer done inline: return the operation
-    a.mov_imm64(rax, reinterpret_cast<uint64_t>(&op));
+    mov_reloc(rax, reinterpret_cast<uint64_t>(&op), interp::Reloc::kOp);
     a.pop(rbx);
     a.ret();
   }
@@ -740,7 +763,7 @@ struct InterpBackend::Jit {
     const int entry = (counted ? 2 : 0) | (other_page ? 1 : 0);
     x64::Label out;
     a.mov_imm64(rcx, block.count);
-    a.mov_imm64(rdx, reinterpret_cast<uint64_t>(&op));
+    mov_reloc(rdx, reinterpret_cast<uint64_t>(&op), interp::Reloc::kOp);
     if (!dynamic && exit_at[slot] == SIZE_MAX) {
       // A direct jump to the linked block's entry, which BlockCache::link writes; unlinked, it jumps to the
       // next instruction, the lookup. (A Jcc to the next instruction has both exits in slot 1: the second
@@ -755,7 +778,7 @@ struct InterpBackend::Jit {
       const bool use_cache = dynamic && paged64;
       x64::Label try_cache, found;
       x64::Label& miss = use_cache ? try_cache : out;
-      a.mov_imm64(rax, reinterpret_cast<uint64_t>(&block.link[slot]));
+      mov_reloc(rax, reinterpret_cast<uint64_t>(&block.link[slot]), interp::Reloc::kBlock);
       a.load(8, rax, x64::at(rax));
       a.test(8, rax, rax);
       a.jcc(x64::kE, miss);
@@ -863,9 +886,10 @@ struct InterpBackend::Jit {
   void set_rip(uint64_t rip) {
     if (fits32(int64_t(rip))) {  // (a kernel's RIPs too: sign-extended)
       a.store_imm(8, field(&c.s_.rip), int32_t(rip));
+      note_reloc(interp::Reloc::kRip, interp::Reloc::kStoreImm32);
       return;
     }
-    a.mov_imm64(rax, rip);
+    mov_reloc(rax, rip, interp::Reloc::kRip);
     a.store(8, field(&c.s_.rip), rax);
   }
 
@@ -985,8 +1009,11 @@ struct InterpBackend::Jit {
   void address(const Op& op, const interp::Operand& o) {
     if (o.base == interp::kRipBase) {
       uint64_t linear = op.next_rip + uint64_t(o.disp);
-      if (op.insn.addrsize == 32) linear &= 0xffffffffu;
-      raw({rsi}, [&] { a.mov_imm64(rsi, linear); });
+      if (op.insn.addrsize == 32) {
+        linear &= 0xffffffffu;
+        relocatable = false;  // (the mask does not move with the block)
+      }
+      raw({rsi}, [&] { mov_reloc(rsi, linear, interp::Reloc::kRip); });
     } else {
       if (o.base != interp::kNoReg) load_gpr(rsi, o.base);
       else raw({rsi}, [&] { a.mov_imm64(rsi, 0); });
@@ -1379,18 +1406,19 @@ struct InterpBackend::Jit {
   }
   // An indirect JMP or CALL its handler does (the target from memory, the push): then, unless it faulted,
   // exited or ended the run, straight into the target's block as chain_exit's slow path would.
+  // The handler, then on to the target's block as a RET goes: through the link if it names the block for RIP,
+  // else the jump cache, else next_body (a PLT stub's JMP [GOT] runs at every call into a shared library).
   void emit_transfer(const Op& op) {
     call_op(op);
     a.mov(8, rdi, rbx);
-    a.mov_imm64(rsi, block.count);
-    a.call_abs(reinterpret_cast<uint64_t>(&transfer_next));
+    a.call_abs(reinterpret_cast<uint64_t>(&transfer_ends));
     a.test(8, rax, rax);
-    a.jcc(x64::kE, ended);
-    a.jmp_reg(rax);
+    a.jcc(x64::kNe, ended);
+    chain_exit(op, 0, std::nullopt);
   }
-  static const void* transfer_next(InterpBackend* cpu, uint64_t retired) noexcept {
-    if (cpu->jit_trap_ || cpu->end_block_after_op_ || cpu->watch_hit_) return nullptr;
-    return next_body(cpu, retired, 0);
+  // The handler faulted or exited, stored into this block or hit a watchpoint: the runner takes over.
+  static uint64_t transfer_ends(InterpBackend* cpu) noexcept {
+    return cpu->jit_trap_ || cpu->end_block_after_op_ || cpu->watch_hit_;
   }
 
   // Operations that change some of CF and OF only (ROL/ROR, BT*: interp/alu.cpp's values) keep the other
@@ -1654,7 +1682,7 @@ struct InterpBackend::Jit {
     a.lea(rsi, x64::at(r8, -8));
     a.mov(8, r8, rsi);
     translate(8, true, s.entry);
-    a.mov_imm64(rax, op.next_rip);
+    mov_reloc(rax, op.next_rip, interp::Reloc::kRip);
     a.store(8, x64::at(rsi), rax);
     store_gpr(kRsp, r8);
     set_rip(op.target);
@@ -2060,16 +2088,20 @@ struct InterpBackend::Jit {
       entry_offset[1] = a.size();
       const uint64_t vpn = block.linear >> 12;
       const int32_t entry = off(&c.tlb_[vpn & c.tlb_mask_]);
-      a.mov_imm64(r8, vpn);
-      a.alu(8, x64::kCmp, r8, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, tag))));
+      mov_reloc(r8, vpn, interp::Reloc::kVpn);
+      a.alu(8, x64::kCmp, r8, block_tlb_field(entry, offsetof(TlbEntry, tag)));
+      note_reloc(interp::Reloc::kTlbDisp, interp::Reloc::kDisp32);
       a.jcc(x64::kNe, refused_unmapped);
       a.mov_imm64(r8, block.phys & ~0xfffull);
-      a.alu(8, x64::kCmp, r8, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, phys))));
+      a.alu(8, x64::kCmp, r8, block_tlb_field(entry, offsetof(TlbEntry, phys)));
+      note_reloc(interp::Reloc::kTlbDisp, interp::Reloc::kDisp32);
       a.jcc(x64::kNe, refused_unmapped);
-      a.alu_imm(1, x64::kCmp, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, nx))), 0);
+      a.alu_imm(1, x64::kCmp, block_tlb_field(entry, offsetof(TlbEntry, nx)), 0);
+      note_reloc(interp::Reloc::kTlbDisp, interp::Reloc::kDisp32, 1);  // (before the imm8)
       a.jcc(x64::kNe, refused_unmapped);
       if (user) {
-        a.alu_imm(1, x64::kCmp, x64::at(rbx, entry + int32_t(offsetof(TlbEntry, user))), 0);
+        a.alu_imm(1, x64::kCmp, block_tlb_field(entry, offsetof(TlbEntry, user)), 0);
+        note_reloc(interp::Reloc::kTlbDisp, interp::Reloc::kDisp32, 1);
         a.jcc(x64::kE, refused_unmapped);
       }
       a.jmp(checks);
@@ -2090,7 +2122,7 @@ struct InterpBackend::Jit {
     a.alu_imm(2, x64::kCmp, x64::at(rbx, off(&c.chain_ok_)), 1);
     a.jcc(x64::kNe, refused);
     a.store(8, field(&c.steps_), rcx);
-    a.mov_imm64(rax, reinterpret_cast<uint64_t>(&block));  // (a direct exit does not say which block it enters)
+    mov_reloc(rax, reinterpret_cast<uint64_t>(&block), interp::Reloc::kBlock);  // (a direct exit does not say which block it enters)
     a.store(8, x64::at(rbx, off(&c.running_block_)), rax);
   }
 
@@ -2228,6 +2260,8 @@ bool InterpBackend::compile_block(Block& block) {
     block.exit_entry[slot] = jit.exit_entry[slot];
   }
   block.code_bytes = uint32_t(jit.a.size());
+  block.relocs = std::move(jit.relocs);
+  block.relocatable = jit.relocatable;
   jit_->note_for_perf(code, jit.a.size(), block.rip);
   if (const char* dir = std::getenv("DEJA_JIT_DUMP")) {
     // For reading the generated code: objdump -D -b binary -mi386:x86-64 DIR/block-RIP.bin
@@ -2241,6 +2275,85 @@ bool InterpBackend::compile_block(Block& block) {
   return true;
 }
 
+
+bool InterpBackend::relocate_code(Block& to, const Block& from, void* room) {
+  if (!from.code || !from.relocatable || !jit_) return false;
+  // Room first, as compile_block: a full buffer is left to it (it drops every block, `from` included).
+  if (!room && jit_->used() + from.code_bytes + 16 > jit_->capacity()) return false;
+  std::vector<uint8_t>& code = jit_->scratch;
+  const auto* source = reinterpret_cast<const uint8_t*>(from.code);
+  code.assign(source, source + from.code_bytes);
+  const uint64_t delta = to.rip - from.rip;
+  const auto tlb_disp = [&](uint64_t linear) { return int64_t((linear >> 12) & tlb_mask_) * int64_t(sizeof(TlbEntry)); };
+  for (const interp::Reloc& r : from.relocs) {
+    uint8_t* field = code.data() + r.at;
+    const unsigned width = r.form == interp::Reloc::kImm64 ? 8 : 4;
+    uint64_t value = 0;
+    std::memcpy(&value, field, width);
+    if (width == 4) value = r.form == interp::Reloc::kImm32Zero ? uint32_t(value) : uint64_t(int64_t(int32_t(value)));
+    switch (r.kind) {
+      case interp::Reloc::kRip: value += delta; break;
+      case interp::Reloc::kVpn: value = to.linear >> 12; break;
+      case interp::Reloc::kTlbDisp: value += tlb_disp(to.linear) - tlb_disp(from.linear); break;
+      case interp::Reloc::kOp:
+        value += reinterpret_cast<uintptr_t>(to.ops.data()) - reinterpret_cast<uintptr_t>(from.ops.data());
+        break;
+      case interp::Reloc::kBlock: value += reinterpret_cast<uintptr_t>(&to) - reinterpret_cast<uintptr_t>(&from); break;
+    }
+    // The moved value must keep its encoding (the code's length and layout are the source's).
+    const int64_t sv = int64_t(value);
+    const bool int32 = sv >= INT32_MIN && sv <= INT32_MAX;
+    bool keeps = false;
+    switch (r.form) {
+      case interp::Reloc::kImm64: keeps = value > 0xffffffffu && !int32; break;
+      case interp::Reloc::kImm32Zero: keeps = value <= 0xffffffffu; break;
+      case interp::Reloc::kImm32Sign: keeps = int32 && sv < 0; break;
+      case interp::Reloc::kStoreImm32: keeps = int32; break;
+      case interp::Reloc::kDisp32: keeps = int32 && (sv < -128 || sv > 127); break;
+    }
+    if (!keeps) return false;
+    std::memcpy(field, &value, width);
+  }
+  void* placed = room ? std::memcpy(room, code.data(), code.size()) : jit_->add({code.data(), code.size()});
+  if (!placed) return false;
+  const auto moved = [&](const void* p) {
+    return static_cast<const uint8_t*>(placed) + (static_cast<const uint8_t*>(p) - source);
+  };
+  to.code = reinterpret_cast<Block::Code>(placed);
+  to.body = moved(from.body);
+  for (int k = 0; k < 4; ++k) to.chain_entry[k] = moved(from.chain_entry[k]);
+  for (int slot = 0; slot < 2; ++slot) {
+    if (!from.exit_jump[slot]) continue;
+    to.exit_jump[slot] = const_cast<uint8_t*>(moved(from.exit_jump[slot]));
+    to.exit_unlinked[slot] = moved(from.exit_unlinked[slot]);
+    to.exit_entry[slot] = from.exit_entry[slot];
+    interp::BlockCache::unlink_exit(to, slot);  // (the copy jumps where the source's link went)
+  }
+  to.code_bytes = from.code_bytes;
+  to.relocs = from.relocs;
+  to.relocatable = true;
+  if (check_clones_) {
+    // The copy must be what compiling the moved operations gives, byte for byte, the direct exits' jumps aside.
+    Jit jit(*this, to, std::move(jit_->scratch));
+    jit.compile();
+    std::vector<uint8_t> fresh = std::move(jit.a.code);
+    fresh.resize(jit.a.size());
+    jit_->scratch = std::move(fresh);
+    const auto* copy = reinterpret_cast<const uint8_t*>(placed);
+    size_t differs = jit_->scratch.size() == to.code_bytes ? SIZE_MAX : 0;
+    for (size_t i = 0; differs == SIZE_MAX && i < to.code_bytes; ++i) {
+      const bool exit_jump = (to.exit_jump[0] && copy + i >= to.exit_jump[0] && copy + i < to.exit_jump[0] + 4) ||
+                             (to.exit_jump[1] && copy + i >= to.exit_jump[1] && copy + i < to.exit_jump[1] + 4);
+      if (!exit_jump && copy[i] != jit_->scratch[i]) differs = i;
+    }
+    DEJA_ASSERT(differs == SIZE_MAX,
+                "JIT: the code of the block at {:#x} relocated from {:#x} differs from its compilation at byte {} "
+                "(sizes {} and {})",
+                to.rip, from.rip, differs, to.code_bytes, jit_->scratch.size());
+  }
+  jit_->note_for_perf(placed, to.code_bytes, to.rip);
+  return true;
+}
 
 const Op* InterpBackend::run_block(const Block& block) {
   if (block.code) {

@@ -12,9 +12,9 @@ namespace deja::interp {
 // dropped (BlockCache::clear) and the buffer starts again from empty, as QEMU's translation buffer does.
 class JitBuffer {
  public:
-  // (Reserved, not committed: only the code written takes memory. Sized so that the block cache's bound,
-  // not this buffer, decides when everything is dropped.)
-  static constexpr size_t kDefaultBytes = size_t{256} << 20;
+  // (Reserved, not committed: only the code written takes memory. The block cache's size: it counts live blocks'
+  // code; a dropped block's code is reclaimed by the next flush, or by a copy of the same code taking its room.)
+  static constexpr size_t kDefaultBytes = size_t{512} << 20;
 
   explicit JitBuffer(size_t bytes = kDefaultBytes);
   ~JitBuffer();

@@ -1,6 +1,8 @@
 // Interp backend: instruction execution, exits, progress counting and the decode cache.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "tests/interp/interp_test_util.h"
 
 namespace deja::test {
@@ -387,6 +389,92 @@ TEST(InterpBasic, SelfModifyingCodeAfterTheLastBlockOfItsPageWasDropped) {
     EXPECT_EQ(vm.state().gpr[kRdx], 2u) << interp_mode_name(mode);
     EXPECT_EQ(vm.state().gpr[kRsi], 4u) << interp_mode_name(mode);
   }
+}
+
+// One physical code page mapped at two linear addresses (a shared library in two processes under ASLR): the
+// blocks of the second mapping are copies of the first's with their addresses moved (BlockCache::find_same_code,
+// checked byte for byte against compiling them with DEJA_JIT_CHECK_CLONES). Every way the code can change must
+// reach both mappings: a store through one mapping into a translated block's bytes, a store elsewhere in the page
+// (data beside code), a store spanning the page's end and the next page's code, and a VMM (DMA) write.
+TEST(InterpBasic, CodeMappedAtTwoAddressesFollowsEveryWrite) {
+  setenv("DEJA_JIT_CHECK_CLONES", "1", 1);
+  struct Outcome {
+    uint64_t rbx, instructions, relocated;
+  };
+  std::vector<Outcome> outcomes;
+  for (InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    TestVm vm = TestVm::long_mode();
+    vm.cpu->set_mode(mode);
+    // Linear 0x180000 and 0x181000 map the physical pages of `func` (0x101000) and of the page after it.
+    vm.write64(kPt + 0x180 * 8, 0x101007);
+    vm.write64(kPt + 0x181 * 8, 0x102007);
+    vm.code(R"(
+      xor ebx, ebx
+      mov r12d, 8
+    1:
+      call func
+      add ebx, eax
+      mov rax, 0x180000
+      call rax
+      add ebx, eax
+      cmp r12d, 6
+      jne 2f
+      mov byte ptr [bump + 0x7f002], 3
+    2:
+      cmp r12d, 4
+      jne 3f
+      mov dword ptr [value], 100
+    3:
+      cmp r12d, 2
+      jne 4f
+      mov rax, 0x0000020500000010
+      mov qword ptr [0x180ffc], rax
+    4:
+      dec r12d
+      jnz 1b
+      hlt
+      .org 0x1000
+    func:
+      mov eax, dword ptr [rip + value]
+      call bump
+      call tail
+      ret
+    bump:
+      .byte 0x83, 0xc0, 0x01
+      ret
+    value:
+      .long 10
+      .org 0x1ffb
+    tail:
+      .byte 0x05, 1, 0, 0, 0
+      .byte 0x05, 1, 0, 0, 0
+      ret
+    )");
+    ASSERT_EQ(vm.run().kind, ExitKind::kHlt) << interp_mode_name(mode);
+    // A device's DMA rewrites the first instruction of the page after `func` (add eax, 5; ret); the loop runs again.
+    vm.write64(0x102000, 0x0000c30000000505ull);
+    CpuState s = vm.state();
+    const uint64_t first_rbx = s.gpr[kRbx];
+    s.rip = kCode;
+    s.halted = false;
+    vm.set_state(s);
+    ASSERT_EQ(vm.run().kind, ExitKind::kHlt) << interp_mode_name(mode);
+    outcomes.push_back({first_rbx + (vm.state().gpr[kRbx] << 32), *vm.cpu->instruction_count(),
+                        vm.cpu->fast_stats().blocks_relocated});
+  }
+  unsetenv("DEJA_JIT_CHECK_CLONES");
+  for (size_t k = 1; k < outcomes.size(); ++k) {
+    EXPECT_EQ(outcomes[k].rbx, outcomes[0].rbx) << k;
+    EXPECT_EQ(outcomes[k].instructions, outcomes[0].instructions) << k;
+    EXPECT_GT(outcomes[k].relocated, 0u) << k;  // (the second mapping's blocks were copies)
+  }
+  // The reference, by hand: per call value + bump + the two tail adds; the first pass of 8 iterations.
+  uint64_t expected = 0;
+  for (int r12 = 8; r12 >= 1; --r12) {
+    const uint64_t value = r12 < 4 ? 100 : 10, bump = r12 < 6 ? 3 : 1, tail = r12 < 2 ? 16 + 2 : 1 + 1;
+    expected += 2 * (value + bump + tail);
+  }
+  EXPECT_EQ(outcomes[0].rbx & 0xffffffffu, expected);
 }
 
 // Blocks link across pages (a call into another page, the return out of it); a link into another page is
