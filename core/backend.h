@@ -111,6 +111,19 @@ inline constexpr uint32_t kSoftwareTlbEntries = 2048;
 inline constexpr uint32_t kSoftwareTlbEntriesBeforeRecorded = 256;
 inline constexpr uint32_t kSoftwareTlbMaxEntries = 2048;
 
+// x86-TSO store buffers on the software CPU (`--tso`, docs/explore.md "Store buffers"): part of the machine model a
+// trace records (MachineConfig.tso), since which loads see which stores depends on them. Each vCPU's buffer drains its
+// oldest store after a delay drawn uniformly from [1, 2 drain_mean] retired instructions (a generator seeded with
+// `seed` and the vCPU's index), at once when it holds `capacity` stores, and wholly at every ordering point.
+struct StoreBufferPlan {
+  static constexpr uint32_t kDefaultCapacity = 50;   // about what x86 cores have (Skylake: 56, Zen 2: 48)
+  static constexpr uint32_t kDefaultDrainMean = 64;  // retired instructions a store waits, on average
+  uint64_t seed = 0;
+  uint32_t capacity = kDefaultCapacity;
+  uint32_t drain_mean = kDefaultDrainMean;
+  bool operator==(const StoreBufferPlan&) const = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;

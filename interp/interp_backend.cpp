@@ -124,6 +124,7 @@ void InterpBackend::begin_step(uint64_t rip) {
   rep_continues_ = false;
   hlt_executed_ = false;
   pause_executed_ = false;
+  store_through_ = false;
   watch_hit_.reset();
 }
 
@@ -142,6 +143,10 @@ void InterpBackend::step() {
     const interp::DecodedInsn& insn = fetch_decoded();
     next_rip_ = insn_rip_ + insn.length;
     if (insn.mode != interp::kMode64) next_rip_ &= insn.mode == interp::kMode16 ? 0xffff : 0xffffffffu;
+    if (store_buffer_ && interp::orders_memory(insn)) [[unlikely]] {
+      drain_store_buffer();
+      store_through_ = true;
+    }
     execute(insn);
     if (exit_pending_) return;  // (defer_exit: not retired, as when request_exit throws)
   } catch (const GuestException& ex) {
@@ -153,6 +158,7 @@ void InterpBackend::step() {
   s_.rip = next_rip_;
   ++steps_;
   if (rep_continues_) ++rep_partial_;
+  if (store_buffer_ && store_buffer_->retire()) [[unlikely]] commit_oldest_store();
   s_.interrupt_shadow = shadow_next_;
   if (hlt_executed_) {
     s_.halted = true;
@@ -319,7 +325,7 @@ Result<VcpuExit*> InterpBackend::run() {
       // The fast path only where nothing between two instructions can need the run loop: no answer
       // of an exit pending, no single-step (the VMM's or the guest's TF), no interrupt shadow ending
       // after the next instruction.
-      if (mode_ != InterpMode::kReference && responses_.empty() && !debug_.single_step &&
+      if (mode_ != InterpMode::kReference && !store_buffer_ && responses_.empty() && !debug_.single_step &&
           !(s_.rflags & rflags::kTf) && !s_.interrupt_shadow && !s_.halted) {
         run_fast();
         if (exit_pending_) return finish_deferred_exit();

@@ -15,6 +15,7 @@
 #include "interp/block.h"
 #include "interp/decoded_insn.h"
 #include "interp/lazy_flags.h"
+#include "interp/store_buffer.h"
 #include "interp/sse.h"
 #include "core/backend.h"
 #include "core/cpu_model.h"
@@ -68,6 +69,12 @@ class InterpBackend : public Backend {
   // code, TLB and counts; a store by any of them into code another has decoded drops it there too, and VMM
   // writes (DMA, the loader, a checkpoint restore) drop it in all of them.
   static void share_code(std::span<InterpBackend* const> vcpus);
+
+  // x86-TSO (`--tso`, docs/explore.md "Store buffers"): from now on this vCPU's stores to RAM wait in a store buffer
+  // drawn from `plan` and its index `vcpu`, and it runs on the reference executor only (the fast path's inline
+  // memory accesses would bypass the buffer).
+  void enable_store_buffer(const StoreBufferPlan& plan, uint32_t vcpu);
+  interp::StoreBuffer* store_buffer() { return store_buffer_.get(); }
 
   // An armed overflow stops the vCPU a random 0..skid branches late, drawn from a generator seeded with `seed`.
   Result<> emulate_pmu_skid(uint64_t skid, uint64_t seed) override;
@@ -291,6 +298,18 @@ class InterpBackend : public Backend {
   void write_linear(uint64_t linear, const void* data, unsigned size);
   void read_phys(uint64_t gpa, void* out, unsigned size);
   void write_phys(uint64_t gpa, const void* data, unsigned size);
+  // A store into RAM reaching memory: marks its page dirty, drops decoded code it overwrites.
+  void write_ram(uint64_t gpa, const void* data, unsigned size) {
+    std::memcpy(ram_ + gpa, data, size);
+    // Callers pass ranges within one page (write_linear splits at page boundaries).
+    dirty_bits_[gpa >> 18] |= uint64_t{1} << ((gpa >> 12) & 63);
+    if (is_code_page(gpa >> 12)) [[unlikely]] note_code_write(gpa, size);
+  }
+  // With a store buffer: puts a store into RAM in it (false: it must go to memory now, after the buffer's stores).
+  bool buffer_store(uint64_t gpa, const void* data, unsigned size);
+  // Writes the oldest buffered store to memory; every one, oldest first.
+  void commit_oldest_store();
+  void drain_store_buffer();
   uint64_t read_mem(int seg, uint64_t offset, unsigned size);
   void write_mem(int seg, uint64_t offset, unsigned size, uint64_t value);
   // Raises the fault a write of [offset, offset+size) would raise, without accessing memory.
@@ -556,6 +575,10 @@ class InterpBackend : public Backend {
   std::unique_ptr<interp::JitBuffer> jit_;  // host code of the JIT mode, created on first use
   bool block_step_done_ = false;  // block stepping: a block ran, report it (after a HLT's own exit)
   FastStats fast_stats_;
+  // x86-TSO (enable_store_buffer): the buffer, and whether the instruction being executed orders memory
+  // (interp::orders_memory), so that its own stores go straight to memory.
+  std::unique_ptr<interp::StoreBuffer> store_buffer_;
+  bool store_through_ = false;
 };
 
 // The hardware features of core/cpu_model.h (by name) the software CPU implements. A model advertising any

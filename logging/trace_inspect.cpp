@@ -258,6 +258,10 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
     fmt::print(out, "faults       seed {}: disk I/O errors {} ppm, torn writes {} ppm (docs/explore.md)\n", c.faults().seed(),
                c.faults().disk_eio_ppm(), c.faults().disk_torn_ppm());
   }
+  if (c.has_tso()) {
+    fmt::print(out, "memory model x86-TSO store buffers, seed {}: {} stores each, drained after {} instructions on "
+               "average (docs/explore.md)\n", c.tso().seed(), c.tso().capacity(), c.tso().drain_mean());
+  }
   for (const auto& quirk : c.cpu_quirks()) fmt::print(out, "cpu quirk    {}\n", printable(quirk));
   if (!c.cmdline().empty()) fmt::print(out, "cmdline      {}\n", json_string(c.cmdline()));
   for (const auto& arg : c.module_args()) fmt::print(out, "module arg   {}\n", json_string(arg));

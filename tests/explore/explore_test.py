@@ -169,12 +169,43 @@ def linux_disk_eio(args, tmp):
           f"replayed exactly, the same bytes twice; {summary['failures']} of 4 seeds")
 
 
+def store_buffering(args, tmp):
+    # The SB litmus test (guest-tests/litmus-sb.c): r1=r2=0 needs x86-TSO's store buffers (--tso).
+    seen = ["--until", "serial:r1=r2=0 seen", "--schedule", "random"]
+    out = os.path.join(tmp, "sb")
+    p = explore(args, out, "--seeds", "0..9", "-j", "2", "--tso", *seen, guest="litmus-sb")
+    seeds, summary = results(p)
+    if p.returncode != FOUND or not summary["failures"]:
+        sys.exit(f"FAIL: --tso should let some seed of 0..9 see r1=r2=0:\n{show(p)}")
+    first = summary["first_failing_seed"]
+    trace = os.path.join(out, f"seed-{first}.trace")
+    check_replay(args, trace, 12)  # (stopped where the serial predicate matched)
+    ins = run([args.deja, "inspect", trace])
+    if ins.returncode != 0 or "x86-TSO store buffers" not in ins.stdout.decode(errors="replace"):
+        sys.exit(f"FAIL: inspect should name the store buffers:\n{show(ins)}")
+    again = os.path.join(tmp, "sb-again")
+    p = explore(args, again, "--seed", str(first), "--tso", *seen, guest="litmus-sb")
+    if p.returncode != FOUND or not filecmp.cmp(trace, os.path.join(again, f"seed-{first}.trace"), shallow=False):
+        sys.exit(f"FAIL: --tso --seed {first} again gave another trace:\n{show(p)}")
+    print(f"ok: --tso: {summary['failures']} of 10 seeds saw r1=r2=0 (first {first}); its trace replays, and the "
+          "seed gives the same bytes again")
+    for name, extra in (("without --tso", []), ("with MFENCE", ["--tso", "--append", "fence=1"])):
+        for schedule in ("random", "pct:2", "none"):
+            p = explore(args, os.path.join(tmp, "sb-never"), "--seeds", "0..9", "-j", "2", *extra, "--until",
+                        "serial:r1=r2=0 seen", "--schedule", schedule, guest="litmus-sb")
+            seeds, summary = results(p)
+            if p.returncode != 0 or summary["failures"] or summary["errors"]:
+                sys.exit(f"FAIL: {name} ({schedule}) no seed may see r1=r2=0:\n{show(p)}")
+        print(f"ok: {name}: no seed of 0..9 saw r1=r2=0 under random, pct:2 and none")
+
+
 def refusals(args, tmp):
     image = os.path.join(args.guests, "smp-counter.elf")
     for extra in (["--seeds", "5..1", "--until", "hang"], ["--seed", "1"], ["--seed", "1", "--until", "bogus:1"],
                   ["--seed", "1", "--until", "serial:("], ["--seed", "1", "--until", "hang", "--backend", "kvm"],
                   ["--seed", "1", "--until", "hang", "--schedule", "pct:0"],
-                  ["--seed", "1", "--until", "hang", "--schedule", "pct:2:x"], ["--seed", "1", "--until", "hang", "--faults", "disk-eio:2%"]):
+                  ["--seed", "1", "--until", "hang", "--schedule", "pct:2:x"], ["--seed", "1", "--until", "hang", "--faults", "disk-eio:2%"],
+                  ["--seed", "1", "--until", "hang", "--tso", "--interp-mode", "jit"]):
         p = run([args.deja, "explore", "-o", os.path.join(tmp, "bad"), *extra, image])
         if p.returncode != 2 or b"deja:" not in p.stderr:
             sys.exit(f"FAIL: {extra} should be refused with status 2:\n{show(p)}")
@@ -193,9 +224,11 @@ def main():
     ap.add_argument("--linux", help="the build's guest-linux/ directory: also the Linux disk-fault test")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        for part in (refusals, kept_only_failures, same_bytes, race, hang, shards, linux_disk_eio):
+        for part in (refusals, kept_only_failures, same_bytes, race, hang, shards, linux_disk_eio, store_buffering):
             if args.only and part.__name__ != args.only:
                 continue
+            if part is store_buffering and not args.only:
+                continue  # (a test of its own: explore.tso)
             if part is linux_disk_eio and not args.linux:
                 continue
             part(args, tmp)
