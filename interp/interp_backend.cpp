@@ -140,7 +140,12 @@ void InterpBackend::step() {
   begin_step(s_.rip);
   const bool single_step = s_.rflags & rflags::kTf;
   try {
-    const interp::DecodedInsn& insn = fetch_decoded();
+    const interp::DecodedInsn* fetched = &fetch_decoded();
+    if (store_buffer_ && !store_buffer_->empty() && fetch_sees_buffered_store(*fetched)) [[unlikely]] {
+      drain_store_buffer();
+      fetched = &fetch_decoded();
+    }
+    const interp::DecodedInsn& insn = *fetched;
     next_rip_ = insn_rip_ + insn.length;
     if (insn.mode != interp::kMode64) next_rip_ &= insn.mode == interp::kMode16 ? 0xffff : 0xffffffffu;
     if (store_buffer_ && interp::orders_memory(insn)) [[unlikely]] {

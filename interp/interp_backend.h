@@ -307,6 +307,9 @@ class InterpBackend : public Backend {
   }
   // With a store buffer: puts a store into RAM in it (false: it must go to memory now, after the buffer's stores).
   bool buffer_store(uint64_t gpa, const void* data, unsigned size);
+  // Whether the instruction just fetched may hold bytes this vCPU's buffer has stores to: then the buffer drains and
+  // the instruction is fetched again, as processors snoop their store buffers for self-modifying code.
+  bool fetch_sees_buffered_store(const interp::DecodedInsn& insn) const;
   // Writes the oldest buffered store to memory; every one, oldest first.
   void commit_oldest_store();
   void drain_store_buffer();

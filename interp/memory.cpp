@@ -284,16 +284,24 @@ void InterpBackend::enable_store_buffer(const StoreBufferPlan& plan, uint32_t vc
 }
 
 bool InterpBackend::buffer_store(uint64_t gpa, const void* data, unsigned size) {
-  // Straight to memory after the buffered stores: the stores of an instruction that orders memory, stores wider
-  // than an entry, and stores into decoded code (the vCPU's next fetch must see them, as processors snoop their
-  // store buffers for self-modifying code).
-  if (store_through_ || size > interp::StoreBuffer::kMaxStoreBytes || is_code_page(gpa >> 12)) {
+  // Straight to memory after the buffered stores: the stores of an instruction that orders memory, and stores wider
+  // than an entry. (Not by whether the page holds decoded code: that depends on the decode cache's history, which a
+  // checkpoint's restore does not bring back; step() drains a buffer holding the bytes it fetches instead.)
+  if (store_through_ || size > interp::StoreBuffer::kMaxStoreBytes) {
     drain_store_buffer();
     return false;
   }
   while (store_buffer_->full()) commit_oldest_store();
   store_buffer_->push(gpa, data, size);
   return true;
+}
+
+bool InterpBackend::fetch_sees_buffered_store(const interp::DecodedInsn& insn) const {
+  const uint64_t linear = current_linear_rip(), offset = linear & 0xfff;
+  // (An instruction crossing a page drains the buffer whatever it holds: rare, and its second page's translation is
+  // not at hand.)
+  if (offset + insn.length > 4096 || fetch_page_ != (linear >> 12)) return true;
+  return store_buffer_->overlaps(fetch_phys_ | offset, insn.length);
 }
 
 void InterpBackend::commit_oldest_store() {

@@ -31,6 +31,11 @@ void StoreBuffer::forward(uint64_t gpa, uint8_t* out, unsigned size) const {
   }
 }
 
+bool StoreBuffer::overlaps(uint64_t gpa, unsigned size) const {
+  return std::any_of(entries_.begin(), entries_.end(),
+                     [&](const Entry& e) { return e.gpa < gpa + size && gpa < e.gpa + e.size; });
+}
+
 StoreBuffer::Entry StoreBuffer::pop() {
   Entry oldest = entries_.front();
   entries_.pop_front();

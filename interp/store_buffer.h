@@ -40,6 +40,8 @@ class StoreBuffer {
   // A load by the same vCPU of [gpa, gpa + size), already read from memory into `out`: every buffered byte in that
   // range replaces it, the youngest store's last, so partial overlaps come out byte for byte.
   void forward(uint64_t gpa, uint8_t* out, unsigned size) const;
+  // Whether a buffered store writes any byte of [gpa, gpa + size).
+  bool overlaps(uint64_t gpa, unsigned size) const;
   // Takes the oldest store out (to be written to memory), and draws the next one's delay.
   Entry pop();
   // One instruction retired: whether the oldest store's delay has run out (the caller pops it).

@@ -338,8 +338,8 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
                   "(a recording with them replays there only)");
     }
     if (!config.interp_mode.empty() && config.interp_mode != interp_mode_name(InterpMode::kReference)) {
-      return fail(ErrorKind::kInvalidArgument, "--tso runs on the reference executor only: drop --interp-mode {}",
-                  config.interp_mode);
+      return fail(ErrorKind::kInvalidArgument, "store buffers (--tso) run on the reference executor only: drop "
+                  "--interp-mode {}", config.interp_mode);
     }
     // Each vCPU's buffer is a part of the machine's state: digests and checkpoints carry what it holds.
     for (uint32_t i = 0; i < m->vcpus_.size(); ++i) {

@@ -166,6 +166,13 @@ TEST(StoreBufferCpu, StoresDrainAfterTheirSeededDelay) {
   EXPECT_TRUE(vm.cpu->store_buffer()->empty());
 }
 
+TEST(StoreBufferCpu, ItsOwnStoresIntoTheNextInstructionsAreFetched) {
+  TestVm vm = tso_vm();
+  vm.code("mov byte ptr [rip + patch], 0x90\n patch: hlt\n mov eax, 7\n hlt\n");
+  EXPECT_EQ(vm.run().kind, ExitKind::kHlt);
+  EXPECT_EQ(vm.state().gpr[kRax], 7u);  // the HLT became a NOP before it ran
+}
+
 TEST(StoreBufferCpu, RunsOnTheReferenceExecutorOnly) {
   TestVm vm = tso_vm();
   vm.cpu->set_mode(InterpMode::kJit);  // (asked for after: still the reference executor)
