@@ -2,7 +2,8 @@
 """`deja explore` through the deja binary (docs/explore.md): a seed's recording is the same bytes every time (10 of 10,
 on the JIT and on the reference executor); a failing run's trace is kept and replays exactly, a passing run leaves
 nothing; the planted race (explore-race) is found by PCT and its trace replays; a hang is found; a campaign in shards
-runs through `deja segment` and `deja merge` on the local executor; bad options are refused with exit status 2."""
+runs through `deja segment` and `deja merge` on the local executor; bad options are refused with exit status 2. With
+--only store_buffering (explore.tso): the SB litmus test (litmus-sb) sees r1=r2=0 with --tso only, never with MFENCE."""
 import argparse
 import filecmp
 import json
@@ -180,6 +181,9 @@ def store_buffering(args, tmp):
     first = summary["first_failing_seed"]
     trace = os.path.join(out, f"seed-{first}.trace")
     check_replay(args, trace, 12)  # (stopped where the serial predicate matched)
+    v = run([args.deja, "debug", trace, "--verify-checkpoints", "--checkpoint-interval", "50000"])
+    if v.returncode != 0 or "0 mismatches" not in v.stderr.decode(errors="replace"):
+        sys.exit(f"FAIL: checkpoints of a --tso trace (store buffers in their state):\n{show(v)}")
     ins = run([args.deja, "inspect", trace])
     if ins.returncode != 0 or "x86-TSO store buffers" not in ins.stdout.decode(errors="replace"):
         sys.exit(f"FAIL: inspect should name the store buffers:\n{show(ins)}")
@@ -189,6 +193,12 @@ def store_buffering(args, tmp):
         sys.exit(f"FAIL: --tso --seed {first} again gave another trace:\n{show(p)}")
     print(f"ok: --tso: {summary['failures']} of 10 seeds saw r1=r2=0 (first {first}); its trace replays, and the "
           "seed gives the same bytes again")
+    for schedule in ("pct:2", "none"):
+        p = explore(args, os.path.join(tmp, f"sb-{schedule}"), "--seeds", "0..9", "-j", "2", "--tso", "--until",
+                    "serial:r1=r2=0 seen", "--schedule", schedule, guest="litmus-sb")
+        seeds, summary = results(p)
+        if p.returncode != FOUND or not summary["failures"]:
+            sys.exit(f"FAIL: --tso --schedule {schedule}: some seed of 0..9 should see r1=r2=0:\n{show(p)}")
     for name, extra in (("without --tso", []), ("with MFENCE", ["--tso", "--append", "fence=1"])):
         for schedule in ("random", "pct:2", "none"):
             p = explore(args, os.path.join(tmp, "sb-never"), "--seeds", "0..9", "-j", "2", *extra, "--until",
