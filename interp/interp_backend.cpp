@@ -125,6 +125,7 @@ void InterpBackend::begin_step(uint64_t rip) {
   hlt_executed_ = false;
   pause_executed_ = false;
   store_through_ = false;
+  locked_executed_ = false;
   watch_hit_.reset();
 }
 
@@ -146,6 +147,7 @@ void InterpBackend::step() {
       fetched = &fetch_decoded();
     }
     const interp::DecodedInsn& insn = *fetched;
+    locked_executed_ = lock_exits_ && interp::is_locked(insn);
     next_rip_ = insn_rip_ + insn.length;
     if (insn.mode != interp::kMode64) next_rip_ &= insn.mode == interp::kMode16 ? 0xffff : 0xffffffffu;
     if (store_buffer_ && interp::orders_memory(insn)) [[unlikely]] {
@@ -163,7 +165,10 @@ void InterpBackend::step() {
   s_.rip = next_rip_;
   ++steps_;
   if (rep_continues_) ++rep_partial_;
-  if (store_buffer_ && store_buffer_->retire()) [[unlikely]] commit_oldest_store();
+  if (store_buffer_) [[unlikely]] {
+    store_buffer_->retire();
+    while (store_buffer_->due()) commit_oldest_store();
+  }
   s_.interrupt_shadow = shadow_next_;
   if (hlt_executed_) {
     s_.halted = true;
@@ -173,6 +178,10 @@ void InterpBackend::step() {
   if (pause_executed_) {
     pause_rip_ = insn_rip_;
     pause_unreported_ = true;
+  }
+  if (locked_executed_) {
+    lock_rip_ = insn_rip_;
+    lock_unreported_ = true;
   }
   if (software_interrupt_ >= 0) {
     deliver_event(uint8_t(software_interrupt_), false, 0, !icebp_, s_.rip);
@@ -269,6 +278,12 @@ Result<VcpuExit*> InterpBackend::run() {
         pause_unreported_ = false;
         VcpuExit* out = finish(ExitKind::kPause);
         out->rip = pause_rip_;
+        return out;
+      }
+      if (lock_unreported_) {
+        lock_unreported_ = false;
+        VcpuExit* out = finish(ExitKind::kLocked);
+        out->rip = lock_rip_;
         return out;
       }
       if (block_step_done_) {
@@ -385,6 +400,14 @@ Result<> InterpBackend::set_pause_exits(bool on) {
   if (on != pause_exits_) {
     pause_exits_ = on;
     blocks_.clear();  // (blocks run PAUSE as a no-op: it leaves them for step() while it exits)
+  }
+  return {};
+}
+
+Result<> InterpBackend::set_lock_exits(bool on) {
+  if (on != lock_exits_) {
+    lock_exits_ = on;
+    blocks_.clear();  // (blocks run locked instructions: they leave them for step() while they exit)
   }
   return {};
 }

@@ -53,6 +53,7 @@ class InterpBackend : public Backend {
     return {};
   }
   Result<> set_pause_exits(bool on) override;
+  Result<> set_lock_exits(bool on) override;
   void request_interrupt_window(bool enable) override { window_requested_ = enable; }
   void kick() override { kicked_.store(true, std::memory_order_relaxed); }
   ProgressCounter* progress_counter() override { return &counter_; }
@@ -531,6 +532,10 @@ class InterpBackend : public Backend {
   bool pause_exits_ = false;     // set_pause_exits
   bool pause_executed_ = false;  // the current instruction is a PAUSE that exits once retired
   bool pause_unreported_ = false;
+  bool lock_exits_ = false;       // set_lock_exits
+  bool locked_executed_ = false;  // the current instruction is locked and exits once retired
+  bool lock_unreported_ = false;
+  uint64_t lock_rip_ = 0;
   uint64_t pause_rip_ = 0;
   int delivering_ = -1;       // vector being delivered, for double-fault classification
   bool shutdown_ = false;

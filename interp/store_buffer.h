@@ -25,6 +25,7 @@ class StoreBuffer {
   static constexpr unsigned kMaxStoreBytes = 32;
   struct Entry {
     uint64_t gpa = 0;
+    uint64_t due = 0;  // the retired-instruction count from which it may leave (once every older one has)
     uint8_t size = 0;
     std::array<uint8_t, kMaxStoreBytes> bytes{};
   };
@@ -42,23 +43,30 @@ class StoreBuffer {
   void forward(uint64_t gpa, uint8_t* out, unsigned size) const;
   // Whether a buffered store writes any byte of [gpa, gpa + size).
   bool overlaps(uint64_t gpa, unsigned size) const;
-  // Takes the oldest store out (to be written to memory), and draws the next one's delay.
+  // Takes the oldest store out (to be written to memory).
   Entry pop();
-  // One instruction retired: whether the oldest store's delay has run out (the caller pops it).
-  bool retire() { return !entries_.empty() && --delay_ == 0; }
+  // One instruction retired.
+  void retire() { ++retired_; }
+  // Whether the oldest store's delay has run out (the caller pops it).
+  bool due() const { return !entries_.empty() && entries_.front().due <= retired_; }
 
-  // The buffered stores, the generator and the delay: a "store-buffer" part of the machine's state (digests,
-  // checkpoints).
+  // The buffered stores, the generator and the instruction count: a "store-buffer" part of the machine's state
+  // (digests, checkpoints).
   std::vector<uint8_t> save() const;
   Result<> restore(std::span<const uint8_t> state);
 
  private:
-  void draw_delay() { delay_ = 1 + random_.below(2 * uint64_t(plan_.drain_mean)); }
+  static uint64_t page_bit(uint64_t gpa) { return uint64_t{1} << ((gpa >> 12) & 63); }
+  // Whether a buffered store may touch the page(s) of [gpa, gpa + size): the common answer, no, without a scan.
+  bool may_touch(uint64_t gpa, unsigned size) const {
+    return !entries_.empty() && (pages_ & (page_bit(gpa) | page_bit(gpa + size - 1)));
+  }
 
   StoreBufferPlan plan_;
   std::deque<Entry> entries_;
+  uint64_t pages_ = 0;  // the entries' pages, hashed to one bit each (page number mod 64)
   SplitMix64 random_;
-  uint64_t delay_ = 0;  // instructions left before the oldest store drains
+  uint64_t retired_ = 0;  // instructions retired since the buffer was made
 };
 
 // Whether `insn` orders memory under x86-TSO (SDM vol. 3 8.2.2, 8.3): a LOCK-prefixed instruction, XCHG with memory,
@@ -66,5 +74,7 @@ class StoreBuffer {
 // and its own stores go straight to memory. SFENCE and LFENCE are not among them: TSO's stores leave in order anyway,
 // and neither orders a store before a later load.
 bool orders_memory(const DecodedInsn& insn);
+// A locked instruction: LOCK-prefixed, or XCHG with memory (locked whether or not it says so).
+bool is_locked(const DecodedInsn& insn);
 
 }  // namespace deja::interp

@@ -252,6 +252,7 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
     if (sc.policy() == "pct") {
       fmt::print(out, "             PCT depth {}: {} change points among the first {} scheduling events (docs/explore.md)\n",
                  sc.depth(), sc.depth() ? sc.depth() - 1 : 0, sc.change_window());
+      if (sc.lock_events()) fmt::print(out, "             locked instructions are scheduling events\n");
     }
   }
   if (c.has_faults()) {

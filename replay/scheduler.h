@@ -26,6 +26,7 @@ enum class ScheduleEvent : uint8_t {
   kDeviceAccess,  // a port or MMIO access (the local APIC's ICR, so every IPI sent, included)
   kPause,         // a PAUSE (a spin-wait)
   kInterrupt,     // an interrupt delivered (an IPI or a device's)
+  kLocked,        // a locked instruction (ScheduleConfig::lock_events)
 };
 
 // What a scheduler's slices are measured in, which the progress mode decides: retired instructions where the
@@ -46,6 +47,7 @@ struct ScheduleConfig {
   uint32_t depth = 0;          // "pct": the bug depth d it aims at (d - 1 priority change points)
   uint64_t change_window = 0;  // "pct": the change points are drawn from the first k scheduling events
   uint64_t dropped_change_points = 0;  // "pct": bit i leaves out the i-th change point (deja explore --minimize)
+  bool lock_events = false;  // locked instructions are scheduling events (the backend stops at each)
   bool operator==(const ScheduleConfig&) const = default;
 };
 // The defaults: a quantum of 200,000 instructions (0.2 ms of the guest's clock per slice), 32 guest exits in

@@ -76,6 +76,7 @@ trace::Header to_header(const TraceConfig& t) {
     sc->set_depth(t.schedule->depth);
     sc->set_change_window(t.schedule->change_window);
     sc->set_dropped_change_points(t.schedule->dropped_change_points);
+    sc->set_lock_events(t.schedule->lock_events);
   }
   if (t.faults) {
     auto* f = c->mutable_faults();
@@ -178,6 +179,7 @@ Result<TraceConfig> from_header(const trace::Header& h) {
     schedule.depth = sc.depth();
     schedule.change_window = sc.change_window();
     schedule.dropped_change_points = sc.dropped_change_points();
+    schedule.lock_events = sc.lock_events();
     if (auto usable = make_scheduler(schedule); !usable) return fail(ErrorKind::kBadTrace, "{}", usable.error().message);
     t.schedule = schedule;
   }

@@ -110,6 +110,17 @@ def race(args, tmp):
     check_replay(args, minimized, 12)
     print("ok: minimized to the one change point (timer jitter taken away):",
           [l.strip() for l in text.splitlines() if "change-point" in l][0])
+    # Locked instructions are PCT's scheduling events: smp-counter's 2 x 1000 LOCK XADDs, which random does not count.
+    counts = {}
+    for schedule in ("pct:2", "random"):
+        p = explore(args, os.path.join(tmp, f"locks-{schedule}"), "--seed", "1", "--schedule", schedule, "--until",
+                    "exit:3", "--append", "increments=1000")
+        seeds, summary = results(p)
+        counts[schedule] = seeds[0]["schedule_events"] if p.returncode == 0 and seeds else None
+    if counts["pct:2"] is None or counts["random"] is None or counts["pct:2"] < counts["random"] + 2000:
+        sys.exit(f"FAIL: PCT should count smp-counter's 2,000 locked instructions among its events: {counts}")
+    print(f"ok: locked instructions are PCT's scheduling events ({counts['pct:2']} events against random's "
+          f"{counts['random']})")
     none = explore(args, os.path.join(tmp, "race-none"), "--seeds", "0..19", "-j", "2", "--schedule", "none",
                    "--timer-jitter", "0", "--until", "serial:BUG", guest="explore-race")
     if none.returncode != 0:

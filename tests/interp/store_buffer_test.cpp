@@ -43,8 +43,8 @@ TEST(StoreBuffer, DrainDelaysAreSeededAndBounded) {
     std::vector<int> out;
     for (int i = 0; i < 20; ++i) {
       push64(b, 0x1000, i);
-      int n = 1;
-      while (!b.retire()) ++n;
+      int n = 0;
+      for (; !b.due(); ++n) b.retire();
       out.push_back(n);
       b.pop();
     }
@@ -59,7 +59,8 @@ TEST(StoreBuffer, DrainDelaysAreSeededAndBounded) {
     EXPECT_LE(d, 32);
   }
   StoreBuffer empty(plan(), 0);
-  EXPECT_FALSE(empty.retire());
+  empty.retire();
+  EXPECT_FALSE(empty.due());
 }
 
 TEST(StoreBuffer, SavedStateContinuesTheSameAndBadStateIsRefused) {
@@ -72,8 +73,8 @@ TEST(StoreBuffer, SavedStateContinuesTheSameAndBadStateIsRefused) {
   ASSERT_TRUE(c.restore(saved));
   EXPECT_EQ(c.save(), saved);
   int steps_b = 0, steps_c = 0;
-  while (!b.retire()) ++steps_b;
-  while (!c.retire()) ++steps_c;
+  for (; !b.due(); ++steps_b) b.retire();
+  for (; !c.due(); ++steps_c) c.retire();
   EXPECT_EQ(steps_b, steps_c);
   const StoreBuffer::Entry second = (c.pop(), c.pop());
   EXPECT_EQ(second.gpa, 0x1004u);
@@ -84,7 +85,7 @@ TEST(StoreBuffer, SavedStateContinuesTheSameAndBadStateIsRefused) {
   EXPECT_FALSE(StoreBuffer(plan(4, 100), 0).restore(cut));
   EXPECT_FALSE(StoreBuffer(plan(1, 100), 0).restore(saved));  // two stores in a buffer of one
   std::vector<uint8_t> wide = saved;
-  wide[4 + 1 + 8 + 8 + 4 + 8] = 200;  // the first store's size
+  wide[4 + 1 + 8 + 8 + 4 + 8 + 8] = 200;  // the first store's size
   EXPECT_FALSE(StoreBuffer(plan(4, 100), 0).restore(wide));
 }
 

@@ -110,6 +110,7 @@ TEST(TraceConfig, EachFieldMatters) {
       [](TraceConfig& t) { t.schedule->unit = SliceUnit::kInstructions; }, [](TraceConfig& t) { t.schedule->quantum++; },
       [](TraceConfig& t) { t.schedule->pause_limit++; }, [](TraceConfig& t) { t.schedule->depth++; },
       [](TraceConfig& t) { t.schedule->change_window++; }, [](TraceConfig& t) { t.schedule->dropped_change_points = 0; },
+      [](TraceConfig& t) { t.schedule->lock_events = !t.schedule->lock_events; },
       [](TraceConfig& t) { t.faults->seed++; }, [](TraceConfig& t) { t.faults->disk_eio_ppm++; },
       [](TraceConfig& t) { t.faults->disk_torn_ppm++; }, [](TraceConfig& t) { t.faults->suppressed.pop_back(); },
       [](TraceConfig& t) { t.faults.reset(); },
