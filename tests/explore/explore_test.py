@@ -204,7 +204,8 @@ def store_buffering(args, tmp):
         sys.exit(f"FAIL: --tso --seed {first} again gave another trace:\n{show(p)}")
     print(f"ok: --tso: {summary['failures']} of 10 seeds saw r1=r2=0 (first {first}); its trace replays, and the "
           "seed gives the same bytes again")
-    for schedule in ("pct:2", "none"):
+    # (Not pct:2: a PCT vCPU spins its 64 PAUSEs before it yields, long enough for its stores to drain.)
+    for schedule in ("none",):
         p = explore(args, os.path.join(tmp, f"sb-{schedule}"), "--seeds", "0..9", "-j", "2", "--tso", "--until",
                     "serial:r1=r2=0 seen", "--schedule", schedule, guest="litmus-sb")
         seeds, summary = results(p)
