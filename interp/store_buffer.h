@@ -17,7 +17,7 @@ struct DecodedInsn;
 
 // A pure data structure: the backend (interp/memory.cpp) puts RAM stores in, overlays its own loads with
 // forward(), and writes what pop() returns to memory. Everything that decides when a store leaves (the delay drawn
-// at each retire, the capacity) is here and in save(), so recording, replay and a restored checkpoint drain at
+// for each store, the instructions retired, the capacity) is here and in save(), so recording, replay and a restored checkpoint drain at
 // the same instructions without an event per drain.
 class StoreBuffer {
  public:
