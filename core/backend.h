@@ -33,6 +33,7 @@ enum class ExitKind : uint8_t {
   kShutdown,          // triple fault: the VM cannot continue
   kFault,             // failed entry, internal error, or unimplemented state: `detail` says what
   kPause,             // PAUSE retired (with set_pause_exits): a spin-wait hint; RIP is past it, `rip` the PAUSE
+  kLocked,            // a locked instruction retired (with set_lock_exits); RIP is past it, `rip` the instruction
 };
 
 std::string_view exit_kind_name(ExitKind kind);
@@ -120,6 +121,20 @@ inline constexpr uint32_t kSoftwareTlbEntries = 2048;
 inline constexpr uint32_t kSoftwareTlbEntriesBeforeRecorded = 256;
 inline constexpr uint32_t kSoftwareTlbMaxEntries = 2048;
 
+// x86-TSO store buffers on the software CPU (`--tso`, docs/explore.md "Store buffers"): part of the machine model a
+// trace records (MachineConfig.tso), since which loads see which stores depends on them. Each store of a vCPU leaves
+// its buffer, in order, once a delay drawn uniformly from [1, 2 drain_mean] of the vCPU's retired instructions since it
+// was made has passed (a generator seeded with `seed` and the vCPU's index), at once when the buffer holds `capacity`
+// stores, and with all the others at every ordering point.
+struct StoreBufferPlan {
+  static constexpr uint32_t kDefaultCapacity = 50;   // about what x86 cores have (Skylake: 56, Zen 2: 48)
+  static constexpr uint32_t kDefaultDrainMean = 64;  // retired instructions a store waits, on average
+  uint64_t seed = 0;
+  uint32_t capacity = kDefaultCapacity;
+  uint32_t drain_mean = kDefaultDrainMean;
+  bool operator==(const StoreBufferPlan&) const = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -173,6 +188,12 @@ class Backend {
   // would be a run-loop trip for nothing (Linux's TSC delay loops make millions). An empty function: exit again.
   // Returns false where the backend cannot (it then exits as before).
   virtual bool answer_rdtsc_inline(std::function<uint64_t()> /*tsc*/) { return false; }
+  // Every locked instruction (LOCK prefix, XCHG with memory) returns a kLocked exit once it retired: a scheduling
+  // event of exploration's PCT schedule (docs/explore.md). Off unless a schedule asks: it costs an exit each.
+  virtual Result<> set_lock_exits(bool on) {
+    if (!on) return {};
+    return fail(ErrorKind::kUnsupported, "the {} backend cannot stop at locked instructions", name());
+  }
   // Ask for a kInterruptWindow exit as soon as can_inject_interrupt() would become true.
   virtual void request_interrupt_window(bool enable) = 0;
 

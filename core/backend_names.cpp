@@ -22,6 +22,7 @@ std::string_view exit_kind_name(ExitKind kind) {
     case ExitKind::kShutdown: return "shutdown";
     case ExitKind::kFault: return "fault";
     case ExitKind::kPause: return "pause";
+    case ExitKind::kLocked: return "locked";
   }
   return "unknown";
 }

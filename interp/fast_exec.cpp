@@ -301,8 +301,11 @@ interp::Block* InterpBackend::translate_block(uint64_t rip, uint64_t linear, uin
       break;
     }
     if (block->count == 0) first_length = insn.length;
-    // A PAUSE that may exit (set_pause_exits) stays with step(), which reports it.
-    const Role role = pause_in_step_ && insn.mnemonic == ZYDIS_MNEMONIC_PAUSE ? Role::kFallback : role_of(insn);
+    // A PAUSE that may exit (set_pause_exits) and a locked instruction that exits (set_lock_exits) stay with step(),
+    // which reports them.
+    const Role role = (pause_in_step_ && insn.mnemonic == ZYDIS_MNEMONIC_PAUSE) || (lock_exits_ && interp::is_locked(insn))
+                          ? Role::kFallback
+                          : role_of(insn);
     if (role == Role::kFallback) break;
     const uint64_t next = (at + insn.length) & rip_mask;
     if (next < at && mode != interp::kMode64) break;  // IP wraps: the next instruction is not the next byte

@@ -126,6 +126,8 @@ void InterpBackend::begin_step(uint64_t rip) {
   rep_continues_ = false;
   hlt_executed_ = false;
   pause_executed_ = false;
+  store_through_ = false;
+  locked_executed_ = false;
   watch_hit_.reset();
 }
 
@@ -142,10 +144,20 @@ void InterpBackend::step() {
   const bool single_step = s_.rflags & rflags::kTf;
   uint16_t mnemonic = 0;
   try {
-    const interp::DecodedInsn& insn = fetch_decoded();
+    const interp::DecodedInsn* fetched = &fetch_decoded();
+    if (store_buffer_ && !store_buffer_->empty() && fetch_sees_buffered_store(*fetched)) [[unlikely]] {
+      drain_store_buffer();
+      fetched = &fetch_decoded();
+    }
+    const interp::DecodedInsn& insn = *fetched;
+    locked_executed_ = lock_exits_ && interp::is_locked(insn);
     mnemonic = insn.mnemonic;
     next_rip_ = insn_rip_ + insn.length;
     if (insn.mode != interp::kMode64) next_rip_ &= insn.mode == interp::kMode16 ? 0xffff : 0xffffffffu;
+    if (store_buffer_ && interp::orders_memory(insn)) [[unlikely]] {
+      drain_store_buffer();
+      store_through_ = true;
+    }
     execute(insn);
     if (exit_pending_) return;  // (defer_exit: not retired, as when request_exit throws)
   } catch (const GuestException& ex) {
@@ -157,6 +169,10 @@ void InterpBackend::step() {
   s_.rip = next_rip_;
   ++steps_;
   if (rep_continues_) ++rep_partial_;
+  if (store_buffer_) [[unlikely]] {
+    store_buffer_->retire();
+    while (store_buffer_->due()) commit_oldest_store();
+  }
   s_.interrupt_shadow = shadow_next_;
   if (hlt_executed_) {
     s_.halted = true;
@@ -166,6 +182,10 @@ void InterpBackend::step() {
   if (pause_executed_) {
     pause_rip_ = insn_rip_;
     pause_unreported_ = true;
+  }
+  if (locked_executed_) {
+    lock_rip_ = insn_rip_;
+    lock_unreported_ = true;
   }
   if (software_interrupt_ >= 0) {
     deliver_event(uint8_t(software_interrupt_), false, 0, !icebp_, s_.rip);
@@ -275,6 +295,12 @@ Result<VcpuExit*> InterpBackend::run() {
         out->rip = pause_rip_;
         return out;
       }
+      if (lock_unreported_) {
+        lock_unreported_ = false;
+        VcpuExit* out = finish(ExitKind::kLocked);
+        out->rip = lock_rip_;
+        return out;
+      }
       if (block_step_done_) {
         block_step_done_ = false;
         return finish(ExitKind::kKicked);
@@ -335,7 +361,7 @@ Result<VcpuExit*> InterpBackend::run() {
       // The fast path only where nothing between two instructions can need the run loop: no answer
       // of an exit pending, no single-step (the VMM's or the guest's TF), no interrupt shadow ending
       // after the next instruction.
-      if (mode_ != InterpMode::kReference && responses_.empty() && (!debug_.single_step || trap_flag_steps()) &&
+      if (mode_ != InterpMode::kReference && !store_buffer_ && responses_.empty() && (!debug_.single_step || trap_flag_steps()) &&
           !(s_.rflags & rflags::kTf) && !s_.interrupt_shadow && !s_.halted) {
         run_fast();
         if (exit_pending_) return finish_deferred_exit();
@@ -399,6 +425,14 @@ Result<> InterpBackend::set_pause_exits(bool on) {
     blocks_.clear();
   }
   pause_exits_ = on;
+  return {};
+}
+
+Result<> InterpBackend::set_lock_exits(bool on) {
+  if (on != lock_exits_) {
+    lock_exits_ = on;
+    blocks_.clear();  // (blocks run locked instructions: they leave them for step() while they exit)
+  }
   return {};
 }
 

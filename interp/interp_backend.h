@@ -15,6 +15,7 @@
 #include "interp/block.h"
 #include "interp/decoded_insn.h"
 #include "interp/lazy_flags.h"
+#include "interp/store_buffer.h"
 #include "interp/sse.h"
 #include "core/backend.h"
 #include "core/cpu_model.h"
@@ -56,6 +57,7 @@ class InterpBackend : public Backend {
     inline_tsc_ = std::move(tsc);
     return true;
   }
+  Result<> set_lock_exits(bool on) override;
   void request_interrupt_window(bool enable) override { window_requested_ = enable; }
   void kick() override { kicked_.store(true, std::memory_order_relaxed); }
   ProgressCounter* progress_counter() override { return &counter_; }
@@ -72,6 +74,12 @@ class InterpBackend : public Backend {
   // code, TLB and counts; a store by any of them into code another has decoded drops it there too, and VMM
   // writes (DMA, the loader, a checkpoint restore) drop it in all of them.
   static void share_code(std::span<InterpBackend* const> vcpus);
+
+  // x86-TSO (`--tso`, docs/explore.md "Store buffers"): from now on this vCPU's stores to RAM wait in a store buffer
+  // drawn from `plan` and its index `vcpu`, and it runs on the reference executor only (the fast path's inline
+  // memory accesses would bypass the buffer).
+  void enable_store_buffer(const StoreBufferPlan& plan, uint32_t vcpu);
+  interp::StoreBuffer* store_buffer() { return store_buffer_.get(); }
 
   // An armed overflow stops the vCPU a random 0..skid branches late, drawn from a generator seeded with `seed`.
   Result<> emulate_pmu_skid(uint64_t skid, uint64_t seed) override;
@@ -305,6 +313,21 @@ class InterpBackend : public Backend {
   void write_linear(uint64_t linear, const void* data, unsigned size);
   void read_phys(uint64_t gpa, void* out, unsigned size);
   void write_phys(uint64_t gpa, const void* data, unsigned size);
+  // A store into RAM reaching memory: marks its page dirty, drops decoded code it overwrites.
+  void write_ram(uint64_t gpa, const void* data, unsigned size) {
+    std::memcpy(ram_ + gpa, data, size);
+    // Callers pass ranges within one page (write_linear splits at page boundaries).
+    dirty_bits_[gpa >> 18] |= uint64_t{1} << ((gpa >> 12) & 63);
+    if (is_code_page(gpa >> 12)) [[unlikely]] note_code_write(gpa, size);
+  }
+  // With a store buffer: puts a store into RAM in it (false: it must go to memory now, after the buffer's stores).
+  bool buffer_store(uint64_t gpa, const void* data, unsigned size);
+  // Whether the instruction just fetched may hold bytes this vCPU's buffer has stores to: then the buffer drains and
+  // the instruction is fetched again, as processors snoop their store buffers for self-modifying code.
+  bool fetch_sees_buffered_store(const interp::DecodedInsn& insn) const;
+  // Writes the oldest buffered store to memory; every one, oldest first.
+  void commit_oldest_store();
+  void drain_store_buffer();
   uint64_t read_mem(int seg, uint64_t offset, unsigned size);
   void write_mem(int seg, uint64_t offset, unsigned size, uint64_t value);
   // Raises the fault a write of [offset, offset+size) would raise, without accessing memory.
@@ -529,6 +552,10 @@ class InterpBackend : public Backend {
   std::function<uint64_t()> inline_tsc_;  // answer_rdtsc_inline
   bool pause_executed_ = false;  // the current instruction is a PAUSE that exits once retired
   bool pause_unreported_ = false;
+  bool lock_exits_ = false;       // set_lock_exits
+  bool locked_executed_ = false;  // the current instruction is locked and exits once retired
+  bool lock_unreported_ = false;
+  uint64_t lock_rip_ = 0;
   uint64_t pause_rip_ = 0;
   int delivering_ = -1;       // vector being delivered, for double-fault classification
   bool shutdown_ = false;
@@ -578,6 +605,10 @@ class InterpBackend : public Backend {
   std::unique_ptr<interp::JitBuffer> jit_;  // host code of the JIT mode, created on first use
   bool block_step_done_ = false;  // block stepping: a block ran, report it (after a HLT's own exit)
   FastStats fast_stats_;
+  // x86-TSO (enable_store_buffer): the buffer, and whether the instruction being executed orders memory
+  // (interp::orders_memory), so that its own stores go straight to memory.
+  std::unique_ptr<interp::StoreBuffer> store_buffer_;
+  bool store_through_ = false;
 };
 
 // The hardware features of core/cpu_model.h (by name) the software CPU implements. A model advertising any

@@ -39,7 +39,8 @@ void InterpBackend::flush_tlb(bool include_global) {
 
 void InterpBackend::fill_fast_tags(TlbEntry& entry) {
   entry.read_tag[0] = entry.read_tag[1] = entry.write_tag[0] = entry.write_tag[1] = ~0ull;
-  if (entry.tag == ~0ull || entry.phys >= ram_size_) return;  // MMIO: every access exits
+  // MMIO: every access exits; with a store buffer every access takes read_phys/write_phys, which know it.
+  if (entry.tag == ~0ull || entry.phys >= ram_size_ || store_buffer_) return;
   if (!debug_.watchpoints.empty()) {
     const uint64_t page = entry.tag << 12;
     for (const Watchpoint& w : debug_.watchpoints)
@@ -242,8 +243,10 @@ void InterpBackend::probe_write(int seg_index, uint64_t offset, unsigned size) {
 void InterpBackend::read_phys(uint64_t gpa, void* out, unsigned size) {
   if (gpa < ram_size_ && size <= ram_size_ - gpa) [[likely]] {
     std::memcpy(out, ram_ + gpa, size);
+    if (store_buffer_) [[unlikely]] store_buffer_->forward(gpa, static_cast<uint8_t*>(out), size);
     return;
   }
+  if (store_buffer_) [[unlikely]] drain_store_buffer();  // a device sees this vCPU's stores in program order
   uint64_t value = 0;
   if (!take_response(ExitKind::kMmioRead, gpa, value)) {
     exit_ = VcpuExit{};
@@ -257,12 +260,11 @@ void InterpBackend::read_phys(uint64_t gpa, void* out, unsigned size) {
 
 void InterpBackend::write_phys(uint64_t gpa, const void* data, unsigned size) {
   if (gpa < ram_size_ && size <= ram_size_ - gpa) [[likely]] {
-    std::memcpy(ram_ + gpa, data, size);
-    // Callers pass ranges within one page (write_linear splits at page boundaries).
-    dirty_bits_[gpa >> 18] |= uint64_t{1} << ((gpa >> 12) & 63);
-    if (is_code_page(gpa >> 12)) [[unlikely]] note_code_write(gpa, size);
+    if (store_buffer_ && buffer_store(gpa, data, size)) [[unlikely]] return;
+    write_ram(gpa, data, size);
     return;
   }
+  if (store_buffer_) [[unlikely]] drain_store_buffer();
   uint64_t ignored = 0;
   if (take_response(ExitKind::kMmioWrite, gpa, ignored)) return;
   exit_ = VcpuExit{};
@@ -273,6 +275,42 @@ void InterpBackend::write_phys(uint64_t gpa, const void* data, unsigned size) {
   // The exit names the instruction after the write, as KVM does (it completes an MMIO write before
   // exiting), so that exit-synchronous coordinates agree across backends (core/backend.h).
   request_exit(next_rip_);
+}
+
+void InterpBackend::enable_store_buffer(const StoreBufferPlan& plan, uint32_t vcpu) {
+  store_buffer_ = std::make_unique<interp::StoreBuffer>(plan, vcpu);
+  set_mode(InterpMode::kReference);
+  for (const uint16_t index : tlb_live_) fill_fast_tags(tlb_[index]);  // (none: every access takes read/write_phys)
+}
+
+bool InterpBackend::buffer_store(uint64_t gpa, const void* data, unsigned size) {
+  // Straight to memory after the buffered stores: the stores of an instruction that orders memory, and stores wider
+  // than an entry. (Not by whether the page holds decoded code: that depends on the decode cache's history, which a
+  // checkpoint's restore does not bring back; step() drains a buffer holding the bytes it fetches instead.)
+  if (store_through_ || size > interp::StoreBuffer::kMaxStoreBytes) {
+    drain_store_buffer();
+    return false;
+  }
+  while (store_buffer_->full()) commit_oldest_store();
+  store_buffer_->push(gpa, data, size);
+  return true;
+}
+
+bool InterpBackend::fetch_sees_buffered_store(const interp::DecodedInsn& insn) const {
+  const uint64_t linear = current_linear_rip(), offset = linear & 0xfff;
+  // (An instruction crossing a page drains the buffer whatever it holds: rare, and its second page's translation is
+  // not at hand.)
+  if (offset + insn.length > 4096 || fetch_page_ != (linear >> 12)) return true;
+  return store_buffer_->overlaps(fetch_phys_ | offset, insn.length);
+}
+
+void InterpBackend::commit_oldest_store() {
+  const interp::StoreBuffer::Entry oldest = store_buffer_->pop();
+  write_ram(oldest.gpa, oldest.bytes.data(), oldest.size);
+}
+
+void InterpBackend::drain_store_buffer() {
+  while (!store_buffer_->empty()) commit_oldest_store();
 }
 
 void InterpBackend::read_linear(uint64_t linear, void* out, unsigned size, Access access) {

@@ -461,6 +461,7 @@ void InterpBackend::triple_fault(const std::string& why) {
 // Delivers one event; a fault during delivery becomes #DF or a triple fault per SDM Table 6-5.
 void InterpBackend::deliver_event(uint8_t vector, bool has_error_code, uint32_t error_code, bool software,
                                   uint64_t return_rip) {
+  if (store_buffer_) drain_store_buffer();  // interrupts and exceptions order memory (SDM vol. 3 8.2.5)
   const int outer = delivering_;
   delivering_ = vector;
   try {

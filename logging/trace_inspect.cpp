@@ -252,11 +252,16 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
     if (sc.policy() == "pct") {
       fmt::print(out, "             PCT depth {}: {} change points among the first {} scheduling events (docs/explore.md)\n",
                  sc.depth(), sc.depth() ? sc.depth() - 1 : 0, sc.change_window());
+      if (sc.lock_events()) fmt::print(out, "             locked instructions are scheduling events\n");
     }
   }
   if (c.has_faults()) {
     fmt::print(out, "faults       seed {}: disk I/O errors {} ppm, torn writes {} ppm (docs/explore.md)\n", c.faults().seed(),
                c.faults().disk_eio_ppm(), c.faults().disk_torn_ppm());
+  }
+  if (c.has_tso()) {
+    fmt::print(out, "memory model x86-TSO store buffers, seed {}: {} stores each, drained after {} instructions on "
+               "average (docs/explore.md)\n", c.tso().seed(), c.tso().capacity(), c.tso().drain_mean());
   }
   for (const auto& quirk : c.cpu_quirks()) fmt::print(out, "cpu quirk    {}\n", printable(quirk));
   if (!c.cmdline().empty()) fmt::print(out, "cmdline      {}\n", json_string(c.cmdline()));

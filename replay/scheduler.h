@@ -26,6 +26,7 @@ enum class ScheduleEvent : uint8_t {
   kDeviceAccess,  // a port or MMIO access (the local APIC's ICR, so every IPI sent, included)
   kPause,         // a PAUSE (a spin-wait)
   kInterrupt,     // an interrupt delivered (an IPI or a device's)
+  kLocked,        // a locked instruction (ScheduleConfig::lock_events)
 };
 
 // What a scheduler's slices are measured in, which the progress mode decides: retired instructions where the
@@ -48,6 +49,7 @@ struct ScheduleConfig {
   uint64_t dropped_change_points = 0;  // "pct": bit i leaves out the i-th change point (deja explore --minimize)
   // How the session applies the policy (kScheduleVersion*): which exits it makes switch points.
   uint32_t version = 0;
+  bool lock_events = false;  // locked instructions are scheduling events (the backend stops at each)
   bool operator==(const ScheduleConfig&) const = default;
 };
 // The schedule versions (ScheduleConfig::version, the trace header's Schedule.version):

@@ -563,6 +563,9 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
     case ExitKind::kPause:
       schedule_event(ScheduleEvent::kPause, exit.rip);
       break;
+    case ExitKind::kLocked:
+      schedule_event(ScheduleEvent::kLocked, exit.rip);
+      break;
     default:
       break;
   }
@@ -636,6 +639,7 @@ Result<std::optional<Outcome>> Session::handle_exit(VcpuExit& exit) {
     case ExitKind::kInterruptWindow:
     case ExitKind::kCoordinateReached:
     case ExitKind::kDebug:
+    case ExitKind::kLocked:
       break;
     case ExitKind::kPause:
       if (pauses_left_ > 0) --pauses_left_;
@@ -773,6 +777,9 @@ Result<> Session::set_schedule(const ScheduleConfig& config) {
   for (const Vcpu& v : vcpus_) {
     if (auto r = v.cpu->set_pause_exits(config.pause_limit > 0); !r) {
       return fail(ErrorKind::kUnsupported, "the schedule stops vCPUs at PAUSE: {}", r.error().message);
+    }
+    if (auto r = v.cpu->set_lock_exits(config.lock_events); !r) {
+      return fail(ErrorKind::kUnsupported, "the schedule stops vCPUs at locked instructions: {}", r.error().message);
     }
   }
   scheduler_ = std::move(*made);
@@ -1421,7 +1428,7 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
     if (!full) return;
     v.halted = r.boolean();
     v.branches = r.u64();
-    if (v.kind > uint8_t(ExitKind::kPause)) r.invalid("exit kind out of range");
+    if (v.kind > uint8_t(ExitKind::kLocked)) r.invalid("exit kind out of range");
   };
   std::vector<Saved> saved(1);
   if (version == 3) read_vcpu(saved[0], false);
@@ -1449,7 +1456,7 @@ Result<> Session::decode_loop_state(std::span<const uint8_t> blob) {
   std::vector<uint8_t> schedule;
   if (version == 3) {
     saved[0].branches = vcpus_[0].cpu->branch_count().value_or(0);  // (restored with the backend's own state)
-    if (saved[0].kind > uint8_t(ExitKind::kPause)) r.invalid("exit kind out of range");
+    if (saved[0].kind > uint8_t(ExitKind::kLocked)) r.invalid("exit kind out of range");
   } else {
     const uint32_t n = r.u32();
     if (r.ok() && n != vcpus_.size()) r.invalid(fmt::format("{} vCPUs saved, this machine has {}", n, vcpus_.size()));

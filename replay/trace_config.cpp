@@ -25,7 +25,7 @@ bool TraceConfig::operator==(const TraceConfig& o) const {
          host == o.host && start_unix_ns == o.start_unix_ns && libvirt_domain == o.libvirt_domain &&
          cpu_model == o.cpu_model &&
          device_model_version == o.device_model_version && backend == o.backend && machine == o.machine &&
-         vcpus == o.vcpus && schedule == o.schedule && faults == o.faults && memory_bytes == o.memory_bytes && cmdline == o.cmdline &&
+         vcpus == o.vcpus && schedule == o.schedule && faults == o.faults && tso == o.tso && memory_bytes == o.memory_bytes && cmdline == o.cmdline &&
          device_semantics == o.device_semantics && disks == o.disks && nics == o.nics && rng == o.rng &&
          inputs == o.inputs && module_args == o.module_args && serial_input == o.serial_input &&
          boot_protocol == o.boot_protocol && image_format == o.image_format && progress == o.progress &&
@@ -78,6 +78,7 @@ trace::Header to_header(const TraceConfig& t) {
     sc->set_change_window(t.schedule->change_window);
     sc->set_dropped_change_points(t.schedule->dropped_change_points);
     sc->set_version(t.schedule->version);
+    sc->set_lock_events(t.schedule->lock_events);
   }
   if (t.faults) {
     auto* f = c->mutable_faults();
@@ -85,6 +86,12 @@ trace::Header to_header(const TraceConfig& t) {
     f->set_disk_eio_ppm(t.faults->disk_eio_ppm);
     f->set_disk_torn_ppm(t.faults->disk_torn_ppm);
     for (uint64_t n : t.faults->suppressed) f->add_suppressed(n);
+  }
+  if (t.tso) {
+    auto* b = c->mutable_tso();
+    b->set_seed(t.tso->seed);
+    b->set_capacity(t.tso->capacity);
+    b->set_drain_mean(t.tso->drain_mean);
   }
   c->set_memory_bytes(t.memory_bytes);
   c->set_cmdline(t.cmdline);
@@ -176,6 +183,7 @@ Result<TraceConfig> from_header(const trace::Header& h) {
     schedule.change_window = sc.change_window();
     schedule.dropped_change_points = sc.dropped_change_points();
     schedule.version = sc.version();
+    schedule.lock_events = sc.lock_events();
     if (auto usable = make_scheduler(schedule); !usable) return fail(ErrorKind::kBadTrace, "{}", usable.error().message);
     t.schedule = schedule;
   }
@@ -187,6 +195,14 @@ Result<TraceConfig> from_header(const trace::Header& h) {
     if (f.suppressed_size() > 1'000'000) return fail(ErrorKind::kBadTrace, "it suppresses too many faults");
     t.faults = FaultPlan{f.seed(), f.disk_eio_ppm(), f.disk_torn_ppm(),
                          std::vector<uint64_t>(f.suppressed().begin(), f.suppressed().end())};
+  }
+  if (c.has_tso()) {
+    const auto& b = c.tso();
+    if (b.capacity() < 1 || b.capacity() > 4096 || b.drain_mean() < 1 || b.drain_mean() > (1u << 30)) {
+      return fail(ErrorKind::kBadTrace, "its store buffers hold {} stores and drain after {} instructions on average "
+                  "(1 to 4096 stores, 1 to 2^30 instructions)", b.capacity(), b.drain_mean());
+    }
+    t.tso = StoreBufferPlan{b.seed(), b.capacity(), b.drain_mean()};
   }
   if ((t.vcpus > 1) != t.schedule.has_value()) {
     return fail(ErrorKind::kBadTrace, "it has {} vCPUs and {} schedule", t.vcpus, t.schedule ? "a" : "no");
@@ -260,6 +276,7 @@ TraceConfig recording_config(Session& session, const MachineConfig& machine, con
   t.backend = machine.backend;
   t.machine = machine.machine;
   t.vcpus = machine.vcpus;
+  t.tso = machine.tso;
   if (const Scheduler* scheduler = session.scheduler()) t.schedule = scheduler->config();
   if (session.engine().fault_plan().any()) t.faults = session.engine().fault_plan();
   t.memory_bytes = machine.memory_bytes;
@@ -292,6 +309,7 @@ MachineConfig replay_machine(const TraceConfig& t, const std::string& backend) {
   m.backend = backend;
   m.machine = t.machine;
   m.vcpus = t.vcpus;
+  m.tso = t.tso;
   m.cpu_model = t.cpu_model;
   m.device_model_version = t.device_model_version;
   m.rtc_epoch_unix_seconds = t.start_unix_ns / 1'000'000'000;

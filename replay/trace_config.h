@@ -80,6 +80,7 @@ struct TraceConfig {
   uint32_t vcpus = 1;
   std::optional<ScheduleConfig> schedule;  // several vCPUs: how they took turns
   std::optional<FaultPlan> faults;         // deja explore's injected faults
+  std::optional<StoreBufferPlan> tso;      // x86-TSO store buffers (--tso)
   uint64_t memory_bytes = 0;
   std::string cmdline;
   std::string device_semantics;  // tests only

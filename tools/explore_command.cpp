@@ -164,6 +164,7 @@ ScheduleConfig schedule_for(const Campaign& c, uint64_t seed) {
     s.depth = c.depth;
     s.change_window = c.change_window;
     s.dropped_change_points = c.dropped_change_points;
+    s.lock_events = true;  // (a lock taken or released is where another vCPU's turn matters)
     s.quantum = c.quantum.value_or(1'000'000);  // a vCPU runs until it blocks, spins or a change point: re-decided
   } else {
     s.quantum = c.quantum.value_or(10'000);     // random: short slices, uniform in [1, 2 quantum]

@@ -48,6 +48,10 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
                               kMaxVcpus));
   cmd->add_option("--schedule-seed", a.schedule_seed,
                   "several vCPUs: the seed of their schedule (default: random, printed); a recording keeps it");
+  cmd->add_flag("--tso", a.tso,
+               "x86-TSO store buffers on the software CPU (reference executor): each vCPU's stores wait in a FIFO, "
+               "drained at locked and serializing instructions, I/O, interrupts and after delays drawn from the "
+               "schedule's seed, so that other vCPUs see store-to-load reordering (docs/explore.md)");
   cmd->add_option("--schedule-quantum", a.schedule_quantum,
                   "several vCPUs: the mean slice a vCPU runs before the next takes over, in instructions (guest exits "
                   "with exit-sync progress); default 200000 (32)");
@@ -162,6 +166,7 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   o.machine.cmdline = a.cmdline;
   o.machine.machine = a.machine.empty() ? std::string(kMachinePc) : a.machine;
   o.machine.interp_mode = a.interp_mode;
+  if (a.tso) o.machine.tso = StoreBufferPlan{};  // (its seed is the run's: run_or_record)
   if (a.cpus < 1 || a.cpus > int64_t(kMaxVcpus)) {
     return fail(ErrorKind::kInvalidArgument, "--cpus {}: a machine has 1 to {} vCPUs", a.cpus, kMaxVcpus);
   }
@@ -192,6 +197,17 @@ Result<SessionOptions> to_session(const RunArgs& a) {
   if (o.progress.emulated_skid && requested != "interp") {
     return fail(ErrorKind::kInvalidArgument, "--progress {} emulates a PMU on the software CPU: use --backend interp",
                 a.progress);
+  }
+  // Store buffers too are the software CPU's, on its reference executor (docs/explore.md).
+  if (a.tso) {
+    if (requested.empty()) requested = "interp";
+    if (requested != "interp") {
+      return fail(ErrorKind::kInvalidArgument, "--tso models store buffers on the software CPU: use --backend interp");
+    }
+    if (!a.interp_mode.empty() && a.interp_mode != "reference") {
+      return fail(ErrorKind::kInvalidArgument, "--tso runs on the reference executor only: drop --interp-mode {}",
+                  a.interp_mode);
+    }
   }
   auto choice = choose_backend(requested, "kvm", a.cpu.empty() ? nullptr : CpuModel::find(a.cpu));
   if (!choice) return std::unexpected(choice.error());
@@ -384,6 +400,11 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   // A seeded recording starts at a fixed wall-clock time (the RTC's): nothing in it may depend on when it ran.
   int64_t start_unix_ns = seeded ? SeededRecording::kStartUnixNs : host_unix_time_ns();
   config.rtc_epoch_unix_seconds = start_unix_ns / 1'000'000'000;
+  // The schedule's seed, drawn here when not given (and said, below), so that a run can be repeated; the store
+  // buffers' (--tso) is the same one, or the seeded run's.
+  const uint64_t schedule_seed =
+      options.schedule_seed ? *options.schedule_seed : config.vcpus > 1 ? std::random_device{}() : 0;
+  if (config.tso) config.tso->seed = seeded ? seeded->seed : schedule_seed;
 
   ProgressChoice progress = options.progress;
   if (progress.automatic) {
@@ -452,8 +473,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   if (config.vcpus > 1 && seeded && seeded->schedule) {
     if (auto r = session.set_schedule(*seeded->schedule); !r) return report_error(r.error());
   } else if (config.vcpus > 1) {
-    // The schedule: its seed drawn here when not given, and said, so that a run can be repeated.
-    const uint64_t seed = options.schedule_seed ? *options.schedule_seed : std::random_device{}();
+    const uint64_t seed = schedule_seed;
     ScheduleConfig schedule = default_schedule(
         progress.mode == ProgressMode::kExact && session.machine().backend().instruction_count()
             ? SliceUnit::kInstructions

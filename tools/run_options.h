@@ -31,6 +31,7 @@ struct RunArgs {
   int64_t cpus = 1;
   std::optional<uint64_t> schedule_seed;
   std::optional<uint64_t> schedule_quantum;
+  bool tso = false;  // x86-TSO store buffers (interp, reference executor)
   std::string mem;      // "" = 256M
   std::string cmdline;
   std::string serial_in;

@@ -332,6 +332,24 @@ Result<std::unique_ptr<Machine>> Machine::create(const MachineConfig& config, Cl
       if (auto* interp = dynamic_cast<InterpBackend*>(vcpu.get())) interp->set_mode(*mode);
     }
   }
+  if (config.tso) {
+    if (config.backend != "interp") {
+      return fail(ErrorKind::kUnsupported, "--tso models store buffers on the software CPU: use --backend interp "
+                  "(a recording with them replays there only)");
+    }
+    if (!config.interp_mode.empty() && config.interp_mode != interp_mode_name(InterpMode::kReference)) {
+      return fail(ErrorKind::kInvalidArgument, "store buffers (--tso) run on the reference executor only: drop "
+                  "--interp-mode {}", config.interp_mode);
+    }
+    // Each vCPU's buffer is a part of the machine's state: digests and checkpoints carry what it holds.
+    for (uint32_t i = 0; i < m->vcpus_.size(); ++i) {
+      auto& cpu = static_cast<InterpBackend&>(*m->vcpus_[i]);
+      cpu.enable_store_buffer(*config.tso, i);
+      interp::StoreBuffer& buffer = *cpu.store_buffer();
+      m->stateful_.push_back(StatefulPart{fmt::format("store-buffer{}", i), [&buffer] { return buffer.save(); },
+                                          [&buffer](std::span<const uint8_t> s) { return buffer.restore(s); }});
+    }
+  }
   return m;
 }
 

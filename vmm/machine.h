@@ -76,6 +76,8 @@ struct MachineConfig {
   // The software CPU's execution mode (reference, threaded or jit; docs/interp.md); "" = its default.
   // Not part of the machine model: every mode computes the same guest execution.
   std::string interp_mode;
+  // x86-TSO store buffers on the software CPU (`--tso`, docs/explore.md): part of the machine model, in the trace.
+  std::optional<StoreBufferPlan> tso;
   // Virtio PCI devices (device model 3), placed on bus 0 in this order: disks, NICs, the entropy device.
   std::vector<VirtioDiskSetup> disks;
   unsigned nics = 0;

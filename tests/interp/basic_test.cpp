@@ -572,3 +572,30 @@ TEST(InterpBasic, BudgetStopsInsideARepStringAfterOtherInstructionsOfItsBlock) {
 
 }  // namespace
 }  // namespace deja::test
+
+namespace deja::test {
+namespace {
+
+// Exploration's PCT counts locked instructions among its scheduling events: with lock exits on, each one retired is
+// a kLocked exit naming it, on every executor; with them off (every plain run), none is.
+TEST(InterpExits, LockedInstructionsExitOnlyWhenAsked) {
+  for (const InterpMode mode : {InterpMode::kReference, InterpMode::kThreaded, InterpMode::kJit}) {
+    SCOPED_TRACE(interp_mode_name(mode));
+    for (const bool on : {true, false}) {
+      TestVm vm = TestVm::long_mode();
+      vm.cpu->set_mode(mode);
+      ASSERT_TRUE(vm.cpu->set_lock_exits(on));
+      vm.code("mov rax, 0x180000\n add rbx, 1\n lock inc qword ptr [rax]\n xchg [rax], rcx\n xchg rcx, rdx\n"
+              "lock xadd [rax], rbx\n hlt\n");
+      std::vector<uint64_t> rips;
+      VcpuExit exit = vm.run();
+      for (; exit.kind == ExitKind::kLocked; exit = vm.run()) rips.push_back(exit.rip - kCode);
+      EXPECT_EQ(exit.kind, ExitKind::kHlt);
+      EXPECT_EQ(rips, on ? std::vector<uint64_t>({11, 15, 21}) : std::vector<uint64_t>{});
+      EXPECT_EQ(vm.read64(0x180000), 1u);  // (INC: 1; the XCHG stored RCX = 0; XADD added RBX = 1)
+    }
+  }
+}
+
+}  // namespace
+}  // namespace deja::test

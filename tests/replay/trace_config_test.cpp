@@ -23,6 +23,7 @@ TraceConfig everything() {
   t.schedule = ScheduleConfig{"pct", 0x1234'5678'9abc'def0ull, SliceUnit::kGuestExits, 48, 9, 3, 500, 2,
                               kScheduleVersionPauseWithCompany};
   t.faults = FaultPlan{77, 20'000, 5'000, {3, 9}};
+  t.tso = StoreBufferPlan{88, 40, 32};
   t.memory_bytes = 512ull << 20;
   t.cmdline = "console=ttyS0 café";
   t.device_semantics = "test:uart-lsr-temt";
@@ -112,9 +113,12 @@ TEST(TraceConfig, EachFieldMatters) {
       [](TraceConfig& t) { t.schedule->pause_limit++; }, [](TraceConfig& t) { t.schedule->depth++; },
       [](TraceConfig& t) { t.schedule->change_window++; }, [](TraceConfig& t) { t.schedule->dropped_change_points = 0; },
       [](TraceConfig& t) { t.schedule->version = kScheduleVersionPauseAlways; },
+      [](TraceConfig& t) { t.schedule->lock_events = !t.schedule->lock_events; },
       [](TraceConfig& t) { t.faults->seed++; }, [](TraceConfig& t) { t.faults->disk_eio_ppm++; },
       [](TraceConfig& t) { t.faults->disk_torn_ppm++; }, [](TraceConfig& t) { t.faults->suppressed.pop_back(); },
       [](TraceConfig& t) { t.faults.reset(); },
+      [](TraceConfig& t) { t.tso->seed++; }, [](TraceConfig& t) { t.tso->capacity++; },
+      [](TraceConfig& t) { t.tso->drain_mean++; }, [](TraceConfig& t) { t.tso.reset(); },
       [](TraceConfig& t) { t.interrupt_window_steps = 0; }, [](TraceConfig& t) { t.window_steps_trap_flag = false; },
       [](TraceConfig& t) {
         t.vcpus = 1;
@@ -196,6 +200,9 @@ TEST(TraceConfig, RefusesWhatItCannotReplay) {
   h.mutable_config()->mutable_faults()->set_disk_eio_ppm(2'000'000);
   refused(h, ErrorKind::kBadTrace, "fault rates");
   h = good;
+  h.mutable_config()->mutable_tso()->set_capacity(0);
+  refused(h, ErrorKind::kBadTrace, "store buffers");
+  h = good;
   h.mutable_config()->set_vcpus(kMaxVcpus + 1);
   refused(h, ErrorKind::kBadTrace, "vCPUs");
 }
@@ -211,6 +218,7 @@ TEST(TraceConfig, ReplayMachineAndLoad) {
   EXPECT_EQ(m.nics, 2u);
   EXPECT_TRUE(m.rng);
   EXPECT_TRUE(m.trap_rdtsc);
+  EXPECT_EQ(m.tso, t.tso);
   LoadOptions load = replay_load(t);
   EXPECT_TRUE(load.linux_kernel);
   EXPECT_EQ(load.linux_entry, LinuxEntry::kPvh);
