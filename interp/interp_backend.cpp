@@ -18,15 +18,9 @@ namespace {
 constexpr uint8_t kDb = 1, kNmi = 2;
 }
 
-namespace {
-// The block cache's bound (host code included): a Linux boot keeps ~95 MB of blocks; two rounds of the glibc
-// workload, which starts a process per command, flushed 256 MiB three times; eight flush 512 MiB once.
-constexpr uint64_t kBlockCacheBytes = uint64_t{512} << 20;
-}  // namespace
-
 InterpBackend::InterpBackend(GuestMemory& memory, const CpuModel& model)
     : memory_(memory), model_(model), ram_(memory.host_base()), ram_size_(memory.size()), cache_(memory.size()),
-      dirty_bits_(memory.dirty_bitmap().data()), blocks_(memory.size(), kBlockCacheBytes) {
+      dirty_bits_(memory.dirty_bitmap().data()), blocks_(memory.size(), interp::BlockCache::capacity_for(memory.size())) {
   // Architectural reset values for the x87/SSE control words (SDM 9.1.1).
   uint16_t fcw = 0x37f;
   uint32_t mxcsr = 0x1f80;

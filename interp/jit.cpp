@@ -2229,7 +2229,7 @@ struct InterpBackend::Jit {
 };
 
 bool InterpBackend::compile_block(Block& block) {
-  if (!jit_) jit_ = std::make_unique<interp::JitBuffer>();
+  if (!jit_) jit_ = std::make_unique<interp::JitBuffer>(interp::BlockCache::capacity_for(ram_size_));
   if (!jit_->ok()) return false;
   static_assert(sizeof(TlbEntry) == 64, "the JIT indexes the software TLB by shifting");
   static_assert(sizeof(JumpEntry) == 32, "the JIT indexes the jump cache by shifting");

@@ -12,8 +12,9 @@ namespace deja::interp {
 // dropped (BlockCache::clear) and the buffer starts again from empty, as QEMU's translation buffer does.
 class JitBuffer {
  public:
-  // (Reserved, not committed: only the code written takes memory. The block cache's size: it counts live blocks'
-  // code; a dropped block's code is reclaimed by the next flush, or by a copy of the same code taking its room.)
+  // (Reserved, not committed: only the code written takes memory. A machine's is its block cache's size
+  // (BlockCache::capacity_for), which counts live blocks' code; a dropped block's code is reclaimed by the next flush,
+  // or by a copy of the same code taking its room.)
   static constexpr size_t kDefaultBytes = size_t{512} << 20;
 
   explicit JitBuffer(size_t bytes = kDefaultBytes);
