@@ -326,11 +326,13 @@ Result<Campaign> resolve(ExploreArgs& a) {
     }
   }
   if (a.directory.empty()) return fail(ErrorKind::kInvalidArgument, "give the directory for failing runs' traces: -o DIR");
+  // (Shards of one campaign start together and share DIR: whichever makes it, the others find it made.)
   struct stat st{};
-  if (::lstat(a.directory.c_str(), &st) == 0) {
-    if (!S_ISDIR(st.st_mode)) return fail(ErrorKind::kInvalidArgument, "-o {}: not a directory", a.directory);
-  } else if (::mkdir(a.directory.c_str(), 0700) != 0) {
+  if (::mkdir(a.directory.c_str(), 0700) != 0 && errno != EEXIST) {
     return fail(ErrorKind::kHost, "-o {}: cannot make the directory ({})", a.directory, strerror(errno));
+  }
+  if (::lstat(a.directory.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return fail(ErrorKind::kInvalidArgument, "-o {}: not a directory", a.directory);
   }
   c.directory = a.directory;
   return c;
@@ -606,7 +608,12 @@ class ExploreShardTask : public ShardTask {
     }
     a.shard = fmt::format("{}/{}", index, count);
     a.display.quiet = true;
-    return run_campaign(a, std::vector<std::string>(args.begin(), args.end()), &records);
+    const int status = run_campaign(a, std::vector<std::string>(args.begin(), args.end()), &records);
+    // A campaign refused before any seed ran fails its shard: merged as an empty shard, its seeds would be lost.
+    if (status != 0 && status != exit_status::kFound && records.empty()) {
+      return fail(ErrorKind::kHost, "the campaign ran no seed (exit status {}; the reason is in the shard's log)", status);
+    }
+    return status;
   }
 
   int merge(std::span<const std::string>, const std::vector<std::vector<std::string>>& records) override {

@@ -10,21 +10,17 @@ import filecmp
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "guests"))
+import checked_run  # noqa: E402
 
 FOUND = 14
 
 
 def run(cmd, timeout=900):
-    try:
-        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        sys.exit(f"FAIL: hang: {' '.join(cmd)} did not finish in {timeout}s")
-    if p.returncode < 0:
-        sys.exit(f"FAIL: crash: {' '.join(cmd)} died with signal {-p.returncode}\n{p.stderr.decode(errors='replace')}")
-    return p
+    return checked_run.run(cmd, timeout)
 
 
 def show(p):

@@ -3,21 +3,11 @@
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
-
-def run(cmd, timeout=600):
-    try:
-        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        sys.exit(f"FAIL: hang: {' '.join(cmd)} did not finish in {timeout}s")
-    if p.returncode < 0:
-        sys.exit(f"FAIL: crash: {' '.join(cmd)} died with signal {-p.returncode}\n{p.stderr.decode(errors='replace')}")
-    return p
+from checked_run import run
 
 
 def one(args, tmp, i):

@@ -7,19 +7,10 @@ differ between seeds and a seed's recording is the same trace twice (the schedul
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
-
-def run(cmd, timeout=600):
-    try:
-        p = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        sys.exit(f"FAIL: hang: {' '.join(cmd)} did not finish in {timeout}s")
-    if p.returncode < 0:
-        sys.exit(f"FAIL: crash: {' '.join(cmd)} died with signal {-p.returncode}\n{p.stderr.decode(errors='replace')}")
-    return p
+from checked_run import run
 
 
 def record_and_replay(args, tmp, guest, cpus, seed, progress="exact", replay_modes=("default",), cmdline=None):
