@@ -12,6 +12,7 @@ Result<ScriptedInput::FromTrace> ScriptedInput::read_trace(const std::string& pa
   auto reader = TraceReader::open(path);
   if (!reader) return std::unexpected(reader.error());
   FromTrace from;
+  uint64_t bytes = 0;
   for (;;) {
     auto event = (*reader)->next();
     if (!event) {
@@ -22,7 +23,13 @@ Result<ScriptedInput::FromTrace> ScriptedInput::read_trace(const std::string& pa
     if (!(*event)->has_async()) continue;
     const trace::Async& a = (*event)->async();
     from.net_frames += a.net_frames_size();
-    if (!a.serial_input().empty()) from.arrivals.push_back(Arrival{a.now_ns(), a.serial_input()});
+    if (a.serial_input().empty()) continue;
+    bytes += a.serial_input().size();
+    if (bytes > kMaxBytes) {
+      return fail(ErrorKind::kInvalidArgument, "its serial input is more than {} MiB, which is all that is kept",
+                  kMaxBytes >> 20);
+    }
+    from.arrivals.push_back(Arrival{a.now_ns(), a.serial_input()});
   }
   return from;
 }

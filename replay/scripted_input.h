@@ -24,6 +24,8 @@ class ScriptedInput : public HostInput {
     uint64_t net_frames = 0;
     std::string damage;
   };
+  // The input is held in memory, so a trace (maybe hostile: its events compress well) may give at most this much.
+  static constexpr uint64_t kMaxBytes = uint64_t{64} << 20;
   static Result<FromTrace> read_trace(const std::string& path);
 
   explicit ScriptedInput(std::vector<Arrival> arrivals);
