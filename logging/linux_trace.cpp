@@ -86,6 +86,25 @@ std::optional<Packet> parse_frame(std::span<const uint8_t> f) {
   return p;
 }
 
+}  // namespace
+
+std::string describe_frame(std::span<const uint8_t> frame) {
+  if (auto p = parse_frame(frame)) {
+    return fmt::format("{} {} > {}, {} bytes of data", p->tcp ? "tcp" : "udp", p->source, p->destination, p->payload);
+  }
+  const uint16_t type = frame.size() >= 14 ? be16(&frame[12]) : 0;
+  if (type == 0x0806) return "arp";
+  if (type == 0x0800 && frame.size() >= 34 && frame[23] == 1) {
+    char from[INET_ADDRSTRLEN] = {}, to[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &frame[26], from, sizeof from);
+    inet_ntop(AF_INET, &frame[30], to, sizeof to);
+    return fmt::format("icmp {} > {}", from, to);
+  }
+  return fmt::format("{} bytes, ethertype {:#06x}", frame.size(), type);
+}
+
+namespace {
+
 std::string sha_of(std::span<const uint8_t> bytes) {
   const Sha256 sha = sha256_bytes(bytes);
   return std::string(reinterpret_cast<const char*>(sha.data()), sha.size());

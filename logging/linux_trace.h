@@ -40,6 +40,9 @@ struct TimelineEntry {
   std::string text;
 };
 
+// An Ethernet frame in a few words: "udp 10.0.2.2:69 > 10.0.2.15:40312, 516 bytes of data", "arp", "icmp A > B".
+std::string describe_frame(std::span<const uint8_t> frame);
+
 // A TCP connection or a UDP flow seen in the NICs' frames, from the guest's side.
 struct Connection {
   std::string protocol;  // "tcp", "udp"

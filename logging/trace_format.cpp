@@ -1,9 +1,11 @@
 // Shared trace helpers: SHA-256 (OpenSSL EVP), hex, event names and one-line event descriptions.
 #include "logging/trace_format.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
@@ -65,6 +67,30 @@ Result<std::array<uint8_t, 32>> sha256_file(const std::string& path) {
     }
   }
   return s.finish();
+}
+
+Result<std::pair<std::array<uint8_t, 32>, uint64_t>> sha256_directory(const std::string& path) {
+  static constexpr size_t kMaxEntries = 100'000;
+  std::vector<std::filesystem::path> files;
+  std::error_code ec;
+  size_t entries = 0;
+  for (auto it = std::filesystem::recursive_directory_iterator(path, ec); !ec && it != decltype(it)(); it.increment(ec)) {
+    if (++entries > kMaxEntries) return fail(ErrorKind::kInvalidArgument, "{} holds more than {} entries", path, kMaxEntries);
+    if (it->is_regular_file(ec)) files.push_back(std::filesystem::relative(it->path(), path, ec));
+  }
+  if (ec) return fail(ErrorKind::kHost, "cannot list {}: {}", path, ec.message());
+  std::sort(files.begin(), files.end());
+  trace_detail::Sha256Stream s;
+  uint64_t size = 0;
+  for (const auto& file : files) {
+    const std::string full = (std::filesystem::path(path) / file).string(), name = file.string();
+    auto hashed = sha256_file(full);
+    if (!hashed) return std::unexpected(hashed.error());
+    size += std::filesystem::file_size(full, ec);
+    s.update(reinterpret_cast<const uint8_t*>(name.c_str()), name.size() + 1);
+    s.update(hashed->data(), hashed->size());
+  }
+  return std::pair(s.finish(), size);
 }
 
 std::string hex(std::span<const uint8_t> bytes) {

@@ -58,6 +58,9 @@ bool event_kind_has_coordinate(int kind_case);
 std::string describe_coordinate(const trace::Coordinate& c);
 
 Result<std::array<uint8_t, 32>> sha256_file(const std::string& path);
+// A directory tree's identity (a TFTP server's files): the SHA-256 of each regular file's relative path, a NUL and
+// the file's SHA-256, in path order; and the files' total size. At most 100,000 entries.
+Result<std::pair<std::array<uint8_t, 32>, uint64_t>> sha256_directory(const std::string& path);
 std::array<uint8_t, 32> sha256_bytes(std::span<const uint8_t> bytes);
 std::string hex(std::span<const uint8_t> bytes);
 inline std::string hex(const std::string& bytes) {

@@ -256,8 +256,16 @@ void print_text(const std::string& path, const trace::Header& h, const Survey& s
     }
   }
   if (c.has_faults()) {
-    fmt::print(out, "faults       seed {}: disk I/O errors {} ppm, torn writes {} ppm (docs/explore.md)\n", c.faults().seed(),
-               c.faults().disk_eio_ppm(), c.faults().disk_torn_ppm());
+    const auto& f = c.faults();
+    const bool network = f.net_drop_ppm() || f.net_dup_ppm() || f.net_reorder_ppm();
+    fmt::print(out, "faults       seed {} (docs/explore.md)\n", f.seed());
+    if (f.disk_eio_ppm() || f.disk_torn_ppm() || !network) {
+      fmt::print(out, "             disk I/O errors {} ppm, torn writes {} ppm\n", f.disk_eio_ppm(), f.disk_torn_ppm());
+    }
+    if (network) {
+      fmt::print(out, "             network frames lost {} ppm, duplicated {} ppm, reordered {} ppm\n", f.net_drop_ppm(),
+                 f.net_dup_ppm(), f.net_reorder_ppm());
+    }
   }
   if (c.has_tso()) {
     fmt::print(out, "memory model x86-TSO store buffers, seed {}: {} stores each, drained after {} instructions on "

@@ -43,10 +43,14 @@ uint64_t Engine::host_now_ns() {
   return t;
 }
 
-uint64_t Engine::idle_now_ns(std::optional<uint64_t> deadline) {
+uint64_t Engine::idle_now_ns(std::optional<uint64_t> deadline, std::optional<uint64_t> network_ns) {
   const uint64_t running = running_now_ns();
-  // Simulated: the wait lasts until the next deadline is met, however long that takes the host.
-  if (simulated_) return deadline ? std::max(running, timer_due_ns(*deadline)) : running;
+  // Simulated: the wait lasts until the next deadline is met (or the network's next work, whose latency is drawn
+  // already), however long that takes the host.
+  if (simulated_) {
+    const uint64_t until = std::min(deadline ? timer_due_ns(*deadline) : UINT64_MAX, network_ns.value_or(UINT64_MAX));
+    return until == UINT64_MAX ? running : std::max(running, until);
+  }
   const uint64_t elapsed = host_clock_.elapsed_ns();
   uint64_t host = elapsed > idle_lag_ns_ ? elapsed - idle_lag_ns_ : 0;
   if (deadline && host > *deadline + kCatchUpNs) {
@@ -60,8 +64,14 @@ Result<> Engine::simulate_host(SimulatedHost host) {
   if (!derived_) {
     return fail(ErrorKind::kUnsupported, "a simulated host needs derived time (--backend interp, exact progress)");
   }
+  for (const auto& network : networks_) {
+    if (!network->restricted()) {
+      return fail(ErrorKind::kUnsupported, "a simulated host's network is restricted (nothing of the host's: restrict=on)");
+    }
+  }
   simulated_ = host;
   simulated_random_.set_state(host.seed ^ 0x656e74726f7079ull);  // ("entropy": apart from the schedule's draws)
+  links_.resize(networks_.size());
   return {};
 }
 

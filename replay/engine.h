@@ -20,6 +20,7 @@
 #include "vmm/disk_image.h"
 #include "vmm/host_io.h"
 #include "replay/stream_match.h"
+#include "replay/network_link.h"
 #include "vmm/user_network.h"
 
 namespace deja {
@@ -61,8 +62,15 @@ struct FaultPlan {
   uint64_t seed = 0;
   uint32_t disk_eio_ppm = 0;
   uint32_t disk_torn_ppm = 0;
-  std::vector<uint64_t> suppressed;  // the faults drawn (by their order, from 0) that are not injected
-  bool any() const { return disk_eio_ppm || disk_torn_ppm; }
+  std::vector<uint64_t> suppressed;  // the disk faults drawn (by their order, from 0) that are not injected
+  // Frames lost, delivered twice, and delivered late past later ones, each way between a NIC and its network (a
+  // seeded run's: replay has no network, its frames are in the trace, so replay needs none of these).
+  uint32_t net_drop_ppm = 0;
+  uint32_t net_dup_ppm = 0;
+  uint32_t net_reorder_ppm = 0;
+  std::vector<uint64_t> net_suppressed;  // the network faults drawn (by their order, from 0) that are not injected
+  bool any() const { return disk_eio_ppm || disk_torn_ppm || any_network(); }
+  bool any_network() const { return net_drop_ppm || net_dup_ppm || net_reorder_ppm; }
   bool operator==(const FaultPlan&) const = default;
 };
 
@@ -117,13 +125,14 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   const FaultPlan& fault_plan() const { return faults_; }
   BlockFault block_fault(unsigned disk, bool write, uint64_t sector, uint64_t sectors) override;
   uint64_t faults_injected() const { return faults_injected_; }
-  // The faults drawn so far (those suppressed too; the first 4096), each where it was decided: what --minimize reports.
+  // The faults drawn so far (those suppressed too; the first 4096 of each kind), each where it was decided: what
+  // --minimize reports and takes away. Disk and network faults are numbered apart (replay draws the disk's again,
+  // and has no network).
   struct FaultDrawn {
-    uint64_t ordinal = 0;
+    bool network = false;
+    uint64_t ordinal = 0;  // among the faults of its kind
     bool suppressed = false;
-    unsigned disk = 0;
-    bool write = false;
-    uint64_t sector = 0;
+    std::string what;  // "disk 0 read sector 5600", "net 0 to the guest: frame 17 dropped"
     Position where;
   };
   const std::vector<FaultDrawn>& faults_drawn() const { return faults_drawn_; }
@@ -133,6 +142,17 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   // The NICs' networks outside the machine (run and record only; replay has none), by NIC index.
   void attach_network(std::unique_ptr<UserNetwork> network) { networks_.push_back(std::move(network)); }
   std::vector<std::unique_ptr<UserNetwork>>& networks() { return networks_; }
+  // A simulated host's networks (engine_net.cpp): each NIC reaches its network (restricted: nothing of the host's)
+  // through a NetworkLink, a wire whose latency (up to the timer jitter) and faults (the plan's net-*) are drawn
+  // from the seed. exchange_network() delivers the frames that have reached each network, runs the networks (their
+  // timers, in derived time) and puts what they send on the wires; network_frames_arrived() takes the frames that
+  // have reached a NIC. Called where asynchronous events may land, so that a run is a function of its seed.
+  bool networks_simulated() const { return !links_.empty(); }
+  void exchange_network(uint64_t now_ns);
+  std::vector<std::vector<uint8_t>> network_frames_arrived(unsigned nic, uint64_t now_ns, size_t max);
+  // When NIC `nic`'s network next has something to do: a frame arriving either way (towards the NIC only while it
+  // can take one), or the network's own timers. nullopt: nothing until the guest sends.
+  std::optional<uint64_t> next_network_ns(unsigned nic, bool nic_can_receive) const;
 
   // A host failure found inside device work (a disk image that cannot be read): the run stops with it.
   void host_failure(const std::string& message) {
@@ -191,7 +211,8 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   // the wait ends at the deadline instead, not in one jump past every timer (which Linux reports as a CPU stall:
   // "rcu_preempt kthread timer wakeup didn't happen"), and the lag is dropped from host time (idle_lag_ns_), so that
   // later waits end at host-timed points again: where an interrupt lands stays what a real machine would make it.
-  uint64_t idle_now_ns(std::optional<uint64_t> deadline);
+  // A simulated host's networks' next work (`network_ns`) ends the wait too.
+  uint64_t idle_now_ns(std::optional<uint64_t> deadline, std::optional<uint64_t> network_ns = std::nullopt);
   static constexpr uint64_t kCatchUpNs = 50'000'000;
   // Host monotonic time at which virtual time 0 was (virtual time follows host time when recording).
   uint64_t host_origin_ns() const { return host_clock_.origin_ns(); }
@@ -323,8 +344,17 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   std::optional<SimulatedHost> simulated_;
   FaultPlan faults_;
   uint64_t faults_injected_ = 0;
-  std::vector<FaultDrawn> faults_drawn_;  // the first kFaultsKept
-  uint64_t faults_drawn_count_ = 0;
+  std::vector<FaultDrawn> faults_drawn_;  // the first kFaultsKept of each kind
+  uint64_t faults_drawn_count_ = 0, net_faults_drawn_count_ = 0;
+  // Whether the fault drawn next of its kind (counted) is suppressed; kept for --minimize.
+  bool draw_fault(bool network, std::string what);
+  // A frame on a simulated wire (engine_faults.cpp): its latency and the fault it suffers, drawn from the seed.
+  struct NetworkFate {
+    enum class Fault { kNone, kDrop, kDuplicate, kReorder } fault = Fault::kNone;
+    uint64_t latency_ns = 0;
+  };
+  NetworkFate network_fate(unsigned nic, NetworkLink::Way way, uint64_t ordinal, std::span<const uint8_t> frame);
+  void send_on_link(unsigned nic, NetworkLink::Way way, std::vector<uint8_t> frame);
   static constexpr size_t kFaultsKept = 4096;
   SplitMix64 simulated_random_{0};
   uint64_t host_random(bool* ok);  // host_random64(), or the simulated host's generator
@@ -334,6 +364,7 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   std::string write_error_;
   std::string host_error_;
   std::vector<std::unique_ptr<UserNetwork>> networks_;
+  std::vector<NetworkLink> links_;  // a simulated host's, by NIC
   std::vector<std::string> disk_names_;
 
   std::unique_ptr<TraceReader> reader_;

@@ -278,10 +278,23 @@ void Session::apply_async(uint64_t now_ns, std::span<const uint8_t> input, std::
 
 // Run / record: poll the NICs' user-mode networks (at most every kNetPollNs of host time: a poll(2) per exit would
 // cost more than the exits) and take the frames waiting for them, as many as each NIC has receive buffers for.
-std::vector<NetFrameIn> Session::take_network_frames() {
+// With a simulated host, the networks are run and their frames taken at derived time `now` instead (wires with
+// seeded latency and faults between them and the NICs: Engine::exchange_network).
+std::vector<NetFrameIn> Session::take_network_frames(uint64_t now) {
   std::vector<NetFrameIn> frames;
   auto& networks = engine_.networks();
   if (networks.empty()) return frames;
+  if (engine_.networks_simulated()) {
+    engine_.exchange_network(now);
+    const auto& nics = machine_->nics();
+    for (size_t i = 0; i < networks.size() && i < nics.size(); ++i) {
+      const size_t room = std::min<size_t>(kMaxFramesPerEvent, nics[i]->rx_capacity());
+      for (auto& f : engine_.network_frames_arrived(unsigned(i), now, room)) {
+        frames.push_back(NetFrameIn{unsigned(i), std::move(f)});
+      }
+    }
+    return frames;
+  }
   const uint64_t host_now = HostClock::monotonic_ns();
   if (host_now >= next_net_poll_ns_) {
     for (auto& n : networks) n->poll_now();
@@ -301,13 +314,25 @@ std::vector<NetFrameIn> Session::take_network_frames() {
 // mode then stops the vCPU at the next instruction boundary to let it in, rather than at the next timer tick.
 bool Session::async_work_due() {
   auto deadline = machine_->next_deadline_ns();
-  if (deadline && engine_.timer_due_ns(*deadline) <= engine_.running_now_ns()) return true;
+  const uint64_t now = engine_.running_now_ns();
+  if (deadline && engine_.timer_due_ns(*deadline) <= now) return true;
+  if (auto next = next_network_ns(); next && *next <= now) return true;
   auto& networks = engine_.networks();
   const auto& nics = machine_->nics();
-  for (size_t i = 0; i < networks.size() && i < nics.size(); ++i) {
+  for (size_t i = 0; i < networks.size() && i < nics.size() && !engine_.networks_simulated(); ++i) {
     if (networks[i]->pending() > 0 && nics[i]->rx_capacity() > 0) return true;
   }
   return false;
+}
+
+std::optional<uint64_t> Session::next_network_ns() {
+  if (!engine_.networks_simulated()) return std::nullopt;
+  std::optional<uint64_t> next;
+  const auto& nics = machine_->nics();
+  for (size_t i = 0; i < nics.size(); ++i) {
+    next = earliest(next, engine_.next_network_ns(unsigned(i), nics[i]->rx_capacity() > 0));
+  }
+  return next;
 }
 
 std::optional<uint64_t> Session::scripted_input_arrival() {
@@ -318,7 +343,8 @@ std::optional<uint64_t> Session::scripted_input_arrival() {
 // Run / record: let host time and host input into the machine, if anything is due.
 void Session::poll_async(bool idle) {
   auto deadline = machine_->next_deadline_ns();
-  uint64_t now = idle ? engine_.idle_now_ns(earliest(deadline, scripted_input_arrival())) : engine_.running_now_ns();
+  uint64_t now = idle ? engine_.idle_now_ns(earliest(deadline, scripted_input_arrival()), next_network_ns())
+                      : engine_.running_now_ns();
   bool due = deadline && engine_.timer_due_ns(*deadline) <= now;
   uint8_t buf[256];
   size_t n = 0;
@@ -326,7 +352,7 @@ void Session::poll_async(bool idle) {
     size_t space = std::min(machine_->uart().rx_space(), sizeof(buf));
     if (space > 0) n = input_->read_available(std::span(buf, space), now);
   }
-  std::vector<NetFrameIn> frames = take_network_frames();
+  std::vector<NetFrameIn> frames = take_network_frames(now);
   if (!due && n == 0 && frames.empty()) return;
   if (engine_.mode() == Mode::kRecord) engine_.record_async(position(), now, std::span(buf, n), frames);
   std::vector<FrameIn> views;
@@ -468,8 +494,9 @@ Result<std::optional<Outcome>> Session::wait_for_wake() {
       return Outcome{exit_status::kGuestStopped, "the guest halted with no timer armed and no input attached", false};
     }
     if (engine_.host_simulated()) {
-      // No host to wait for: the wait ends at the next deadline or scripted input, at once (Engine::idle_now_ns).
-      const bool time_goes_on = deadline || scripted_input_arrival();
+      // No host to wait for: the wait ends at the next deadline, scripted input or network work, at once
+      // (Engine::idle_now_ns).
+      const bool time_goes_on = deadline || scripted_input_arrival() || next_network_ns();
       if (limits_ && limits_->max_idle_ns && !scripted_input_arrival() &&
           engine_.running_now_ns() > idle_from + limits_->max_idle_ns) {
         return Outcome{exit_status::kGuestStopped,
@@ -480,8 +507,9 @@ Result<std::optional<Outcome>> Session::wait_for_wake() {
       poll_async(true);
       if (!time_goes_on && !(vcpus_.size() == 1 ? machine_->interrupts().interrupt_pending() : any_runnable())) {
         return Outcome{exit_status::kGuestStopped,
-                       "the guest halted with no timer armed, and the serial input waits for a guest that does not "
-                       "read it",
+                       networks.empty() ? "the guest halted with no timer armed, and the serial input waits for a "
+                                          "guest that does not read it"
+                                        : "the guest halted with no timer armed, and its network has nothing to send",
                        false};
       }
       continue;
@@ -1071,8 +1099,13 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     } else if (input_ && !input_->at_end() && !engine_.host_simulated()) {
       kick = std::min(kick, HostClock::monotonic_ns() + 10'000'000);
     }
-    // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
-    if (!engine_.networks().empty()) kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
+    if (auto next = next_network_ns(); next && derived_budget_) {
+      // A simulated network's frames and timers are due where derived time reaches them.
+      limit(engine_.instructions_until(*next));
+    } else if (!engine_.networks().empty()) {
+      // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
+      kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);
+    }
     if (mode == Mode::kRecord && !engine_.host_simulated()) kick = std::min(kick, next_heartbeat_);
     if (interrupt_window_steps_ > 0) {
       const DebugControl steps{.single_step = now().seeking_window, .step_as_trap_flag = window_steps_trap_flag_};

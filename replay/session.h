@@ -240,7 +240,9 @@ class Session {
   void poll_async(bool idle = false);
   // Scripted serial input (a simulated host's) still to arrive after the guest's present: a wait or a slice ends there.
   std::optional<uint64_t> scripted_input_arrival();
-  std::vector<NetFrameIn> take_network_frames();
+  std::vector<NetFrameIn> take_network_frames(uint64_t now);
+  // A simulated host's networks: when the next of them has work (a frame arriving, a timer); nullopt, none.
+  std::optional<uint64_t> next_network_ns();
   bool async_work_due();
   // The backend stops at an instruction count (Backend::set_instruction_budget).
   bool has_budget_ = false;

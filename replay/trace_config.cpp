@@ -86,6 +86,10 @@ trace::Header to_header(const TraceConfig& t) {
     f->set_disk_eio_ppm(t.faults->disk_eio_ppm);
     f->set_disk_torn_ppm(t.faults->disk_torn_ppm);
     for (uint64_t n : t.faults->suppressed) f->add_suppressed(n);
+    f->set_net_drop_ppm(t.faults->net_drop_ppm);
+    f->set_net_dup_ppm(t.faults->net_dup_ppm);
+    f->set_net_reorder_ppm(t.faults->net_reorder_ppm);
+    for (uint64_t n : t.faults->net_suppressed) f->add_net_suppressed(n);
   }
   if (t.tso) {
     auto* b = c->mutable_tso();
@@ -189,12 +193,20 @@ Result<TraceConfig> from_header(const trace::Header& h) {
   }
   if (c.has_faults()) {
     const auto& f = c.faults();
-    if (f.disk_eio_ppm() > 1'000'000 || f.disk_torn_ppm() > 1'000'000) {
+    if (uint64_t(f.disk_eio_ppm()) + f.disk_torn_ppm() > 1'000'000 ||
+        uint64_t(f.net_drop_ppm()) + f.net_dup_ppm() + f.net_reorder_ppm() > 1'000'000) {
       return fail(ErrorKind::kBadTrace, "its fault rates are above one in one");
     }
-    if (f.suppressed_size() > 1'000'000) return fail(ErrorKind::kBadTrace, "it suppresses too many faults");
-    t.faults = FaultPlan{f.seed(), f.disk_eio_ppm(), f.disk_torn_ppm(),
-                         std::vector<uint64_t>(f.suppressed().begin(), f.suppressed().end())};
+    if (f.suppressed_size() > 1'000'000 || f.net_suppressed_size() > 1'000'000) {
+      return fail(ErrorKind::kBadTrace, "it suppresses too many faults");
+    }
+    FaultPlan plan{f.seed(), f.disk_eio_ppm(), f.disk_torn_ppm(),
+                   std::vector<uint64_t>(f.suppressed().begin(), f.suppressed().end())};
+    plan.net_drop_ppm = f.net_drop_ppm();
+    plan.net_dup_ppm = f.net_dup_ppm();
+    plan.net_reorder_ppm = f.net_reorder_ppm();
+    plan.net_suppressed.assign(f.net_suppressed().begin(), f.net_suppressed().end());
+    t.faults = plan;
   }
   if (c.has_tso()) {
     const auto& b = c.tso();

@@ -23,7 +23,7 @@ class Session;
 
 // One of the guest's input files as recorded: what replay reads again and checks.
 struct RecordedInput {
-  std::string role;    // "image", "kernel" (a Linux kernel), "initrd", "module", "serial-in"
+  std::string role;    // "image", "kernel" (a Linux kernel), "initrd", "module", "serial-in", "tftp" (a directory)
   std::string path;    // as given when recorded
   std::string sha256;  // 32 bytes
   uint64_t size = 0;

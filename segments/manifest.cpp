@@ -135,7 +135,7 @@ Result<segments::Manifest> plan_segments(const PlanOptions& o) {
   // The inputs a replay reads, as `deja replay` finds them (the paths given, else the recorded ones), with the hashes
   // the trace names them by.
   for (const RecordedInput& in : recorded->inputs) {
-    if (in.role == "serial-in") continue;  // its bytes are in the trace
+    if (in.role == "serial-in" || in.role == "tftp") continue;  // its bytes are in the trace
     std::string path = in.path;
     if ((in.role == "image" || in.role == "kernel") && !o.image_path.empty()) path = o.image_path;
     if (in.role == "initrd" && !o.initrd_path.empty()) path = o.initrd_path;

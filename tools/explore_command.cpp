@@ -74,7 +74,7 @@ struct Campaign {
   std::string file_prefix = "seed-";
   // --minimize: the perturbations taken away.
   uint64_t dropped_change_points = 0;
-  std::vector<uint64_t> suppressed_faults;
+  std::vector<uint64_t> suppressed_faults, suppressed_net_faults;
   std::optional<uint32_t> schedule_version;  // the trace's, where it is minimized (else this deja's)
 };
 
@@ -90,7 +90,8 @@ Result<uint64_t> parse_duration_ns(const std::string& text) {
   return fail(ErrorKind::kInvalidArgument, "--timer-jitter {}: give a duration (0, 500ns, 20us, 1ms)", text);
 }
 
-// --faults disk-eio:RATE,disk-torn:RATE (RATE a fraction of requests, 0.01, or a percentage, 1%).
+// --faults disk-eio:RATE,disk-torn:RATE,net-drop:RATE,net-dup:RATE,net-reorder:RATE (RATE a fraction of requests or
+// frames, 0.01, or a percentage, 1%).
 Result<FaultPlan> parse_faults(const std::string& text) {
   FaultPlan plan;
   std::string_view rest = text;
@@ -110,15 +111,21 @@ Result<FaultPlan> parse_faults(const std::string& text) {
       plan.disk_eio_ppm = ppm;
     } else if (name == "disk-torn") {
       plan.disk_torn_ppm = ppm;
-    } else if (name == "net-drop" || name == "net-dup" || name == "net-reorder") {
-      return fail(ErrorKind::kUnsupported, "--faults {}: network faults need --net, which deja explore does not take yet",
-                  name);
+    } else if (name == "net-drop") {
+      plan.net_drop_ppm = ppm;
+    } else if (name == "net-dup") {
+      plan.net_dup_ppm = ppm;
+    } else if (name == "net-reorder") {
+      plan.net_reorder_ppm = ppm;
     } else {
-      return fail(ErrorKind::kInvalidArgument, "--faults {}: the faults are disk-eio and disk-torn", name);
+      return fail(ErrorKind::kInvalidArgument,
+                  "--faults {}: the faults are disk-eio, disk-torn, net-drop, net-dup and net-reorder", name);
     }
   }
-  if (plan.disk_eio_ppm + uint64_t(plan.disk_torn_ppm) > 1'000'000) {
-    return fail(ErrorKind::kInvalidArgument, "--faults {}: the rates add up to more than one", text);
+  if (plan.disk_eio_ppm + uint64_t(plan.disk_torn_ppm) > 1'000'000 ||
+      uint64_t(plan.net_drop_ppm) + plan.net_dup_ppm + plan.net_reorder_ppm > 1'000'000) {
+    return fail(ErrorKind::kInvalidArgument, "--faults {}: the rates of the disk's or the network's faults add up to "
+                "more than one", text);
   }
   return plan;
 }
@@ -197,6 +204,7 @@ SeedResult run_seed(const Campaign& c, uint64_t seed) {
   recording.faults = c.faults;
   recording.faults.seed = seed;
   recording.faults.suppressed = c.suppressed_faults;
+  recording.faults.net_suppressed = c.suppressed_net_faults;
   recording.inputs_from = c.inputs_from;
   recording.scripted_serial = c.scripted_serial;
   for (const std::string& arg : c.args) recording.provenance.add_args(arg);
@@ -265,8 +273,8 @@ Result<> resolve_serial_input(const ExploreArgs& a, Campaign& c) {
     say("note: --inputs-from {}: the serial input before the damage is used ({})", a.inputs_from, from->damage);
   }
   if (from->net_frames > 0) {
-    say("note: --inputs-from {}: its {} network frames are left out (deja explore has no network yet)", a.inputs_from,
-        from->net_frames);
+    say("note: --inputs-from {}: its {} network frames are left out (a seeded run's network is its own: --net user, "
+        "whose answers follow what the guest sends)", a.inputs_from, from->net_frames);
   }
   auto hashed = sha256_file(a.inputs_from);
   if (!hashed) return std::unexpected(hashed.error());
@@ -274,6 +282,22 @@ Result<> resolve_serial_input(const ExploreArgs& a, Campaign& c) {
   const uint64_t size = std::filesystem::file_size(a.inputs_from, ec);
   c.inputs_from = RecordedInput{"serial-in", a.inputs_from, std::string(hashed->begin(), hashed->end()), ec ? 0 : size};
   c.scripted_serial = std::move(from->arrivals);
+  return {};
+}
+
+// A seeded run's networks are libslirp's own (DHCP, ARP, ping and TFTP at 10.0.2.2) and nothing of the host's:
+// restricted, with no host forwards (whose peers would be host programs, answering in host time).
+Result<> restrict_networks(RunArgs& run) {
+  for (std::string& net : run.nets) {
+    auto parsed = parse_net_option(net);
+    if (!parsed) return std::unexpected(parsed.error());
+    if (!parsed->forwards.empty()) {
+      return fail(ErrorKind::kInvalidArgument,
+                  "--net {}: a seeded run's network reaches nothing of the host's, so no hostfwd= (serve files to the "
+                  "guest with tftp=DIR)", net);
+    }
+    if (!parsed->restricted) net += ",restrict=on";
+  }
   return {};
 }
 
@@ -290,10 +314,7 @@ Result<Campaign> resolve(ExploreArgs& a) {
   if (a.run.schedule_seed) {
     return fail(ErrorKind::kInvalidArgument, "deja explore draws each run's schedule from its seed: drop --schedule-seed");
   }
-  if (!a.run.nets.empty()) {
-    return fail(ErrorKind::kInvalidArgument,
-                "deja explore takes no input from the host while it runs: --net is not available (yet) in a seeded run");
-  }
+  if (auto r = restrict_networks(a.run); !r) return std::unexpected(r.error());
   if (auto r = resolve_serial_input(a, c); !r) return std::unexpected(r.error());
   if (a.until.empty()) return fail(ErrorKind::kInvalidArgument, "give at least one --until PREDICATE");
   for (const std::string& u : a.until) {
@@ -312,8 +333,12 @@ Result<Campaign> resolve(ExploreArgs& a) {
     auto faults = parse_faults(a.faults);
     if (!faults) return std::unexpected(faults.error());
     c.faults = *faults;
-    if (a.run.disks.empty() && a.run.libvirt_xml.empty() && a.run.libvirt_domain.empty()) {
+    if ((c.faults.disk_eio_ppm || c.faults.disk_torn_ppm) && a.run.disks.empty() && a.run.libvirt_xml.empty() &&
+        a.run.libvirt_domain.empty()) {
       return fail(ErrorKind::kInvalidArgument, "--faults {}: the machine has no disk (--disk)", a.faults);
+    }
+    if (c.faults.any_network() && a.run.nets.empty()) {
+      return fail(ErrorKind::kInvalidArgument, "--faults {}: the machine has no network (--net user)", a.faults);
     }
   }
   auto session = to_session(a.run);
@@ -437,8 +462,10 @@ void add_explore_options(CLI::App* cmd, ExploreArgs& a) {
                   "(default 10us; 0: on time)");
   cmd->add_option("--faults", a.faults,
                   "faults drawn from the seed: disk-eio:RATE (a read or write answered VIRTIO_BLK_S_IOERR), "
-                  "disk-torn:RATE (a write cut short: a prefix of its sectors written, then IOERR); RATE a fraction of "
-                  "requests (0.01) or a percentage (1%); comma-separated");
+                  "disk-torn:RATE (a write cut short: a prefix of its sectors written, then IOERR), net-drop:RATE, "
+                  "net-dup:RATE, net-reorder:RATE (a frame either way lost, delivered twice, or 1-10 ms late past "
+                  "later ones; --net user); RATE a fraction of requests or frames (0.01) or a percentage (1%); "
+                  "comma-separated");
   cmd->add_option("--inputs-from", a.inputs_from,
                   "a trace whose serial input each run gets, at the guest times it arrived there (instead of "
                   "--serial-in FILE, whose bytes are typed ahead)");
@@ -512,7 +539,9 @@ int run_minimize(const ExploreArgs& given) {
   Campaign& c = *campaign;
   c.args = args;
   if (header.config().has_faults()) {
-    c.suppressed_faults.assign(header.config().faults().suppressed().begin(), header.config().faults().suppressed().end());
+    const auto& f = header.config().faults();
+    c.suppressed_faults.assign(f.suppressed().begin(), f.suppressed().end());
+    c.suppressed_net_faults.assign(f.net_suppressed().begin(), f.net_suppressed().end());
   }
   if (header.config().has_schedule()) {
     c.dropped_change_points = header.config().schedule().dropped_change_points();
@@ -547,9 +576,13 @@ int run_minimize(const ExploreArgs& given) {
     }
   }
   for (const explore::Perturbation& p : last.perturbations) {
-    if (p.kind != "fault") continue;
-    steps.push_back({fmt::format("fault {} ({})", p.index, p.detail),
-                     [n = p.index](Campaign& v) { v.suppressed_faults.push_back(n); }});
+    if (p.kind == "fault") {
+      steps.push_back({fmt::format("fault {} ({})", p.index, p.detail),
+                       [n = p.index](Campaign& v) { v.suppressed_faults.push_back(n); }});
+    } else if (p.kind == "net-fault") {
+      steps.push_back({fmt::format("network fault {} ({})", p.index, p.detail),
+                       [n = p.index](Campaign& v) { v.suppressed_net_faults.push_back(n); }});
+    }
   }
   std::vector<std::string> previous_files{last.trace};
   unsigned removed = 0;

@@ -551,6 +551,14 @@ int run_or_record(const SessionOptions& options, Mode mode) {
       recorded.disks.push_back(RecordedDisk{options.disks[i].path, identities[i], options.disks[i].read_only,
                                             options.disks[i].overlay, config.disks[i].serial});
     }
+    for (const NetOptions& net : options.nets) {
+      if (net.tftp_dir.empty()) continue;
+      // What the TFTP server at the gateway may hand the guest (the frames are in the trace; this says from where).
+      auto hashed = sha256_directory(net.tftp_dir);
+      if (!hashed) return report_error(hashed.error());
+      recorded.inputs.push_back(RecordedInput{"tftp", net.tftp_dir, std::string(hashed->first.begin(), hashed->first.end()),
+                                              hashed->second});
+    }
     for (size_t i = 0; i < options.nets.size(); ++i) {
       recorded.nics.push_back(RecordedNic{options.nets[i].forward_texts,
                                           std::string(config.nic_macs[i].begin(), config.nic_macs[i].end())});
@@ -618,9 +626,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     }
     for (const Engine::FaultDrawn& f : session.engine().faults_drawn()) {
       if (f.suppressed) continue;
-      seeded->perturbations.push_back(explore::Perturbation{
-          "fault", f.ordinal, f.where.at.vcpu, f.where.at.rip,
-          fmt::format("disk {} {} sector {}", f.disk, f.write ? "write" : "read", f.sector)});
+      seeded->perturbations.push_back(
+          explore::Perturbation{f.network ? "net-fault" : "fault", f.ordinal, f.where.at.vcpu, f.where.at.rip, f.what});
     }
     for (uint32_t v = 0; v < config.vcpus; ++v) seeded->instructions += session.vcpu_counts(v).instructions;
   }

@@ -2,6 +2,7 @@
 #include "vmm/user_network.h"
 
 #include <arpa/inet.h>
+#include <sys/stat.h>
 #include <slirp/libslirp.h>
 
 #include <algorithm>
@@ -111,13 +112,22 @@ Result<NetOptions> parse_net_option(const std::string& text) {
       if (!f) return std::unexpected(f.error());
       o.forwards.push_back(*f);
       o.forward_texts.push_back(part.substr(8));
+    } else if (part.starts_with("tftp=")) {
+      o.tftp_dir = part.substr(5);
+      struct stat st{};
+      if (o.tftp_dir.empty() || ::stat(o.tftp_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+        return fail(ErrorKind::kInvalidArgument, "--net {}: tftp={} is not a directory", text, o.tftp_dir);
+      }
+    } else if (part == "restrict=on" || part == "restrict=off") {
+      o.restricted = part == "restrict=on";
     } else if (part.starts_with("mac=")) {
       auto mac = parse_mac(part.substr(4));
       if (!mac) return fail(ErrorKind::kInvalidArgument, "--net {}: {}", text, mac.error().message);
       o.mac = *mac;
     } else {
       return fail(ErrorKind::kInvalidArgument,
-                  "--net {}: unknown part '{}' (use user[,hostfwd=tcp::HOSTPORT-:GUESTPORT][,mac=52:54:00:12:34:56])",
+                  "--net {}: unknown part '{}' (use user[,hostfwd=tcp::HOSTPORT-:GUESTPORT][,tftp=DIR][,restrict=on]"
+                  "[,mac=52:54:00:12:34:56])",
                   text, part);
     }
     if (comma == std::string::npos) break;
@@ -179,6 +189,7 @@ struct UserNetwork::Callbacks {
 Result<std::unique_ptr<UserNetwork>> UserNetwork::create(const NetOptions& options, std::function<uint64_t()> clock_ns) {
   std::unique_ptr<UserNetwork> n(new UserNetwork());
   n->clock_ns_ = std::move(clock_ns);
+  n->restricted_ = options.restricted;
   static const SlirpCb callbacks = {
       .send_packet = Callbacks::send_packet,
       .guest_error = Callbacks::guest_error,
@@ -194,7 +205,7 @@ Result<std::unique_ptr<UserNetwork>> UserNetwork::create(const NetOptions& optio
   };
   SlirpConfig cfg{};
   cfg.version = 4;
-  cfg.restricted = 0;
+  cfg.restricted = options.restricted ? 1 : 0;
   cfg.in_enabled = true;
   inet_pton(AF_INET, "10.0.2.0", &cfg.vnetwork);
   inet_pton(AF_INET, "255.255.255.0", &cfg.vnetmask);
@@ -206,6 +217,7 @@ Result<std::unique_ptr<UserNetwork>> UserNetwork::create(const NetOptions& optio
   cfg.if_mru = 1500;
   cfg.disable_host_loopback = false;
   cfg.enable_emu = false;
+  if (!options.tftp_dir.empty()) cfg.tftp_path = options.tftp_dir.c_str();
   n->slirp_ = slirp_new(&cfg, &callbacks, n.get());
   if (!n->slirp_) return fail(ErrorKind::kHost, "libslirp could not create the user-mode network");
   for (const HostForward& f : options.forwards) {
@@ -277,6 +289,24 @@ std::vector<std::vector<uint8_t>> UserNetwork::take(size_t count) {
     pending_.pop_front();
   }
   return frames;
+}
+
+void UserNetwork::poll_simulated() {
+  // A restricted slirp opens no host socket; were one there, its events would be the host's: none are looked at.
+  std::vector<pollfd> fds;
+  fill_ = &fds;
+  uint32_t timeout = UINT32_MAX;
+  slirp_pollfds_fill(slirp_, &timeout, Callbacks::add_poll, this);
+  fill_ = nullptr;
+  for (pollfd& p : fds) p.revents = 0;
+  dispatch(fds, false);
+  // slirp asks for a cycle in 2 ms (delayed ACKs) or 499 ms (retransmissions) while it has TCP work, else says 1 s.
+  tcp_timers_due_ns_ = timeout < 1000 ? clock_ns_() + uint64_t(timeout) * 1'000'000 : UINT64_MAX;
+}
+
+std::optional<uint64_t> UserNetwork::next_wake_ns() const {
+  const uint64_t next = std::min(next_timer_ns(), tcp_timers_due_ns_);
+  return next == UINT64_MAX ? std::nullopt : std::optional(next);
 }
 
 void UserNetwork::poll_now() {

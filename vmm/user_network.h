@@ -31,6 +31,10 @@ struct NetOptions {
   std::vector<HostForward> forwards;
   std::vector<std::string> forward_texts;  // as given, for the trace header
   std::optional<std::array<uint8_t, 6>> mac;  // mac=52:54:00:12:34:56 (default: nic_mac(index), vmm/machine.h)
+  std::string tftp_dir;  // tftp=DIR: libslirp's read-only TFTP server at 10.0.2.2 serves DIR's files
+  // restrict=on: nothing of the host's network (libslirp's own services only: DHCP, ARP, ping and TFTP at the
+  // gateway); deja explore's networks are restricted, so that a run needs nothing from outside.
+  bool restricted = false;
 };
 Result<NetOptions> parse_net_option(const std::string& text);
 // "52:54:00:12:34:56": a unicast MAC address.
@@ -50,6 +54,7 @@ class UserNetwork {
   static Result<std::unique_ptr<UserNetwork>> create(const NetOptions& options, std::function<uint64_t()> clock_ns);
   ~UserNetwork();
 
+  bool restricted() const { return restricted_; }
   // A frame the guest sent.
   void input(std::span<const uint8_t> frame);
   // Frames waiting for the guest, and taking the oldest `count` of them.
@@ -63,8 +68,13 @@ class UserNetwork {
   void dispatch(std::span<const pollfd> fds, bool poll_failed);
   // A poll cycle that does not wait.
   void poll_now();
+  // A restricted network's poll cycle, with no host socket to look at (a seeded run's: deja explore): slirp's TCP
+  // timers and its queue of frames waiting for an ARP answer, in the clock's time.
+  void poll_simulated();
   // Virtual ns of the next slirp timer (none: UINT64_MAX).
   uint64_t next_timer_ns() const;
+  // After poll_simulated(): when slirp next has work of its own (its timers, its TCP timers: nullopt, none).
+  std::optional<uint64_t> next_wake_ns() const;
 
  private:
   UserNetwork() = default;
@@ -79,11 +89,13 @@ class UserNetwork {
     int64_t expire_ms = -1;  // -1: not armed
   };
   Slirp* slirp_ = nullptr;
+  bool restricted_ = false;
   std::function<uint64_t()> clock_ns_;
   std::deque<std::vector<uint8_t>> pending_;
   size_t pending_bytes_ = 0;
   uint64_t dropped_ = 0;
   std::vector<std::unique_ptr<Timer>> timers_;
+  uint64_t tcp_timers_due_ns_ = UINT64_MAX;  // poll_simulated(): when slirp's TCP timers want the next cycle
   std::vector<pollfd>* fill_ = nullptr;  // during add_fds: slirp's indexes are indexes into it
   std::span<const pollfd> results_;      // during dispatch
 };
