@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -483,8 +482,7 @@ int run_sharded(const ExploreArgs& a) {
 }
 
 // --minimize TRACE: the failing run again, from the campaign and seed its header records, then delta debugging
-// (explore/minimize.h) over its perturbations (each PCT change point that fired, each injected fault, the timer
-// jitter): the fewest that still fail, where taking away any one more makes the run pass.
+// (explore/minimize.h) over its perturbations (each PCT change point, each injected fault, the timer jitter): the fewest that still fail, where taking away any one more makes the run pass.
 int run_minimize(const ExploreArgs& given) {
   if (given.directory.empty()) return report_error({ErrorKind::kInvalidArgument, "--minimize needs -o DIR"});
   auto reader = TraceReader::open(given.minimize);
@@ -531,33 +529,37 @@ int run_minimize(const ExploreArgs& given) {
                                                    [](const SeedResult&) {});
     return r.front();
   };
-  const SeedResult first = try_run(c);
-  if (!first.failed()) {
+  SeedResult last = try_run(c);
+  if (!last.failed()) {
     return report_error({ErrorKind::kInvalidArgument,
                          fmt::format("seed {} does not fail again ({}): another deja build or guest image?", seed,
-                                     first.reason)});
+                                     last.reason)});
   }
   // What the run was perturbed by, each with the way to take it away (what is already left out stays out). A new kind
-  // of perturbation is one more case here. The timer jitter goes last: ddmin tries the first part alone first, and a
-  // race found by a schedule needs its change points more often than its timing.
+  // of perturbation is one more case here. Every change point drawn (one that did not fire here may fire once others
+  // are gone), by its draw; the timer jitter last: ddmin tries the first part alone first, and a race found by a
+  // schedule needs its change points more often than its timing.
   struct Step {
     std::string what;
     std::function<void(Campaign&)> take_away;
   };
   std::vector<Step> steps;
-  for (const explore::Perturbation& p : first.perturbations) {
-    if (p.kind == "change-point" && p.index < 64) {
-      steps.push_back({fmt::format("change point {}", p.index),
-                       [i = p.index](Campaign& v) { v.dropped_change_points |= uint64_t{1} << i; }});
-    } else if (p.kind == "fault") {
+  if (c.policy == "pct") {
+    for (uint32_t i = 0; i + 1 < c.depth && i < 64; ++i) {
+      if (!(c.dropped_change_points >> i & 1)) {
+        steps.push_back({fmt::format("change point {}", i),
+                         [i](Campaign& v) { v.dropped_change_points |= uint64_t{1} << i; }});
+      }
+    }
+  }
+  for (const explore::Perturbation& p : last.perturbations) {
+    if (p.kind == "fault") {
       steps.push_back(
           {fmt::format("fault {}", p.index), [i = p.index](Campaign& v) { v.suppressed_faults.push_back(i); }});
     }
   }
   if (c.max_timer_delay_ns) steps.push_back({"timer jitter", [](Campaign& v) { v.max_timer_delay_ns = 0; }});
 
-  // Each failing try's run, by what it took away: the one ddmin ends with is the minimized trace.
-  std::map<explore::Removal, SeedResult> failing{{explore::Removal(steps.size(), false), first}};
   auto named = [&](const explore::Removal& removed) {
     std::vector<std::string> names;
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -568,6 +570,8 @@ int run_minimize(const ExploreArgs& given) {
     names.resize(names.size() - more);
     return fmt::format("{}{}", fmt::join(names, ", "), more ? fmt::format(" and {} more", more) : "");
   };
+  // The last failing run is the one ddmin ends with (minimize.h): it becomes the minimized trace, and each failing run
+  // before it is removed when the next fails (passing runs leave nothing).
   const explore::Minimized minimized = explore::minimize_failure(steps.size(), [&](const explore::Removal& removed) {
     Campaign variant = c;
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -575,24 +579,23 @@ int run_minimize(const ExploreArgs& given) {
     }
     SeedResult r = try_run(variant);
     say("without {}: {}", named(removed), r.failed() ? "still fails" : "passes (" + r.outcome_class() + ")");
-    if (r.failed()) failing.emplace(removed, std::move(r));
-    return failing.contains(removed);
+    if (!r.failed()) return false;
+    std::error_code ignored;
+    for (const char* suffix : {".trace", ".serial", ".log"}) {
+      std::filesystem::remove(last.trace.substr(0, last.trace.size() - 6) + suffix, ignored);
+    }
+    last = std::move(r);
+    return true;
   });
-  const SeedResult& last = failing.at(minimized.removed);
   const size_t removed = std::count(minimized.removed.begin(), minimized.removed.end(), true);
 
-  // Keep the last failing run as the minimized trace; drop the other failing tries (passing runs leave nothing).
   const std::string kept = fmt::format("{}/minimized-seed-{}.trace", c.directory, seed);
   std::error_code ec;
-  for (const auto& [_, r] : failing) {
-    if (r.trace == last.trace) continue;
-    for (const char* suffix : {".trace", ".serial", ".log"}) {
-      std::filesystem::remove(r.trace.substr(0, r.trace.size() - 6) + suffix, ec);
-    }
-  }
   const std::string base = last.trace.substr(0, last.trace.size() - 6);
   std::filesystem::rename(last.trace, kept, ec);
-  if (ec) return report_error({ErrorKind::kHost, fmt::format("cannot rename {} to {}: {}", last.trace, kept, ec.message())});
+  if (ec) {
+    return report_error({ErrorKind::kHost, fmt::format("cannot rename {} to {}: {}", last.trace, kept, ec.message())});
+  }
   for (const char* suffix : {".serial", ".log"}) {
     std::filesystem::rename(base + suffix, kept.substr(0, kept.size() - 6) + suffix, ec);
   }

@@ -109,6 +109,20 @@ def race(args, tmp):
     check_replay(args, minimized, 12)
     print("ok: minimized to the one change point (timer jitter taken away):",
           [l.strip() for l in text.splitlines() if "change-point" in l][0])
+    # With D = 3 a change point is named by its draw, not by the order they fired in: at seed 1355 of pct:3:200 the
+    # second drawn fires first (event 100) and is the one the race needs; the first drawn fires later and goes.
+    out3 = os.path.join(tmp, "race-pct3")
+    p3 = explore(args, out3, "--seed", "1355", "--schedule", "pct:3:200", "--until", "serial:BUG", guest="explore-race")
+    seeds3, _ = results(p3)
+    if p3.returncode != FOUND:
+        sys.exit(f"FAIL: seed 1355 of pct:3:200 should find the race (has the guest changed?):\n{show(p3)}")
+    m3 = run([args.deja, "explore", "--minimize", seeds3[0]["trace"], "-o", os.path.join(tmp, "minimized-pct3")])
+    text3 = m3.stdout.decode(errors="replace")
+    if m3.returncode != FOUND or "change-point 1: vCPU" not in text3 or "change-point 0" in text3 or \
+            "2 of 3 perturbations taken away" not in text3:
+        sys.exit(f"FAIL: minimization of seed 1355 under pct:3 should keep change point 1 alone:\n{show(m3)}")
+    print("ok: under pct:3 the change point kept is named by its draw:",
+          [l.strip() for l in text3.splitlines() if "change-point" in l][0])
     # Locked instructions are PCT's scheduling events: smp-counter's 2 x 1000 LOCK XADDs, which random does not count.
     counts = {}
     for schedule in ("pct:2", "random"):

@@ -81,20 +81,24 @@ TEST(Minimize, KeepsAllWhenTheFailureNeedsAll) {
 }
 
 // A failure that is not monotone (an item that makes it pass, pairs that make it fail alone): still 1-minimal,
-// still within the bound, each removal asked once, and the same answer every time.
+// still within the bound, each removal asked once, ending on the last that failed, and the same answer every time.
 TEST(Minimize, OneMinimalBoundedAndDeterministicOnAnyFailure) {
   for (uint64_t salt = 0; salt < 200; ++salt) {
     const size_t n = 1 + salt % 24;
     std::set<Removal> asked;
     bool asked_twice = false;
+    Removal last_failing(n, false);
     auto still_fails = [&](const Removal& removed) {
       asked_twice |= !asked.insert(removed).second;
       uint64_t h = salt * 0x9e3779b97f4a7c15u;
       for (bool r : removed) h = (h ^ r) * 0x100000001b3u, h ^= h >> 29;
-      return std::find(removed.begin(), removed.end(), true) == removed.end() || h % 3 == 0;
+      const bool fails = std::find(removed.begin(), removed.end(), true) == removed.end() || h % 3 == 0;
+      if (fails) last_failing = removed;
+      return fails;
     };
     const Minimized m = minimize_failure(n, still_fails);
     EXPECT_FALSE(asked_twice) << salt;
+    EXPECT_EQ(m.removed, last_failing) << salt;  // the run a caller kept last is the minimized one
     EXPECT_LE(m.tests, bound(n)) << salt;
     asked.clear();
     expect_one_minimal(m, still_fails);
