@@ -2,6 +2,7 @@
 #include "explore/minimize.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <numeric>
 
