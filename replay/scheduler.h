@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -83,8 +84,9 @@ class Scheduler {
   // The slice of `vcpu`, which starts running now.
   virtual Slice slice(uint32_t vcpu) = 0;
   // A scheduling event on `current`, which is running. A policy that wants to preempt it there says so in
-  // preempting() until next() is asked (with kPreempt); that wish is part of its saved state.
-  virtual void event(uint32_t /*current*/, ScheduleEvent) {}
+  // preempting() until next() is asked (with kPreempt); that wish is part of its saved state. Returns the change point
+  // that took effect there, by its draw (ScheduleConfig::dropped_change_points' bit), if one did.
+  virtual std::optional<uint32_t> event(uint32_t /*current*/, ScheduleEvent) { return std::nullopt; }
   virtual bool preempting() const { return false; }
   // The policy's state (a checkpoint's part).
   virtual std::vector<uint8_t> save() const = 0;

@@ -30,14 +30,18 @@ class PctScheduler : public Scheduler {
 
   const ScheduleConfig& config() const override { return config_; }
 
-  void event(uint32_t current, ScheduleEvent) override {
+  std::optional<uint32_t> event(uint32_t current, ScheduleEvent) override {
     ++events_;
+    // (Two drawn at the same event: the later draw's lower priority is the one that stays.)
+    std::optional<uint32_t> fired;
     for (size_t i = 0; i < change_points_.size(); ++i) {
       if (change_points_[i] != 0 && change_points_[i] == events_ && current < priorities_.size()) {
         priorities_[current] = config_.depth - 1 - i;  // below every starting priority, each lower
         preempting_ = true;
+        fired = uint32_t(i);
       }
     }
+    return fired;
   }
   bool preempting() const override { return preempting_; }
 

@@ -931,10 +931,9 @@ Result<> Session::follow_company() {
 void Session::schedule_event(ScheduleEvent event, uint64_t rip) {
   ++schedule_events_;
   if (!scheduler_) return;
-  const bool was_preempting = scheduler_->preempting();
-  scheduler_->event(current_, event);
-  if (!was_preempting && scheduler_->preempting() && preemptions_.size() < 4096) {
-    preemptions_.push_back(Preemption{current_, rip, schedule_events_});
+  const std::optional<uint32_t> change_point = scheduler_->event(current_, event);
+  if (change_point && preemptions_.size() < 4096) {
+    preemptions_.push_back(Preemption{current_, rip, schedule_events_, *change_point});
   }
 }
 

@@ -209,7 +209,8 @@ class Session {
   struct Preemption {
     uint32_t vcpu = 0;
     uint64_t rip = 0;
-    uint64_t event = 0;  // its number among the scheduling events, from 1
+    uint64_t event = 0;         // its number among the scheduling events, from 1
+    uint32_t change_point = 0;  // by its draw: the bit of ScheduleConfig::dropped_change_points that leaves it out
   };
   const std::vector<Preemption>& preemptions() const { return preemptions_; }
 

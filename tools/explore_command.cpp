@@ -9,9 +9,12 @@
 #include <string>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "core/exit_status.h"
 #include "core/messages.h"
 #include "explore/campaign.h"
+#include "explore/minimize.h"
 #include "explore/predicates.h"
 #include "explore/symbols.h"
 #include "logging/trace_format.h"
@@ -505,9 +508,8 @@ int run_sharded(const ExploreArgs& a) {
   return run_job(*loaded, executor, a.json);
 }
 
-// --minimize TRACE: the failing run again, from the campaign and seed its header records, taking away one perturbation
-// at a time (timer jitter, each PCT change point, each injected fault) and keeping it away when the run still fails:
-// what is left is needed for the failure (greedy, one pass: one-minimal for perturbations that act alone).
+// --minimize TRACE: the failing run again, from the campaign and seed its header records, then delta debugging
+// (explore/minimize.h) over its perturbations (each PCT change point, each injected fault, the timer jitter): the fewest that still fail, where taking away any one more makes the run pass.
 int run_minimize(const ExploreArgs& given) {
   if (given.directory.empty()) return report_error({ErrorKind::kInvalidArgument, "--minimize needs -o DIR"});
   auto reader = TraceReader::open(given.minimize);
@@ -562,58 +564,75 @@ int run_minimize(const ExploreArgs& given) {
                          fmt::format("seed {} does not fail again ({}): another deja build or guest image?", seed,
                                      last.reason)});
   }
+  // What the run was perturbed by, each with the way to take it away (what is already left out stays out). A new kind
+  // of perturbation is one more case here. Every change point drawn (one that did not fire here may fire once others
+  // are gone), by its draw; the timer jitter last: ddmin tries the first part alone first, and a race found by a
+  // schedule needs its change points more often than its timing.
   struct Step {
     std::string what;
     std::function<void(Campaign&)> take_away;
   };
   std::vector<Step> steps;
-  if (c.max_timer_delay_ns) steps.push_back({"timer jitter", [](Campaign& v) { v.max_timer_delay_ns = 0; }});
-  if (c.policy == "pct") {
+  if (c.policy == "pct" && c.session.machine.vcpus > 1) {
     for (uint32_t i = 0; i + 1 < c.depth && i < 64; ++i) {
       if (!(c.dropped_change_points >> i & 1)) {
-        steps.push_back({fmt::format("change point {}", i), [i](Campaign& v) { v.dropped_change_points |= uint64_t{1} << i; }});
+        steps.push_back({fmt::format("change point {}", i),
+                         [i](Campaign& v) { v.dropped_change_points |= uint64_t{1} << i; }});
       }
     }
   }
   for (const explore::Perturbation& p : last.perturbations) {
     if (p.kind == "fault") {
-      steps.push_back({fmt::format("fault {} ({})", p.index, p.detail),
-                       [n = p.index](Campaign& v) { v.suppressed_faults.push_back(n); }});
+      steps.push_back(
+          {fmt::format("fault {}", p.index), [i = p.index](Campaign& v) { v.suppressed_faults.push_back(i); }});
     } else if (p.kind == "net-fault") {
-      steps.push_back({fmt::format("network fault {} ({})", p.index, p.detail),
-                       [n = p.index](Campaign& v) { v.suppressed_net_faults.push_back(n); }});
+      steps.push_back({fmt::format("network fault {}", p.index),
+                       [i = p.index](Campaign& v) { v.suppressed_net_faults.push_back(i); }});
     }
   }
-  std::vector<std::string> previous_files{last.trace};
-  unsigned removed = 0;
-  for (const Step& step : steps) {
+  if (c.max_timer_delay_ns) steps.push_back({"timer jitter", [](Campaign& v) { v.max_timer_delay_ns = 0; }});
+
+  auto named = [&](const explore::Removal& removed) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (removed[i]) names.push_back(steps[i].what);
+    }
+    constexpr size_t kNamed = 8;
+    const size_t more = names.size() > kNamed ? names.size() - kNamed : 0;
+    names.resize(names.size() - more);
+    return fmt::format("{}{}", fmt::join(names, ", "), more ? fmt::format(" and {} more", more) : "");
+  };
+  // The last failing run is the one ddmin ends with (minimize.h): it becomes the minimized trace, and each failing run
+  // before it is removed when the next fails (passing runs leave nothing).
+  const explore::Minimized minimized = explore::minimize_failure(steps.size(), [&](const explore::Removal& removed) {
     Campaign variant = c;
-    step.take_away(variant);
-    SeedResult r = try_run(variant);
-    say("without {}: {}", step.what, r.failed() ? "still fails (taken away)" : "passes (" + r.outcome_class() + ": needed)");
-    if (!r.failed()) continue;
-    c = variant;
-    previous_files.push_back(r.trace);
-    last = r;
-    ++removed;
-  }
-  // Keep the last failing run as the minimized trace; drop the failing attempts before it.
-  const std::string minimized = fmt::format("{}/minimized-seed-{}.trace", c.directory, seed);
-  std::error_code ec;
-  for (const std::string& trace : previous_files) {
-    if (trace == last.trace) continue;
-    for (const char* suffix : {".trace", ".serial", ".log"}) {
-      std::filesystem::remove(trace.substr(0, trace.size() - 6) + suffix, ec);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (removed[i]) steps[i].take_away(variant);
     }
-  }
+    SeedResult r = try_run(variant);
+    say("without {}: {}", named(removed), r.failed() ? "still fails" : "passes (" + r.outcome_class() + ")");
+    if (!r.failed()) return false;
+    std::error_code ignored;
+    for (const char* suffix : {".trace", ".serial", ".log"}) {
+      std::filesystem::remove(last.trace.substr(0, last.trace.size() - 6) + suffix, ignored);
+    }
+    last = std::move(r);
+    return true;
+  });
+  const size_t removed = std::count(minimized.removed.begin(), minimized.removed.end(), true);
+
+  const std::string kept = fmt::format("{}/minimized-seed-{}.trace", c.directory, seed);
+  std::error_code ec;
   const std::string base = last.trace.substr(0, last.trace.size() - 6);
-  std::filesystem::rename(last.trace, minimized, ec);
-  if (ec) return report_error({ErrorKind::kHost, fmt::format("cannot rename {} to {}: {}", last.trace, minimized, ec.message())});
-  for (const char* suffix : {".serial", ".log"}) {
-    std::filesystem::rename(base + suffix, minimized.substr(0, minimized.size() - 6) + suffix, ec);
+  std::filesystem::rename(last.trace, kept, ec);
+  if (ec) {
+    return report_error({ErrorKind::kHost, fmt::format("cannot rename {} to {}: {}", last.trace, kept, ec.message())});
   }
-  std::printf("seed %llu: %u of %zu perturbations taken away, still %s\n", (unsigned long long)seed, removed,
-              steps.size(), last.outcome_class().c_str());
+  for (const char* suffix : {".serial", ".log"}) {
+    std::filesystem::rename(base + suffix, kept.substr(0, kept.size() - 6) + suffix, ec);
+  }
+  std::printf("seed %llu: %zu of %zu perturbations taken away, still %s (ddmin: %u runs besides the first)\n",
+              (unsigned long long)seed, removed, steps.size(), last.outcome_class().c_str(), minimized.tests);
   std::printf("critical events:\n");
   for (const explore::Perturbation& p : last.perturbations) {
     const std::string symbol = symbols ? symbols->describe(p.rip) : std::string();
@@ -621,7 +640,7 @@ int run_minimize(const ExploreArgs& given) {
                 (unsigned long long)p.rip, symbol.empty() ? "" : (" " + symbol).c_str(), p.detail.c_str());
   }
   if (last.perturbations.empty()) std::printf("  none: the seed's schedule and inputs fail without any\n");
-  std::printf("minimized trace: %s\n", minimized.c_str());
+  std::printf("minimized trace: %s\n", kept.c_str());
   return exit_status::kFound;
 }
 

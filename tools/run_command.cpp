@@ -621,7 +621,8 @@ int run_or_record(const SessionOptions& options, Mode mode) {
     seeded->faults_injected = session.engine().faults_injected();
     const auto& preemptions = session.preemptions();
     for (size_t i = 0; i < preemptions.size(); ++i) {
-      seeded->perturbations.push_back(explore::Perturbation{"change-point", i, preemptions[i].vcpu, preemptions[i].rip,
+      seeded->perturbations.push_back(explore::Perturbation{"change-point", preemptions[i].change_point,
+                                                            preemptions[i].vcpu, preemptions[i].rip,
                                                             fmt::format("scheduling event {}", preemptions[i].event)});
     }
     for (const Engine::FaultDrawn& f : session.engine().faults_drawn()) {

@@ -2,7 +2,7 @@
 """`deja explore` through the deja binary (docs/explore.md): a seed's recording is the same bytes every time (10 of 10,
 on the JIT and on the reference executor); a failing run's trace is kept and replays exactly, a passing run leaves
 nothing; serial input comes from a file or a recording, never the host; the planted race (explore-race) is found by PCT
-and its trace replays; a hang is found; a campaign in shards runs through `deja segment` and `deja merge` on the local
+and its trace replays, and minimizes to the change point it needs, named by its draw; a hang is found; a campaign in shards runs through `deja segment` and `deja merge` on the local
 executor; bad options are refused with exit status 2. With --only store_buffering (explore.tso): the SB litmus test
 (litmus-sb) sees r1=r2=0 with --tso only, never with MFENCE."""
 import argparse
@@ -109,6 +109,21 @@ def race(args, tmp):
     check_replay(args, minimized, 12)
     print("ok: minimized to the one change point (timer jitter taken away):",
           [l.strip() for l in text.splitlines() if "change-point" in l][0])
+    # With D = 3 a change point is named by its draw, not by the order they fired in: at seed 1355 of pct:3:200 the
+    # second drawn fires first (event 100) and is the one the race needs; the first drawn fires later and goes.
+    out3 = os.path.join(tmp, "race-pct3")
+    p3 = explore(args, out3, "--seed", "1355", "--schedule", "pct:3:200", "--until", "serial:BUG", guest="explore-race")
+    seeds3, _ = results(p3)
+    if p3.returncode != FOUND:
+        sys.exit(f"FAIL: seed 1355 of pct:3:200 should find the race (has the guest changed?):\n{show(p3)}")
+    m3 = run([args.deja, "explore", "--minimize", seeds3[0]["trace"], "-o", os.path.join(tmp, "minimized-pct3")])
+    text3 = m3.stdout.decode(errors="replace")
+    if m3.returncode != FOUND or "change-point 1: vCPU" not in text3 or "change-point 0" in text3 or \
+            "2 of 3 perturbations taken away" not in text3:
+        sys.exit(f"FAIL: minimization of seed 1355 under pct:3 should keep change point 1 alone:\n{show(m3)}")
+    check_replay(args, os.path.join(tmp, "minimized-pct3", "minimized-seed-1355.trace"), 12)
+    print("ok: under pct:3 the change point kept is named by its draw:",
+          [l.strip() for l in text3.splitlines() if "change-point" in l][0])
     # Locked instructions are PCT's scheduling events: smp-counter's 2 x 1000 LOCK XADDs, which random does not count.
     counts = {}
     for schedule in ("pct:2", "random"):
