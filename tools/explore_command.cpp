@@ -6,13 +6,17 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/ranges.h>
 
 #include "core/exit_status.h"
 #include "core/messages.h"
+#include "core/seeded_random.h"
 #include "explore/campaign.h"
 #include "explore/minimize.h"
 #include "explore/predicates.h"
@@ -46,6 +50,7 @@ struct ExploreArgs {
   std::string timer_jitter = "10us";
   std::string faults;
   std::string inputs_from;
+  std::string serial_pace;
   uint64_t max_instructions = 20'000'000'000;
   bool json = false;
   ProgressDisplay display;
@@ -72,6 +77,9 @@ struct Campaign {
   FaultPlan faults;  // (its seed is each run's)
   std::optional<RecordedInput> inputs_from;  // --inputs-from: the trace, and its serial input by guest time
   std::vector<ScriptedInput::Arrival> scripted_serial;
+  // --serial-pace: the file's bytes, typed in pieces at gaps drawn from each run's seed.
+  std::string paced_serial;
+  uint64_t pace_min_ns = 0, pace_max_ns = 0;
   uint64_t max_instructions = 0;
   std::vector<std::string> args;  // the campaign's own arguments, recorded in each trace (Header.exploration)
   std::string file_prefix = "seed-";
@@ -80,6 +88,8 @@ struct Campaign {
   std::vector<uint64_t> suppressed_faults, suppressed_net_faults;
   std::optional<uint32_t> schedule_version;  // the trace's, where it is minimized (else this deja's)
 };
+
+constexpr uint64_t kMaxPacedBytes = 1u << 20;
 
 Result<uint64_t> parse_duration_ns(const std::string& text) {
   static const std::pair<const char*, uint64_t> units[] = {{"ns", 1}, {"us", 1'000}, {"ms", 1'000'000}, {"s", 1'000'000'000}};
@@ -186,6 +196,37 @@ std::string seed_file(const Campaign& c, uint64_t seed, const char* suffix) {
   return fmt::format("{}/{}{}{}", c.directory, c.file_prefix, seed, suffix);
 }
 
+// --serial-pace: `text` typed as a person or a terminal program would, in pieces of 1 to 16 bytes (never across a
+// newline), each a gap after the one before drawn uniformly from [min, max] of guest time; a function of the seed.
+std::vector<ScriptedInput::Arrival> paced_arrivals(const std::string& text, uint64_t min_ns, uint64_t max_ns,
+                                                   uint64_t seed) {
+  std::vector<ScriptedInput::Arrival> arrivals;
+  SplitMix64 draws(seed ^ 0x7061636564ull);  // ("paced": apart from the run's other draws)
+  uint64_t at = 0;
+  for (size_t i = 0; i < text.size();) {
+    size_t length = 1 + draws.next() % 16;
+    const size_t newline = text.find('\n', i);
+    if (newline != std::string::npos) length = std::min(length, newline + 1 - i);
+    length = std::min(length, text.size() - i);
+    at += min_ns + draws.next() % (max_ns - min_ns + 1);
+    arrivals.push_back(ScriptedInput::Arrival{at, text.substr(i, length)});
+    i += length;
+  }
+  return arrivals;
+}
+
+// "MAX" or "MIN..MAX", durations.
+Result<std::pair<uint64_t, uint64_t>> parse_pace(const std::string& text) {
+  const size_t dots = text.find("..");
+  auto low = parse_duration_ns(dots == std::string::npos ? "0" : text.substr(0, dots));
+  auto high = parse_duration_ns(dots == std::string::npos ? text : text.substr(dots + 2));
+  if (!low || !high || *low > *high || *high > 3'600'000'000'000ull) {
+    return fail(ErrorKind::kInvalidArgument, "--serial-pace {}: give MAX or MIN..MAX, durations up to an hour (2ms, "
+                "1ms..20ms)", text);
+  }
+  return std::pair(*low, *high);
+}
+
 // One seed's run, in its own process: a recording whose inputs all come from the seed. Its messages go to
 // DIR/seed-S.log, the guest's serial output to DIR/seed-S.serial; a run that meets no predicate leaves nothing.
 SeedResult run_seed(const Campaign& c, uint64_t seed) {
@@ -209,7 +250,8 @@ SeedResult run_seed(const Campaign& c, uint64_t seed) {
   recording.faults.suppressed = c.suppressed_faults;
   recording.faults.net_suppressed = c.suppressed_net_faults;
   recording.inputs_from = c.inputs_from;
-  recording.scripted_serial = c.scripted_serial;
+  recording.scripted_serial = c.paced_serial.empty() ? c.scripted_serial
+                                                      : paced_arrivals(c.paced_serial, c.pace_min_ns, c.pace_max_ns, seed);
   for (const std::string& arg : c.args) recording.provenance.add_args(arg);
   recording.provenance.set_seed(seed);
   recording.limits.max_steps = c.max_instructions;
@@ -256,8 +298,9 @@ SeedResult run_seed(const Campaign& c, uint64_t seed) {
 }
 
 // Serial input a seeded run can have: a regular file's bytes, typed ahead as `deja record` types them (--serial-in),
-// or a recording's serial input at the guest times it arrived (--inputs-from). Nothing read from the host as it runs.
-Result<> resolve_serial_input(const ExploreArgs& a, Campaign& c) {
+// or typed in pieces at seeded gaps (--serial-pace), or a recording's serial input at the guest times it arrived
+// (--inputs-from). Nothing read from the host as it runs.
+Result<> resolve_serial_input(ExploreArgs& a, Campaign& c) {
   if (!a.run.serial_in.empty()) {
     if (!a.inputs_from.empty()) return fail(ErrorKind::kInvalidArgument, "give --serial-in or --inputs-from, not both");
     struct stat st{};
@@ -267,8 +310,23 @@ Result<> resolve_serial_input(const ExploreArgs& a, Campaign& c) {
                   "a regular file (its bytes typed ahead), or --inputs-from TRACE",
                   a.run.serial_in);
     }
+    if (a.serial_pace.empty()) return {};
+    auto pace = parse_pace(a.serial_pace);
+    if (!pace) return std::unexpected(pace.error());
+    if (uint64_t(st.st_size) > kMaxPacedBytes) {
+      return fail(ErrorKind::kInvalidArgument, "--serial-in {}: {} bytes; --serial-pace types at most {} (typed ahead, "
+                  "without --serial-pace, a file may be larger)", a.run.serial_in, st.st_size, kMaxPacedBytes);
+    }
+    std::ifstream in(a.run.serial_in, std::ios::binary);
+    c.paced_serial.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) return fail(ErrorKind::kHost, "--serial-in {}: cannot read it", a.run.serial_in);
+    const auto hash = sha256_bytes(std::span(reinterpret_cast<const uint8_t*>(c.paced_serial.data()), c.paced_serial.size()));
+    c.inputs_from = RecordedInput{"serial-in", a.run.serial_in, std::string(hash.begin(), hash.end()), c.paced_serial.size()};
+    std::tie(c.pace_min_ns, c.pace_max_ns) = *pace;
+    a.run.serial_in.clear();  // (typed by the run's ScriptedInput, not read as a file)
     return {};
   }
+  if (!a.serial_pace.empty()) return fail(ErrorKind::kInvalidArgument, "--serial-pace paces --serial-in FILE: give one");
   if (a.inputs_from.empty()) return {};
   auto from = ScriptedInput::read_trace(a.inputs_from);
   if (!from) return fail(ErrorKind::kInvalidArgument, "--inputs-from {}: {}", a.inputs_from, from.error().message);
@@ -472,6 +530,9 @@ void add_explore_options(CLI::App* cmd, ExploreArgs& a) {
   cmd->add_option("--inputs-from", a.inputs_from,
                   "a trace whose serial input each run gets, at the guest times it arrived there (instead of "
                   "--serial-in FILE, whose bytes are typed ahead)");
+  cmd->add_option("--serial-pace", a.serial_pace,
+                  "with --serial-in FILE: type it in pieces of 1 to 16 bytes (never across a newline), each after a gap "
+                  "of guest time drawn from the seed: MAX or MIN..MAX (1ms..20ms); at most 1 MiB");
   cmd->add_option("--max-instructions", a.max_instructions,
                   "a run stops after this many instructions (a limit, not a failure; default 20G)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 50));

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`deja explore` through the deja binary (docs/explore.md): a seed's recording is the same bytes every time (10 of 10,
 on the JIT and on the reference executor); a failing run's trace is kept and replays exactly, a passing run leaves
-nothing; serial input comes from a file or a recording, never the host; the planted race (explore-race) is found by PCT
+nothing; serial input comes from a file (typed ahead or paced by the seed) or a recording, never the host; the planted race (explore-race) is found by PCT
 and its trace replays, and minimizes to the change point it needs, named by its draw; a hang is found; a campaign in shards runs through `deja segment` and `deja merge` on the local
 executor; bad options are refused with exit status 2. With --only store_buffering (explore.tso): the SB litmus test
 (litmus-sb) sees r1=r2=0 with --tso only, never with MFENCE."""
@@ -285,7 +285,20 @@ def serial_input(args, tmp):
         if not filecmp.cmp(*traces, shallow=False):
             sys.exit(f"FAIL: explore {how} --seed 5 gave two different traces")
         check_replay(args, traces[0], 12)
-    print("ok: serial input from a file and from a recording reach the guest, the same bytes twice, and replay")
+    # Typed at gaps drawn from the seed: each seed its own timing (another trace), the same seed the same bytes.
+    paced = {}
+    for seed, attempt in ((1, 0), (2, 0), (1, 1)):
+        out = os.path.join(tmp, f"paced-{seed}-{attempt}")
+        p = explore(args, out, "--seed", str(seed), "--serial-in", text, "--serial-pace", "1ms..2ms", "--until",
+                    f"serial:{echoed}", guest="serial-echo", cpus=1)
+        if p.returncode != FOUND:
+            sys.exit(f"FAIL: explore --serial-pace (seed {seed}) should see the guest echo its input:\n{show(p)}")
+        paced[(seed, attempt)] = os.path.join(out, f"seed-{seed}.trace")
+    if filecmp.cmp(paced[(1, 0)], paced[(2, 0)], shallow=False) or not filecmp.cmp(paced[(1, 0)], paced[(1, 1)], shallow=False):
+        sys.exit("FAIL: --serial-pace should time the input by the seed: seeds 1 and 2 alike, or seed 1 twice unlike")
+    check_replay(args, paced[(2, 0)], 12)
+    print("ok: serial input from a file (typed ahead or paced by the seed) and from a recording reach the guest, the "
+          "same bytes twice, and replay")
 
 
 def linux_inputs_from(args, tmp):
@@ -379,6 +392,8 @@ def refusals(args, tmp):
                   ["--seed", "1", "--until", "hang", "--inputs-from", image, "--serial-in", image],
                   ["--seed", "1", "--until", "hang", "--tso", "--interp-mode", "jit"],
                   ["--seed", "1", "--until", "hang", "--faults", "net-drop:2%"],
+                  ["--seed", "1", "--until", "hang", "--serial-pace", "1ms"],
+                  ["--seed", "1", "--until", "hang", "--serial-in", image, "--serial-pace", "2ms..1ms"],
                   ["--seed", "1", "--until", "hang", "--net", "user,hostfwd=tcp::2222-:22"],
                   ["--seed", "1", "--until", "hang", "--net", "user", "--faults", "net-drop:60%,net-dup:50%"]):
         p = run([args.deja, "explore", "-o", os.path.join(tmp, "bad"), *extra, image])
