@@ -118,6 +118,19 @@ Result<NetOptions> parse_net_option(const std::string& text) {
       if (o.tftp_dir.empty() || ::stat(o.tftp_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
         return fail(ErrorKind::kInvalidArgument, "--net {}: tftp={} is not a directory", text, o.tftp_dir);
       }
+    } else if (part.starts_with("guestfwd=")) {
+      // tcp:ADDR:PORT-echo (QEMU's guestfwd syntax, with deja's in-process echo service as the target).
+      std::string_view rule = std::string_view(part).substr(9);
+      const bool ok_form = rule.starts_with("tcp:") && rule.ends_with("-echo");
+      const std::string_view where = ok_form ? rule.substr(4, rule.size() - 9) : std::string_view();
+      const size_t colon = where.rfind(':');
+      in_addr a{};
+      const auto port = colon == std::string_view::npos ? std::nullopt : parse_port(where.substr(colon + 1));
+      if (!ok_form || !port || inet_pton(AF_INET, std::string(where.substr(0, colon)).c_str(), &a) != 1) {
+        return fail(ErrorKind::kInvalidArgument, "--net {}: guestfwd=tcp:ADDR:PORT-echo (an echo service inside the "
+                    "network, 10.0.2.4:7 say) is the one guest forward deja has", text);
+      }
+      o.echoes.push_back(NetOptions::Echo{std::string(where.substr(0, colon)), *port});
     } else if (part == "restrict=on" || part == "restrict=off") {
       o.restricted = part == "restrict=on";
     } else if (part.starts_with("mac=")) {
@@ -127,7 +140,7 @@ Result<NetOptions> parse_net_option(const std::string& text) {
     } else {
       return fail(ErrorKind::kInvalidArgument,
                   "--net {}: unknown part '{}' (use user[,hostfwd=tcp::HOSTPORT-:GUESTPORT][,tftp=DIR][,restrict=on]"
-                  "[,mac=52:54:00:12:34:56])",
+                  "[,guestfwd=tcp:ADDR:PORT-echo][,mac=52:54:00:12:34:56])",
                   text, part);
     }
     if (comma == std::string::npos) break;
@@ -174,6 +187,13 @@ struct UserNetwork::Callbacks {
   static void register_poll_fd(int /*fd*/, void* /*opaque*/) {}
   static void unregister_poll_fd(int /*fd*/, void* /*opaque*/) {}
   static void notify(void* /*opaque*/) {}
+  static ssize_t echo_write(const void* buf, size_t len, void* opaque) {
+    auto* echo = static_cast<EchoService*>(opaque);
+    const size_t kept = std::min(len, kMaxEchoBytes - std::min(kMaxEchoBytes, echo->held.size()));
+    echo->held.append(static_cast<const char*>(buf), kept);
+    echo->network->echo_dropped_ += len - kept;
+    return ssize_t(len);
+  }
   static int add_poll(int fd, int events, void* opaque) {
     auto* self = static_cast<UserNetwork*>(opaque);
     self->fill_->push_back(pollfd{fd, to_poll_events(events), 0});
@@ -229,7 +249,32 @@ Result<std::unique_ptr<UserNetwork>> UserNetwork::create(const NetOptions& optio
                   f.udp ? "UDP" : "TCP", f.host_port);
     }
   }
+  for (const NetOptions::Echo& e : options.echoes) {
+    auto echo = std::make_unique<EchoService>();
+    echo->network = n.get();
+    in_addr addr{};
+    inet_pton(AF_INET, e.addr.c_str(), &addr);
+    echo->addr = addr.s_addr;
+    echo->port = e.port;
+    if (slirp_add_guestfwd(n->slirp_, Callbacks::echo_write, echo.get(), &addr, e.port) < 0) {
+      return fail(ErrorKind::kInvalidArgument, "--net guestfwd=tcp:{}:{}-echo: not an address inside 10.0.2.0/24 that "
+                  "is free (the gateway 10.0.2.2, DNS 10.0.2.3 and another forward are taken)", e.addr, e.port);
+    }
+    n->echoes_.push_back(std::move(echo));
+  }
   return n;
+}
+
+void UserNetwork::flush_echoes() {
+  for (const auto& echo : echoes_) {
+    if (echo->held.empty()) continue;
+    in_addr addr{};
+    addr.s_addr = echo->addr;
+    const size_t room = std::min(slirp_socket_can_recv(slirp_, addr, echo->port), echo->held.size());
+    if (room == 0) continue;
+    slirp_socket_recv(slirp_, addr, echo->port, reinterpret_cast<const uint8_t*>(echo->held.data()), int(room));
+    echo->held.erase(0, room);
+  }
 }
 
 UserNetwork::~UserNetwork() {
@@ -278,6 +323,7 @@ void UserNetwork::dispatch(std::span<const pollfd> fds, bool poll_failed) {
   results_ = fds;
   slirp_pollfds_poll(slirp_, poll_failed ? 1 : 0, Callbacks::get_revents, this);
   results_ = {};
+  flush_echoes();
   fire_timers();
 }
 

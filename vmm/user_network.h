@@ -35,6 +35,13 @@ struct NetOptions {
   // restrict=on: nothing of the host's network (libslirp's own services only: DHCP, ARP, ping and TFTP at the
   // gateway); deja explore's networks are restricted, so that a run needs nothing from outside.
   bool restricted = false;
+  // guestfwd=tcp:ADDR:PORT-echo: a TCP echo service at ADDR:PORT inside the network (10.0.2.0/24, not the gateway,
+  // DNS or guest address), run in-process: a peer for the guest's TCP that needs nothing of the host's.
+  struct Echo {
+    std::string addr;
+    uint16_t port = 0;
+  };
+  std::vector<Echo> echoes;
 };
 Result<NetOptions> parse_net_option(const std::string& text);
 // "52:54:00:12:34:56": a unicast MAC address.
@@ -50,6 +57,9 @@ class UserNetwork {
  public:
   static constexpr size_t kMaxPendingFrames = 4096;
   static constexpr size_t kMaxPendingBytes = 8u << 20;
+  // What an echo service holds that it could not send back yet (a guest that sends without reading): beyond it the
+  // service drops what the guest sends, and counts it.
+  static constexpr size_t kMaxEchoBytes = 1u << 20;
 
   static Result<std::unique_ptr<UserNetwork>> create(const NetOptions& options, std::function<uint64_t()> clock_ns);
   ~UserNetwork();
@@ -61,6 +71,7 @@ class UserNetwork {
   size_t pending() const { return pending_.size(); }
   std::vector<std::vector<uint8_t>> take(size_t count);
   uint64_t dropped() const { return dropped_; }
+  uint64_t echo_dropped() const { return echo_dropped_; }
 
   // One poll cycle, split so that the session can wait on slirp's sockets together with its own fds: add slirp's
   // fds to `fds` (and shorten `timeout_ms` to its next timer), then after poll(2) hand the results back.
@@ -88,7 +99,17 @@ class UserNetwork {
     void* cb_opaque = nullptr;
     int64_t expire_ms = -1;  // -1: not armed
   };
+  struct EchoService {
+    UserNetwork* network = nullptr;
+    uint32_t addr = 0;  // network order, as libslirp's in_addr
+    uint16_t port = 0;
+    std::string held;   // from the guest, not yet sent back
+  };
+  // Sends back what the echo services hold, as far as libslirp's windows let it (never from inside its callback).
+  void flush_echoes();
   Slirp* slirp_ = nullptr;
+  std::vector<std::unique_ptr<EchoService>> echoes_;
+  uint64_t echo_dropped_ = 0;
   bool restricted_ = false;
   std::function<uint64_t()> clock_ns_;
   std::deque<std::vector<uint8_t>> pending_;

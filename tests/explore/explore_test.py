@@ -197,9 +197,10 @@ def linux_disk_eio(args, tmp):
 
 def linux_network(args, tmp):
     """A seeded run's network (--net user, restricted: libslirp's own services): the bundled Linux guest pings the
-    gateway and fetches a file from its TFTP server (script net-faults). Without faults every ping comes back and the
-    file is whole; dropped, duplicated and reordered frames (--faults net-*) reach the guest as lost pings and
-    duplicates, never as a corrupt file; the run replays exactly, gives the same bytes twice, and minimizes to the one
+    gateway, fetches a file from its TFTP server and sends 108,894 bytes through a TCP echo service (script
+    net-faults). Without faults every ping comes back and the file and the echo are whole; dropped, duplicated and
+    reordered frames (--faults net-*) reach the guest as lost pings and duplicates, never as a corrupt file, and TCP
+    still brings the echo back whole; the run replays exactly, gives the same bytes twice, and minimizes to the one
     lost frame it needs. Bad network options are refused in refusals()."""
     import hashlib
     import random
@@ -213,7 +214,7 @@ def linux_network(args, tmp):
 
     def campaign(out, seeds, until, *faults):
         return run([args.deja, "explore", "--linux", "--append", "deja.script=net-faults", "--net",
-                    f"user,tftp={served}", *faults, "--seeds", seeds, "-j", "2", "--until", until, "-o", out, "--json"])
+                    f"user,tftp={served},guestfwd=tcp:10.0.2.4:7-echo", *faults, "--seeds", seeds, "-j", "2", "--until", until, "-o", out, "--json"])
 
     def serial(out, seed):
         with open(os.path.join(out, f"seed-{seed}.serial"), errors="replace") as f:
@@ -222,8 +223,10 @@ def linux_network(args, tmp):
     out = os.path.join(tmp, "net-clean")
     p = campaign(out, "1", "serial:net-faults: done")
     text = serial(out, 1) if p.returncode == FOUND else ""
-    if p.returncode != FOUND or " 0% packet loss" not in text or whole not in text:
-        sys.exit(f"FAIL: without faults every ping should come back and the file be whole:\n{show(p)}\n{text[-2000:]}")
+    echoed = "net-faults: tcp echo 108894 bytes whole"
+    if p.returncode != FOUND or " 0% packet loss" not in text or whole not in text or echoed not in text:
+        sys.exit(f"FAIL: without faults every ping should come back, the file and the TCP echo be whole:\n{show(p)}\n"
+                 f"{text[-2000:]}")
     check_replay(args, os.path.join(out, "seed-1.trace"), 12)
     shown = run([args.deja, "inspect", os.path.join(out, "seed-1.trace")]).stdout.decode(errors="replace")
     if f"tftp {served}" not in shown or "net          user" not in shown:
@@ -240,6 +243,8 @@ def linux_network(args, tmp):
     timeouts = sum("tftp: timeout" in t for t in texts)
     if any(whole not in t and "tftp: timeout" not in t for t in texts):
         sys.exit(f"FAIL: the TFTP transfer should finish whole or time out:\n{show(p)}")
+    if any(echoed not in t for t in texts):
+        sys.exit(f"FAIL: TCP should bring the echo back whole through lost, duplicated and reordered frames:\n{show(p)}")
 
     out = os.path.join(tmp, "net-drop")
     lost = r"[1-9][0-9]*% packet loss"
@@ -259,8 +264,8 @@ def linux_network(args, tmp):
     # (One lost frame loses a ping: the ping itself, its answer, or an ARP answer, which delays the first.)
     if small.returncode != FOUND or len(critical) != 1 or " dropped (" not in critical[0]:
         sys.exit(f"FAIL: minimization should keep one dropped frame:\n{show(small)}")
-    print(f"ok: network: a clean run whole and replayed; with all three faults duplicates seen, TFTP whole or timed out "
-          f"({timeouts} of 2 timed out); {summary['failures']} of 4 seeds lose pings to net-drop (seed {first['seed']}: "
+    print(f"ok: network: a clean run whole and replayed; with all three faults duplicates seen, the TCP echo whole, "
+          f"TFTP whole or timed out ({timeouts} of 2 timed out); {summary['failures']} of 4 seeds lose pings to net-drop (seed {first['seed']}: "
           f"{first['faults']} faults, replayed exactly, the same bytes twice, minimized to {critical[0].strip()})")
 
 

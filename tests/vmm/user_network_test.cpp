@@ -52,6 +52,24 @@ TEST(NetOption, TakesATftpDirectoryAndRestrict) {
   EXPECT_FALSE(parse_net_option("user,tftp=/etc/passwd"));  // not a directory
 }
 
+TEST(NetOption, TakesAnEchoServiceAsGuestForward) {
+  auto o = parse_net_option("user,guestfwd=tcp:10.0.2.4:7-echo");
+  ASSERT_TRUE(o) << o.error().message;
+  ASSERT_EQ(o->echoes.size(), 1u);
+  EXPECT_EQ(o->echoes[0].addr, "10.0.2.4");
+  EXPECT_EQ(o->echoes[0].port, 7);
+  EXPECT_FALSE(parse_net_option("user,guestfwd=tcp:10.0.2.4:7-cmd:cat"));  // QEMU's commands: not here
+  EXPECT_FALSE(parse_net_option("user,guestfwd=udp:10.0.2.4:7-echo"));
+  EXPECT_FALSE(parse_net_option("user,guestfwd=tcp:10.0.2.4:0-echo"));
+  EXPECT_FALSE(parse_net_option("user,guestfwd=tcp:10.0.2-echo"));
+  EXPECT_FALSE(parse_net_option("user,guestfwd=tcp:10.0.2.4:7"));
+  // Inside the network and not one of libslirp's own addresses.
+  uint64_t now = 0;
+  EXPECT_FALSE(UserNetwork::create(parse_net_option("user,guestfwd=tcp:10.0.2.2:7-echo").value(), [&now] { return now; }));
+  EXPECT_FALSE(UserNetwork::create(parse_net_option("user,guestfwd=tcp:192.168.1.1:7-echo").value(), [&now] { return now; }));
+  EXPECT_TRUE(UserNetwork::create(o.value(), [&now] { return now; }));
+}
+
 // A restricted network's own services answer with no host socket and no host time: a ping of the gateway, polled
 // without looking at the host (what a seeded run does), comes back at once and owes nothing to a timer.
 TEST(UserNetwork, RestrictedAnswersPingWithoutTheHost) {
