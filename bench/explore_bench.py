@@ -73,7 +73,7 @@ def network(deja, tmp, count):
               f"({instructions / 1e9:.2f} G instructions, {faults_per_seed:.1f} faults a seed); outcomes {s['outcomes']}; "
               f"transfers: {endings['whole']} whole, {endings['tftp: timeout']} tftp: timeout, {endings['other']} other "
               f"of {s['seeds']}; a DATA block to the guest lost in {lost_block}, of which {timeouts_after_lost_block} "
-              f"timed out")
+              f"timed out; timeouts without a lost block: {endings['tftp: timeout'] - timeouts_after_lost_block}")
 
 
 def main():
