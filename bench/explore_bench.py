@@ -93,8 +93,8 @@ def main():
         print(f"PCT bound for d=2, n=2, k={k}: p >= 1/{2 * k} a seed; 95% within {int(3 * 2 * k)} seeds")
         for schedule in (f"pct:2:{k}", "random", "none"):
             t, s, seeds = campaign(deja, os.path.join(tmp, schedule.replace(":", "-")),
-                               smp + ["--seeds", f"0..{args.race_seeds - 1}", "-j", "2", "--schedule", schedule,
-                                      "--until", "serial:BUG", race])
+                                   smp + ["--seeds", f"0..{args.race_seeds - 1}", "-j", "2", "--schedule", schedule,
+                                          "--until", "serial:BUG", race])
             first = s["first_failing_seed"]
             print(f"{schedule:>10}: {s['failures']:4d} of {s['seeds']} seeds fail; first failing seed "
                   f"{first if first is not None else 'none'}; {s['seeds'] / t * 60:.0f} seeds/min at -j 2; "
