@@ -70,9 +70,9 @@ def network(deja, tmp, count):
         instructions = statistics.median(r["instructions"] for r in seeds)
         faults_per_seed = statistics.mean(r["faults"] for r in seeds)
         print(f"{'5% drop, dup, reorder' if faults else 'no faults':>22}: {s['seeds'] / t * 60:.1f} seeds/min "
-              f"({instructions / 1e9:.2f} G instructions, {faults_per_seed:.1f} faults a seed); outcomes {s['outcomes']}; "
-              f"transfers: {endings['whole']} whole, {endings['tftp: timeout']} tftp: timeout, {endings['other']} other "
-              f"of {s['seeds']}; a DATA block to the guest lost in {lost_block}, of which {timeouts_after_lost_block} "
+              f"({instructions / 1e9:.2f} G instructions, {faults_per_seed:.1f} faults a seed); "
+              f"outcomes {s['outcomes']}; transfers: {endings['whole']} whole, "
+              f"{endings['tftp: timeout']} tftp: timeout, {endings['other']} other of {s['seeds']}; a DATA block to the guest lost in {lost_block}, of which {timeouts_after_lost_block} "
               f"timed out; timeouts without a lost block: {endings['tftp: timeout'] - timeouts_after_lost_block}")
 
 
@@ -93,8 +93,8 @@ def main():
         print(f"PCT bound for d=2, n=2, k={k}: p >= 1/{2 * k} a seed; 95% within {int(3 * 2 * k)} seeds")
         for schedule in (f"pct:2:{k}", "random", "none"):
             t, s, seeds = campaign(deja, os.path.join(tmp, schedule.replace(":", "-")),
-                                   smp + ["--seeds", f"0..{args.race_seeds - 1}", "-j", "2", "--schedule", schedule,
-                                          "--until", "serial:BUG", race])
+                                   smp + ["--seeds", f"0..{args.race_seeds - 1}", "-j", "2", "--schedule",
+                                          schedule, "--until", "serial:BUG", race])
             first = s["first_failing_seed"]
             print(f"{schedule:>10}: {s['failures']:4d} of {s['seeds']} seeds fail; first failing seed "
                   f"{first if first is not None else 'none'}; {s['seeds'] / t * 60:.0f} seeds/min at -j 2; "
@@ -118,7 +118,8 @@ def main():
 
         print("== exploring one seed against recording it (no perturbation) ==")
         # A race guest's run takes about 20 ms: medians of more runs, or the load of the moment decides the ratio.
-        for name, guest, extra, runs in (("Linux boot, 1 vCPU", [], linux, 3), ("race guest, 2 vCPUs", [race], smp, 15)):
+        for name, guest, extra, runs in (("Linux boot, 1 vCPU", [], linux, 3),
+                                         ("race guest, 2 vCPUs", [race], smp, 15)):
             rec, exp = [], []
             for i in range(runs):
                 trace = os.path.join(tmp, f"plain-{i}.trace")
