@@ -72,8 +72,9 @@ def network(deja, tmp, count):
         print(f"{'5% drop, dup, reorder' if faults else 'no faults':>22}: {s['seeds'] / t * 60:.1f} seeds/min "
               f"({instructions / 1e9:.2f} G instructions, {faults_per_seed:.1f} faults a seed); "
               f"outcomes {s['outcomes']}; transfers: {endings['whole']} whole, "
-              f"{endings['tftp: timeout']} tftp: timeout, {endings['other']} other of {s['seeds']}; a DATA block to the guest lost in {lost_block}, of which {timeouts_after_lost_block} "
-              f"timed out; timeouts without a lost block: {endings['tftp: timeout'] - timeouts_after_lost_block}")
+              f"{endings['tftp: timeout']} tftp: timeout, {endings['other']} other of {s['seeds']}; a DATA block to "
+              f"the guest lost in {lost_block}, of which {timeouts_after_lost_block} timed out; timeouts without a "
+              f"lost block: {endings['tftp: timeout'] - timeouts_after_lost_block}")
 
 
 def main():
