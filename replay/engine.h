@@ -148,6 +148,9 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   // timers, in derived time) and puts what they send on the wires; network_frames_arrived() takes the frames that
   // have reached a NIC. Called where asynchronous events may land, so that a run is a function of its seed.
   bool networks_simulated() const { return !links_.empty(); }
+  // The networks' clock: host time; a simulated host's networks, the time exchange_network() last ran them at (a
+  // halted guest's wait may run them ahead of derived time, which moves only at asynchronous events).
+  uint64_t network_now_ns() { return networks_simulated() ? network_now_ns_ : host_now_ns(); }
   void exchange_network(uint64_t now_ns);
   std::vector<std::vector<uint8_t>> network_frames_arrived(unsigned nic, uint64_t now_ns, size_t max);
   // When NIC `nic`'s network next has something to do: a frame arriving either way (towards the NIC only while it
@@ -365,6 +368,7 @@ class Engine : public Clock, public Entropy, public NetworkPort, public DiskBloc
   std::string host_error_;
   std::vector<std::unique_ptr<UserNetwork>> networks_;
   std::vector<NetworkLink> links_;  // a simulated host's, by NIC
+  uint64_t network_now_ns_ = 0;
   std::vector<std::string> disk_names_;
 
   std::unique_ptr<TraceReader> reader_;

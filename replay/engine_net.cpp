@@ -3,6 +3,8 @@
 // inside Async events. With a simulated host, both ways cross a seeded wire (NetworkLink).
 #include <xxhash.h>
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "logging/trace_inspect.h"
@@ -43,7 +45,7 @@ void Engine::send_on_link(unsigned nic, NetworkLink::Way way, std::vector<uint8_
   NetworkLink& link = links_[nic];
   const NetworkFate fate = network_fate(nic, way, link.sent(way), frame);
   using Fault = NetworkFate::Fault;
-  const uint64_t arrival = derived_now_ns() + fate.latency_ns;
+  const uint64_t arrival = std::max(derived_now_ns(), network_now_ns_) + fate.latency_ns;
   if (fate.fault == Fault::kDrop) {
     link.lose(way);
     return;
@@ -53,6 +55,7 @@ void Engine::send_on_link(unsigned nic, NetworkLink::Way way, std::vector<uint8_
 }
 
 void Engine::exchange_network(uint64_t now_ns) {
+  network_now_ns_ = std::max(network_now_ns_, now_ns);
   for (size_t nic = 0; nic < links_.size(); ++nic) {
     UserNetwork& network = *networks_[nic];
     for (const auto& frame : links_[nic].take_arrived(NetworkLink::Way::kToNetwork, now_ns, SIZE_MAX)) {

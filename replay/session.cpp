@@ -343,9 +343,13 @@ std::optional<uint64_t> Session::scripted_input_arrival() {
 // Run / record: let host time and host input into the machine, if anything is due.
 void Session::poll_async(bool idle) {
   auto deadline = machine_->next_deadline_ns();
-  uint64_t now = idle ? engine_.idle_now_ns(earliest(deadline, scripted_input_arrival()), next_network_ns())
+  const std::optional<uint64_t> network = next_network_ns();
+  uint64_t now = idle ? engine_.idle_now_ns(earliest(deadline, scripted_input_arrival()), network)
                       : engine_.running_now_ns();
   bool due = deadline && engine_.timer_due_ns(*deadline) <= now;
+  // A halted guest's wait that ends at a simulated network's own work (its timers) is an asynchronous event like a
+  // device deadline, even with nothing for the guest: derived time moves on to it (and the idle limit counts it).
+  if (idle && network && *network <= now) due = true;
   uint8_t buf[256];
   size_t n = 0;
   if (input_ && !input_->at_end()) {

@@ -454,7 +454,7 @@ int run_or_record(const SessionOptions& options, Mode mode) {
   if (!options.nets.empty()) ::signal(SIGPIPE, SIG_IGN);
   for (const NetOptions& net : options.nets) {
     Engine& engine = session.engine();
-    auto network = UserNetwork::create(net, [&engine] { return engine.host_now_ns(); });
+    auto network = UserNetwork::create(net, [&engine] { return engine.network_now_ns(); });
     if (!network) return report_error(network.error());
     engine.attach_network(std::move(*network));
   }
