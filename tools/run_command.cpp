@@ -94,9 +94,10 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
                   "the image (default: full SHA-256 up to 256 MiB, else per block at first read); repeatable");
   cmd->add_option("--net", a.nets,
                   "a virtio-net NIC on libslirp's user-mode network: user[,hostfwd=tcp:[HOSTADDR]:HOSTPORT-"
-                  "[GUESTADDR]:GUESTPORT]...[,tftp=DIR][,restrict=on][,mac=52:54:00:12:34:56]; the guest is "
-                  "10.0.2.15, the host's loopback is 10.0.2.2 (with tftp=DIR also a read-only TFTP server of DIR; "
-                  "restrict=on: nothing of the host's); the MACs count up from 52:54:00:12:34:56; repeatable");
+                  "[GUESTADDR]:GUESTPORT]...[,tftp=DIR][,guestfwd=tcp:ADDR:PORT-echo][,restrict=on]"
+                  "[,mac=52:54:00:12:34:56]; the guest is 10.0.2.15, the host's loopback is 10.0.2.2 (with tftp=DIR "
+                  "also a read-only TFTP server of DIR; guestfwd: a TCP echo service at ADDR:PORT; restrict=on: "
+                  "nothing of the host's); the MACs count up from 52:54:00:12:34:56; repeatable");
   cmd->add_flag("--rng", a.rng, "a virtio-rng entropy device (its bytes are recorded)");
   cmd->add_option("--libvirt-xml", a.libvirt_xml,
                   "the machine of a libvirt domain's XML (virsh dumpxml): memory, vCPUs, direct kernel boot, raw "
