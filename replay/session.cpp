@@ -1102,9 +1102,10 @@ Result<> Session::aim(const StopRequest& stop, const Turn& turn) {
     } else if (input_ && !input_->at_end() && !engine_.host_simulated()) {
       kick = std::min(kick, HostClock::monotonic_ns() + 10'000'000);
     }
-    if (auto next = next_network_ns(); next && derived_budget_) {
-      // A simulated network's frames and timers are due where derived time reaches them.
-      limit(engine_.instructions_until(*next));
+    if (engine_.networks_simulated()) {
+      // A simulated network's frames and timers are due where derived time reaches them (and never by host time:
+      // a poll at a host-timed point would move its timers).
+      if (auto next = next_network_ns(); next && derived_budget_) limit(engine_.instructions_until(*next));
     } else if (!engine_.networks().empty()) {
       // The NICs' host sockets are polled from the vCPU thread: at least every millisecond.
       kick = std::min(kick, HostClock::monotonic_ns() + kNetPollNs);

@@ -8,6 +8,15 @@
 namespace deja {
 namespace {
 
+// Who has 10.0.2.2? Tell 10.0.2.15 (52:54:00:12:34:56).
+std::vector<uint8_t> arp_for_the_gateway() {
+  std::vector<uint8_t> arp = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0x08, 0x06,
+                              0x00, 0x01, 0x08, 0x00, 0x06, 0x04, 0x00, 0x01, 0x52, 0x54, 0x00, 0x12, 0x34, 0x56,
+                              10,   0,    2,    15,   0,    0,    0,    0,    0,    0,    10,   0,    2,    2};
+  arp.resize(60, 0);
+  return arp;
+}
+
 TEST(NetOption, Parses) {
   auto o = parse_net_option("user,hostfwd=tcp::2222-:22,hostfwd=udp:127.0.0.1:5353-10.0.2.15:53");
   ASSERT_TRUE(o) << o.error().message;
@@ -80,12 +89,7 @@ TEST(UserNetwork, RestrictedAnswersPingWithoutTheHost) {
   ASSERT_TRUE(net) << net.error().message;
   EXPECT_TRUE((*net)->restricted());
   const std::vector<uint8_t> mac = {0x52, 0x54, 0x00, 0x12, 0x34, 0x56};
-  // Who has 10.0.2.2? (slirp learns the guest's MAC from it.)
-  std::vector<uint8_t> arp = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0x08, 0x06,
-                              0x00, 0x01, 0x08, 0x00, 0x06, 0x04, 0x00, 0x01, 0x52, 0x54, 0x00, 0x12, 0x34, 0x56,
-                              10,   0,    2,    15,   0,    0,    0,    0,    0,    0,    10,   0,    2,    2};
-  arp.resize(60, 0);
-  (*net)->input(arp);
+  (*net)->input(arp_for_the_gateway());  // (slirp learns the guest's MAC from it)
   (*net)->poll_simulated();
   auto replies = (*net)->take(1);
   ASSERT_EQ(replies.size(), 1u);
@@ -121,12 +125,7 @@ TEST(UserNetwork, AnswersArpForTheGateway) {
   uint64_t now = 0;
   auto net = UserNetwork::create(NetOptions{}, [&now] { return now; });
   ASSERT_TRUE(net) << net.error().message;
-  // Who has 10.0.2.2? Tell 10.0.2.15 (52:54:00:12:34:56).
-  std::vector<uint8_t> arp = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x52, 0x54, 0x00, 0x12, 0x34, 0x56, 0x08, 0x06,
-                              0x00, 0x01, 0x08, 0x00, 0x06, 0x04, 0x00, 0x01, 0x52, 0x54, 0x00, 0x12, 0x34, 0x56,
-                              10,   0,    2,    15,   0,    0,    0,    0,    0,    0,    10,   0,    2,    2};
-  arp.resize(60, 0);
-  (*net)->input(arp);
+  (*net)->input(arp_for_the_gateway());
   (*net)->poll_now();
   ASSERT_GE((*net)->pending(), 1u);
   auto frames = (*net)->take(1);
