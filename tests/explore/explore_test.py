@@ -264,9 +264,23 @@ def linux_network(args, tmp):
     # (One lost frame loses a ping: the ping itself, its answer, or an ARP answer, which delays the first.)
     if small.returncode != FOUND or len(critical) != 1 or " dropped (" not in critical[0]:
         sys.exit(f"FAIL: minimization should keep one dropped frame:\n{show(small)}")
+    # Two vCPUs under PCT with the network: the same bytes twice, and the trace replays.
+    smp = []
+    for attempt in range(2):
+        out = os.path.join(tmp, f"net-smp-{attempt}")
+        p = run([args.deja, "explore", "--machine", "pc-apic", "--cpus", "2", "--linux", "--append",
+                 "deja.script=net-faults", "--net", f"user,tftp={served},guestfwd=tcp:10.0.2.4:7-echo", "--faults",
+                 "net-drop:3%,net-dup:3%", "--seed", "3", "--until", "serial:net-faults: done", "-o", out, "--json"])
+        if p.returncode != FOUND or echoed not in serial(out, 3):
+            sys.exit(f"FAIL: 2 vCPUs with a network should run the script to its end:\n{show(p)}")
+        smp.append(os.path.join(out, "seed-3.trace"))
+    if not filecmp.cmp(*smp, shallow=False):
+        sys.exit("FAIL: 2 vCPUs with a network gave another trace the second time")
+    check_replay(args, smp[0], 12)
     print(f"ok: network: a clean run whole and replayed; with all three faults duplicates seen, the TCP echo whole, "
           f"TFTP whole or timed out ({timeouts} of 2 timed out); {summary['failures']} of 4 seeds lose pings to net-drop (seed {first['seed']}: "
-          f"{first['faults']} faults, replayed exactly, the same bytes twice, minimized to {critical[0].strip()})")
+          f"{first['faults']} faults, replayed exactly, the same bytes twice, minimized to {critical[0].strip()}); 2 vCPUs under "
+          f"PCT with the network: the same bytes twice, replayed")
 
 
 def serial_input(args, tmp):
