@@ -1,6 +1,7 @@
 // The record/replay engine: one choke point per kind of nondeterministic input, in mode run / record / replay.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -49,6 +50,12 @@ struct Divergence {
   uint64_t event_index = 0;
   std::string report;
 };
+
+// The earlier of two times, either of which may be absent.
+inline std::optional<uint64_t> earliest(std::optional<uint64_t> a, std::optional<uint64_t> b) {
+  if (!a || !b) return a ? a : b;
+  return std::min(*a, *b);
+}
 
 // A frame received from outside, for NIC `nic`: recorded inside an Async event.
 struct NetFrameIn {

@@ -75,13 +75,9 @@ std::vector<std::vector<uint8_t>> Engine::network_frames_arrived(unsigned nic, u
 
 std::optional<uint64_t> Engine::next_network_ns(unsigned nic, bool nic_can_receive) const {
   if (nic >= links_.size()) return std::nullopt;
-  std::optional<uint64_t> next = links_[nic].next_arrival(NetworkLink::Way::kToNetwork);
-  auto earliest = [&next](std::optional<uint64_t> t) {
-    if (t && (!next || *t < *next)) next = t;
-  };
-  if (nic_can_receive) earliest(links_[nic].next_arrival(NetworkLink::Way::kToGuest));
-  earliest(networks_[nic]->next_wake_ns());
-  return next;
+  std::optional<uint64_t> next = earliest(links_[nic].next_arrival(NetworkLink::Way::kToNetwork),
+                                          networks_[nic]->next_wake_ns());
+  return nic_can_receive ? earliest(next, links_[nic].next_arrival(NetworkLink::Way::kToGuest)) : next;
 }
 
 }  // namespace deja

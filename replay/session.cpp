@@ -42,11 +42,6 @@ void bus_write(Bus& bus, uint64_t address, unsigned size, uint64_t value) {
   bus.write(address, std::span(data, size));
 }
 
-std::optional<uint64_t> earliest(std::optional<uint64_t> a, std::optional<uint64_t> b) {
-  if (!a || !b) return a ? a : b;
-  return std::min(*a, *b);
-}
-
 }  // namespace
 
 void install_stop_signal_handlers() {
@@ -284,28 +279,19 @@ std::vector<NetFrameIn> Session::take_network_frames(uint64_t now) {
   std::vector<NetFrameIn> frames;
   auto& networks = engine_.networks();
   if (networks.empty()) return frames;
-  if (engine_.networks_simulated()) {
+  const bool simulated = engine_.networks_simulated();
+  if (simulated) {
     engine_.exchange_network(now);
-    const auto& nics = machine_->nics();
-    for (size_t i = 0; i < networks.size() && i < nics.size(); ++i) {
-      const size_t room = std::min<size_t>(kMaxFramesPerEvent, nics[i]->rx_capacity());
-      for (auto& f : engine_.network_frames_arrived(unsigned(i), now, room)) {
-        frames.push_back(NetFrameIn{unsigned(i), std::move(f)});
-      }
-    }
-    return frames;
-  }
-  const uint64_t host_now = HostClock::monotonic_ns();
-  if (host_now >= next_net_poll_ns_) {
+  } else if (const uint64_t host_now = HostClock::monotonic_ns(); host_now >= next_net_poll_ns_) {
     for (auto& n : networks) n->poll_now();
     next_net_poll_ns_ = host_now + kNetPollNs;
   }
   const auto& nics = machine_->nics();
   for (size_t i = 0; i < networks.size() && i < nics.size(); ++i) {
-    const size_t waiting = std::min<size_t>(networks[i]->pending(), kMaxFramesPerEvent);
-    if (waiting == 0) continue;
-    const size_t room = std::min<size_t>(waiting, nics[i]->rx_capacity());
-    for (auto& f : networks[i]->take(room)) frames.push_back(NetFrameIn{unsigned(i), std::move(f)});
+    const size_t room = std::min<size_t>(kMaxFramesPerEvent, nics[i]->rx_capacity());
+    for (auto& f : simulated ? engine_.network_frames_arrived(unsigned(i), now, room) : networks[i]->take(room)) {
+      frames.push_back(NetFrameIn{unsigned(i), std::move(f)});
+    }
   }
   return frames;
 }
@@ -316,10 +302,13 @@ bool Session::async_work_due() {
   auto deadline = machine_->next_deadline_ns();
   const uint64_t now = engine_.running_now_ns();
   if (deadline && engine_.timer_due_ns(*deadline) <= now) return true;
-  if (auto next = next_network_ns(); next && *next <= now) return true;
+  if (engine_.networks_simulated()) {
+    auto next = next_network_ns();
+    return next && *next <= now;
+  }
   auto& networks = engine_.networks();
   const auto& nics = machine_->nics();
-  for (size_t i = 0; i < networks.size() && i < nics.size() && !engine_.networks_simulated(); ++i) {
+  for (size_t i = 0; i < networks.size() && i < nics.size(); ++i) {
     if (networks[i]->pending() > 0 && nics[i]->rx_capacity() > 0) return true;
   }
   return false;

@@ -6,8 +6,6 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -32,6 +30,7 @@
 #include "tools/job_support.h"
 #include "tools/progress_line.h"
 #include "tools/run_options.h"
+#include "vmm/host_io.h"
 
 namespace deja {
 namespace {
@@ -317,10 +316,14 @@ Result<> resolve_serial_input(ExploreArgs& a, Campaign& c) {
       return fail(ErrorKind::kInvalidArgument, "--serial-in {}: {} bytes; --serial-pace types at most {} (typed ahead, "
                   "without --serial-pace, a file may be larger)", a.run.serial_in, st.st_size, kMaxPacedBytes);
     }
-    std::ifstream in(a.run.serial_in, std::ios::binary);
-    c.paced_serial.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (!in.good() && !in.eof()) return fail(ErrorKind::kHost, "--serial-in {}: cannot read it", a.run.serial_in);
-    const auto hash = sha256_bytes(std::span(reinterpret_cast<const uint8_t*>(c.paced_serial.data()), c.paced_serial.size()));
+    auto bytes = read_file(a.run.serial_in);
+    if (!bytes) return std::unexpected(bytes.error());
+    if (bytes->size() > kMaxPacedBytes) {
+      return fail(ErrorKind::kInvalidArgument, "--serial-in {}: it grew past {} bytes while read", a.run.serial_in,
+                  kMaxPacedBytes);
+    }
+    c.paced_serial.assign(bytes->begin(), bytes->end());
+    const auto hash = sha256_bytes(*bytes);
     c.inputs_from = RecordedInput{"serial-in", a.run.serial_in, std::string(hash.begin(), hash.end()), c.paced_serial.size()};
     std::tie(c.pace_min_ns, c.pace_max_ns) = *pace;
     a.run.serial_in.clear();  // (typed by the run's ScriptedInput, not read as a file)
